@@ -1,0 +1,83 @@
+# gpulab: `make up` brings the lab hub up, `make test` runs the test suite.
+# Both work on a fresh Debian/Ubuntu host as root with no Docker and no registry.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# cpu | cuda: which PyTorch build the single-user image gets (auto: cuda on NVIDIA hosts).
+TORCH_VARIANT ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+# Debian bookworm image every Dockerfile starts FROM. The default is built locally with
+# debootstrap; where a registry is reachable, BASE_IMAGE=debian:bookworm-slim works too.
+BASE_IMAGE ?= gpulab/base:bookworm
+# A PEM bundle of extra CA certificates (TLS-inspecting networks), copied into images.
+EXTRA_CA_BUNDLE ?=
+# Extra pip arguments for the wheelhouse downloads (e.g. an index URL for CPU torch).
+PIP_ARGS ?=
+PYTHON ?= python3
+HUB_URL ?= http://127.0.0.1:$(or $(GPULAB_PORT),8000)
+
+COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+VENV := .venv
+GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
+
+.PHONY: help up down logs images docker secrets test test-unit venv check-config bench clean-images
+
+help:
+	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
+	@echo "make down          stop the hub and every user server (volumes and users are kept)"
+	@echo "make logs          follow the hub's log"
+	@echo "make images        build gpulab/base, gpulab/hub and gpulab/singleuser (TORCH_VARIANT=$(TORCH_VARIANT))"
+	@echo "make test          run the whole test suite against the real stack"
+	@echo "make test-unit     only the tests that need no Docker"
+	@echo "make check-config  validate config/gpulab.yaml"
+	@echo "make bench         spawn latency: gpulab vs vanilla DockerSpawner"
+
+docker:
+	@scripts/ensure-docker.sh
+
+secrets:
+	@install -d -m 700 secrets
+	@if [ ! -s secrets/api-token ]; then \
+	  umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/api-token; \
+	  echo "[gpulab] generated secrets/api-token (the gpulab-admin service token)"; fi
+
+images: docker
+	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
+	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
+
+up: images secrets
+	@docker volume create gpulab-datasets >/dev/null
+	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
+	@$(COMPOSE) up -d --remove-orphans
+	@scripts/wait-for-hub.sh $(HUB_URL)
+	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
+	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
+
+down:
+	@if docker info >/dev/null 2>&1; then \
+	  $(COMPOSE) down --remove-orphans; \
+	  ids=$$(docker ps -aq --filter label=org.gpulab.managed=true); \
+	  if [ -n "$$ids" ]; then echo "[gpulab] removing user containers"; docker rm -f $$ids >/dev/null; fi; \
+	fi
+
+logs:
+	@$(COMPOSE) logs -f hub
+
+check-config: venv
+	@$(VENV)/bin/gpulab config check config/gpulab.yaml
+
+$(VENV)/.installed: pyproject.toml
+	@echo "[gpulab] creating the test environment in $(VENV) ..."
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test-unit: venv
+	$(VENV)/bin/pytest -m "not integration" tests
+
+test: venv up
+	$(VENV)/bin/pytest tests
+
+bench: venv up
+	$(VENV)/bin/python bench/spawn.py

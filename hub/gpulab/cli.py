@@ -1,0 +1,207 @@
+"""The ``gpulab`` command: check config, issue and revoke login tokens.
+
+    gpulab config check [FILE]          validate config/gpulab.yaml (exit 1 with file:line)
+    gpulab config describe              every setting, its default and what it does
+    gpulab token issue USER [--expires 90d] [--admin]
+    gpulab token list USER
+    gpulab token revoke USER TOKEN_ID
+    gpulab bootstrap-admin              first admin's token, once (used by `make up`)
+
+Token commands talk to the hub's REST API as the ``gpulab-admin`` service. Inside the
+hub container they work as they are (``docker exec gpulab-hub gpulab token issue
+alice``); elsewhere set GPULAB_HUB_API (e.g. http://127.0.0.1:8000/hub/api) and
+GPULAB_API_TOKEN_FILE (e.g. secrets/api-token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .auth import LOGIN_TOKEN_NOTE
+from .settings import ConfigError, describe, load_settings, parse_duration
+
+DEFAULT_API = "http://127.0.0.1:8081/hub/api"
+DEFAULT_TOKEN_FILE = "/srv/gpulab/secrets/api-token"
+DEFAULT_CONFIG = os.environ.get("GPULAB_CONFIG_DIR", "config") + "/gpulab.yaml"
+
+
+class HubError(Exception):
+    pass
+
+
+class HubClient:
+    """The few hub REST calls the CLI makes, with errors that say what to do."""
+
+    def __init__(self, api_url: str, token: str):
+        self.api_url = api_url.rstrip("/")
+        self._token = token
+
+    @classmethod
+    def from_env(cls) -> HubClient:
+        token_file = Path(os.environ.get("GPULAB_API_TOKEN_FILE", DEFAULT_TOKEN_FILE))
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise HubError(f"cannot read the admin service token at {token_file}: {e.strerror}")
+        return cls(os.environ.get("GPULAB_HUB_API", DEFAULT_API), token)
+
+    def request(self, method: str, path: str, body: dict | None = None, ok=(200, 201, 204)):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.api_url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {self._token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+                return resp.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as e:
+            if e.code in ok:
+                return e.code, None
+            detail = e.read().decode("utf-8", "replace")
+            try:
+                detail = json.loads(detail).get("message", detail)
+            except (ValueError, AttributeError):
+                pass
+            raise HubError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        except urllib.error.URLError as e:
+            raise HubError(f"cannot reach the hub at {self.api_url}: {e.reason}") from None
+
+    def ensure_user(self, name: str, admin: bool = False) -> dict:
+        status, user = self.request("GET", f"/users/{name}", ok=(200, 404))
+        if status == 404:
+            _, user = self.request("POST", f"/users/{name}", {"admin": admin})
+        elif admin and not user.get("admin"):
+            _, user = self.request("PATCH", f"/users/{name}", {"admin": True})
+        return user
+
+    def issue_login_token(self, name: str, expires_in: int | None) -> dict:
+        body = {"note": f"{LOGIN_TOKEN_NOTE}: issued by gpulab token issue"}
+        if expires_in:
+            body["expires_in"] = expires_in
+        _, token = self.request("POST", f"/users/{name}/tokens", body)
+        return token
+
+    def login_tokens(self, name: str) -> list[dict]:
+        _, body = self.request("GET", f"/users/{name}/tokens")
+        return [t for t in body["api_tokens"] if (t.get("note") or "").startswith(LOGIN_TOKEN_NOTE)]
+
+
+def _cmd_config_check(args) -> int:
+    try:
+        load_settings(args.file)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK")
+    return 0
+
+
+def _cmd_config_describe(args) -> int:
+    print(describe())
+    return 0
+
+
+def _print_token(user: str, token: dict) -> None:
+    expires = token.get("expires_at") or "never"
+    print(f"Login token for {user} (id {token['id']}, expires {expires}).")
+    print("It is shown only this once; the hub keeps only a salted hash of it:")
+    print()
+    print(f"    {token['token']}")
+    print()
+
+
+def _cmd_token_issue(args) -> int:
+    client = HubClient.from_env()
+    expires = parse_duration(args.expires) if args.expires else None
+    user = client.ensure_user(args.user.strip().lower(), admin=args.admin)
+    _print_token(user["name"], client.issue_login_token(user["name"], expires))
+    return 0
+
+
+def _cmd_token_list(args) -> int:
+    client = HubClient.from_env()
+    for t in client.login_tokens(args.user.strip().lower()):
+        print(
+            f"{t['id']}\tcreated {t.get('created')}\texpires {t.get('expires_at') or 'never'}"
+            f"\tlast used {t.get('last_activity') or 'never'}"
+        )
+    return 0
+
+
+def _cmd_token_revoke(args) -> int:
+    client = HubClient.from_env()
+    client.request("DELETE", f"/users/{args.user.strip().lower()}/tokens/{args.token_id}")
+    print(f"revoked token {args.token_id} of {args.user}")
+    return 0
+
+
+def _cmd_bootstrap_admin(args) -> int:
+    settings = load_settings(args.config)
+    admins = settings["hub.admins"]
+    if not admins:
+        print("No hub.admins in the settings file: add your username there.", file=sys.stderr)
+        return 1
+    client = HubClient.from_env()
+    name = admins[0]
+    client.ensure_user(name, admin=True)
+    if client.login_tokens(name):
+        print(f"Admin {name!r} already has a login token. A new one: "
+              f"docker exec gpulab-hub gpulab token issue {name}")
+        return 0
+    _print_token(name, client.issue_login_token(name, parse_duration(args.expires)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="check or describe the settings file")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    check = csub.add_parser("check", help="validate a settings file")
+    check.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    check.set_defaults(func=_cmd_config_check)
+    csub.add_parser("describe", help="list every setting").set_defaults(func=_cmd_config_describe)
+
+    token = sub.add_parser("token", help="issue, list and revoke login tokens")
+    tsub = token.add_subparsers(dest="token_command", required=True)
+    issue = tsub.add_parser("issue", help="issue a login token (creates the user if needed)")
+    issue.add_argument("user")
+    issue.add_argument("--expires", default="90d", help="lifetime such as 90d or 12h; 0 = never")
+    issue.add_argument("--admin", action="store_true", help="make the user a hub admin")
+    issue.set_defaults(func=_cmd_token_issue)
+    lst = tsub.add_parser("list", help="list a user's login tokens")
+    lst.add_argument("user")
+    lst.set_defaults(func=_cmd_token_list)
+    revoke = tsub.add_parser("revoke", help="revoke a token at once")
+    revoke.add_argument("user")
+    revoke.add_argument("token_id")
+    revoke.set_defaults(func=_cmd_token_revoke)
+
+    boot = sub.add_parser("bootstrap-admin", help="issue the first admin's token, once")
+    boot.add_argument("--config", default=DEFAULT_CONFIG)
+    boot.add_argument("--expires", default="90d")
+    boot.set_defaults(func=_cmd_bootstrap_admin)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (HubError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Settings + user + GPUs -> what DockerSpawner needs to create a user's container.
+
+A pure function, tested against literal expected structures (the kubespawner
+``make_pod`` pattern): no Docker daemon, no hub, no I/O. The spawner copies the result
+onto DockerSpawner's traits just before creating the container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .naming import volume_name
+
+# Labels recorded on every user container: who it belongs to and which GPUs it holds.
+# The lease table is rebuilt from them after a hub restart (gpulab.leases).
+LABEL_USER = "org.gpulab.user"
+LABEL_SERVER = "org.gpulab.server"
+LABEL_GPUS = "org.gpulab.gpus"
+LABEL_MANAGED = "org.gpulab.managed"
+
+CONTAINER_UID = 1000  # jovyan in images/singleuser
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    image: str
+    volumes: dict[str, dict[str, str]]
+    environment: dict[str, str]
+    host_config: dict[str, Any]
+    create_kwargs: dict[str, Any]
+    mem_limit: int
+    cpu_limit: float
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def container_options(
+    settings: Mapping[str, Any],
+    username: str,
+    servername: str = "",
+    gpu_uuids: Sequence[str] = (),
+) -> ContainerOptions:
+    """Everything about a user's container that gpulab decides.
+
+    ``gpu_uuids`` are the GPUs leased to this server: the container gets a DeviceRequest
+    for exactly those, and ``NVIDIA_VISIBLE_DEVICES`` forced to them, or ``void`` when
+    there are none (so an image that sets ``all`` still sees no GPU).
+    """
+    volumes = {
+        volume_name(settings["spawn.home_volume"], username, servername): {
+            "bind": settings["spawn.home_path"],
+            "mode": "rw",
+        }
+    }
+    if settings["spawn.datasets_volume"]:
+        volumes[settings["spawn.datasets_volume"]] = {
+            "bind": settings["spawn.datasets_path"],
+            "mode": "ro",
+        }
+
+    host_config: dict[str, Any] = {
+        "shm_size": settings["spawn.shm_size"],
+        "pids_limit": settings["spawn.pids_limit"],
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "init": True,
+    }
+    if gpu_uuids:
+        host_config["device_requests"] = [
+            {
+                "Driver": "nvidia",
+                "DeviceIDs": list(gpu_uuids),
+                "Capabilities": [["gpu"]],
+            }
+        ]
+
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_USER: username,
+        LABEL_SERVER: servername,
+        LABEL_GPUS: ",".join(gpu_uuids),
+    }
+    environment = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else "void",
+        "GPULAB_GPUS": ",".join(gpu_uuids),
+    }
+    return ContainerOptions(
+        image=settings["spawn.image"],
+        volumes=volumes,
+        environment=environment,
+        host_config=host_config,
+        create_kwargs={"user": f"{CONTAINER_UID}:{CONTAINER_UID}", "labels": labels},
+        mem_limit=settings["spawn.mem_limit"],
+        cpu_limit=settings["spawn.cpu_limit"],
+        labels=labels,
+    )

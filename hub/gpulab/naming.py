@@ -1,0 +1,47 @@
+"""Docker-safe, collision-free names for users' containers and volumes.
+
+Docker names allow ``[a-zA-Z0-9][a-zA-Z0-9_.-]*``; volume and container names must be
+unique per host. JupyterHub usernames can be anything (unicode, dots, ``--``), so a
+name that is already a plain lowercase slug is kept as it is (``alice`` ->
+``alice``), and any other is reduced to a readable slug plus ``---`` and a hash of the
+original (``Zoë.K`` -> ``zo-k---1b2c3d4e``). Plain slugs never contain ``--``, so a
+hashed name can never equal a plain one, and two different usernames never share a
+name (up to a 32-bit hash prefix collision, which is checked by the tests' table).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_PLAIN = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-))*")
+MAX_SLUG = 48  # leaves room for prefixes/suffixes within docker's and DNS's limits
+
+
+def _hash(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+
+
+def safe_slug(name: str, max_length: int = MAX_SLUG) -> str:
+    """A lowercase DNS-label-safe slug for *name*, unique per distinct *name*."""
+    if len(name) <= max_length and _PLAIN.fullmatch(name) and not name.endswith("-"):
+        return name
+    readable = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    readable = re.sub(r"-+", "-", readable)[: max_length - 11].strip("-") or "x"
+    return f"{readable}---{_hash(name)}"
+
+
+def container_name(prefix: str, username: str, servername: str = "") -> str:
+    """``gpulab-alice``, or ``gpulab-alice--train`` for alice's named server 'train'."""
+    name = f"{prefix}-{safe_slug(username)}"
+    if servername:
+        name += f"--{safe_slug(servername)}"
+    return name
+
+
+def volume_name(template: str, username: str, servername: str = "") -> str:
+    """Render a volume name template (``gpulab-home-{username}``) with safe slugs."""
+    return template.format(
+        username=safe_slug(username),
+        servername=safe_slug(servername) if servername else "",
+    )

@@ -1,0 +1,206 @@
+"""The admin-editable settings file (``config/gpulab.yaml``): declared once, checked with
+file:line errors.
+
+Every setting is declared in ``SETTINGS`` below with its type, default and help text;
+``gpulab config check`` and the hub both load the file through :func:`load_settings`,
+which raises :class:`~gpulab.yamlfile.ConfigError` naming the file, line and key of
+anything wrong. No other module parses this file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .yamlfile import ConfigError, LocatedYaml, read_yaml
+
+__all__ = ["SETTINGS", "Setting", "Settings", "load_settings", "parse_bytes", "parse_duration"]
+
+
+# ---------------------------------------------------------------- value parsers
+# Each takes the raw YAML value and returns the clean value or raises ValueError
+# with a message saying what is allowed.
+
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_bytes(value: Any) -> int:
+    """'2g', '512m', '1.5G', 2147483648 -> bytes (binary units, as docker uses)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size such as 2g or 512m, got {value!r}")
+    if isinstance(value, int) and value > 0:
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"expected a size such as 2g or 512m, got {value!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> int:
+    """'90s', '15m', '2h', '1d', 3600 -> seconds. 0 is allowed (means 'off' where noted)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 90s, 15m, 2h or 1d, got {value!r}")
+    if isinstance(value, int) and value >= 0:
+        return value
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"expected a duration such as 90s, 15m, 2h or 1d, got {value!r}")
+    return int(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"expected a positive whole number, got {value!r}")
+    return value
+
+
+def _username_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"expected a list of usernames, got {value!r}")
+    return tuple(v.strip().lower() for v in value)
+
+
+def _abs_path(value: Any) -> str:
+    s = _string(value)
+    if not s.startswith("/"):
+        raise ValueError(f"expected an absolute path inside the container, got {value!r}")
+    return s
+
+
+def _volume_template(value: Any) -> str:
+    s = _string(value)
+    if "{username}" not in s:
+        raise ValueError(
+            f"the home volume name must contain {{username}} so that each user gets "
+            f"their own volume, got {value!r}"
+        )
+    return s
+
+
+def _optional_string(value: Any) -> str:
+    if value in (None, ""):
+        return ""
+    return _string(value)
+
+
+# ---------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # dotted path in the YAML file, e.g. "spawn.shm_size"
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("hub.admins", _username_list, (),
+            "Usernames with hub admin rights. The first one gets a login token from "
+            "`make up`. Example: [alice]"),
+    Setting("spawn.image", _string, "gpulab/singleuser:latest",
+            "Docker image of the single-user server. `make images` builds it."),
+    Setting("spawn.network", _string, "gpulab",
+            "User-defined Docker network shared by the hub and the user containers."),
+    Setting("spawn.home_volume", _volume_template, "gpulab-home-{username}",
+            "Name of each user's persistent home volume; {username} is the user's "
+            "escaped name, {servername} the named server's (empty for the default)."),
+    Setting("spawn.home_path", _abs_path, "/home/jovyan",
+            "Where the home volume is mounted in the container."),
+    Setting("spawn.datasets_volume", _optional_string, "gpulab-datasets",
+            "Shared datasets volume mounted read-only in every container; empty for none."),
+    Setting("spawn.datasets_path", _abs_path, "/datasets",
+            "Where the datasets volume is mounted."),
+    Setting("spawn.shm_size", parse_bytes, parse_bytes("2g"),
+            "Size of /dev/shm. PyTorch DataLoader workers pass batches through it; "
+            "Docker's default of 64m makes them crash. Example: 2g"),
+    Setting("spawn.mem_limit", parse_bytes, parse_bytes("8g"),
+            "Memory limit of each user container. Example: 16g"),
+    Setting("spawn.cpu_limit", _positive_number, 4.0,
+            "CPU limit of each user container, in cores. Example: 2.5"),
+    Setting("spawn.pids_limit", _positive_int, 1024,
+            "Maximum number of processes in each user container."),
+    Setting("spawn.start_timeout", parse_duration, 180,
+            "How long a server may take to start before the spawn fails. Example: 3m"),
+)
+
+_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+class Settings(Mapping[str, Any]):
+    """Validated settings: ``settings["spawn.shm_size"]`` -> 2147483648."""
+
+    def __init__(self, values: Mapping[str, Any], source: str = "<defaults>"):
+        self._values = dict(values)
+        self.source = source
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Settings({self.source!r})"
+
+
+def defaults() -> Settings:
+    return Settings({s.key: s.default for s in SETTINGS})
+
+
+def settings_from_yaml(doc: LocatedYaml) -> Settings:
+    """Validate a parsed document against SETTINGS; raise ConfigError on the first problem."""
+    values = {s.key: s.default for s in SETTINGS}
+    if doc.data is None:
+        return Settings(values, doc.filename)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "expected a mapping of sections (hub:, spawn:) at the top level")
+    for path, raw in doc.leaves():
+        key = ".".join(path)
+        setting = _BY_KEY.get(key)
+        if setting is None:
+            raise doc.error(path, doc.unknown_key_message(key, _BY_KEY))
+        try:
+            values[key] = setting.parse(raw)
+        except ValueError as e:
+            raise doc.error(path, str(e)) from None
+    return Settings(values, doc.filename)
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate a settings file. A missing file is an error: say where it was looked for."""
+    return settings_from_yaml(read_yaml(path))
+
+
+def describe() -> str:
+    """Every setting with its default and help, for `gpulab config describe`."""
+    lines = []
+    for s in SETTINGS:
+        lines.append(f"{s.key} (default: {s.default!r})\n    {s.help}")
+    return "\n".join(lines)
+
+
+__all__ += ["ConfigError", "defaults", "settings_from_yaml", "describe"]

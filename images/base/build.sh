@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the Debian bookworm base image that every gpulab image starts FROM when no
+# container registry is reachable (air-gapped labs, CI). debootstrap fetches .deb
+# packages from the Debian mirror over plain HTTP, and `docker import` turns the
+# root filesystem into an image. An imported image has an empty config: each
+# Dockerfile sets ENV PATH and friends itself.
+#
+# Usage: images/base/build.sh IMAGE:TAG
+set -euo pipefail
+image=${1:?usage: $0 IMAGE:TAG}
+
+if docker image inspect "$image" >/dev/null 2>&1; then
+  echo "[gpulab] base image $image already present"
+  exit 0
+fi
+if ! command -v debootstrap >/dev/null 2>&1; then
+  echo "[gpulab] installing debootstrap ..."
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null; }
+fi
+
+rootfs=$(mktemp -d /tmp/gpulab-rootfs.XXXXXX)
+trap 'rm -rf "$rootfs"' EXIT
+echo "[gpulab] debootstrap bookworm into $rootfs (about a minute) ..."
+debootstrap --variant=minbase \
+  --include=python3,python3-venv,python3-pip,ca-certificates \
+  bookworm "$rootfs" >/tmp/gpulab-debootstrap.log 2>&1 \
+  || { tail -n 30 /tmp/gpulab-debootstrap.log >&2; exit 1; }
+# Keep the image small and free of host-specific state.
+rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+echo "[gpulab] importing as $image ..."
+tar -C "$rootfs" -c . | docker import \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'ENV LANG=C.UTF-8' \
+  - "$image" >/dev/null
+echo "[gpulab] base image $image built"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers on this host, installing and starting one if needed.
+# Debian/Ubuntu hosts without an init system (containers, CI sandboxes) get dockerd
+# started in the background; its PID is written to /run/gpulab-dockerd.pid so that
+# `make down-docker` stops exactly that process and nothing else.
+set -euo pipefail
+
+log() { printf '[gpulab] %s\n' "$*" >&2; }
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+
+if ! command -v dockerd >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    log "No Docker engine found and not root: install Docker (https://docs.docker.com/engine/install/) and re-run."
+    exit 1
+  fi
+  log "Installing the Docker engine (docker.io) with apt-get ..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q docker.io >/dev/null
+fi
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  log "Starting docker with systemctl ..."
+  systemctl start docker
+else
+  log "No init system: starting dockerd in the background (log: /var/log/gpulab-dockerd.log) ..."
+  # dockerd looks up nvidia-container-runtime-hook on its PATH once, at start.
+  # GPULAB_DOCKERD_PATH lets a caller (the GPU-plumbing tests) prepend a folder to it.
+  PATH="${GPULAB_DOCKERD_PATH:+$GPULAB_DOCKERD_PATH:}$PATH" \
+    nohup dockerd >/var/log/gpulab-dockerd.log 2>&1 &
+  echo $! >/run/gpulab-dockerd.pid
+fi
+
+for _ in $(seq 1 60); do
+  if docker info >/dev/null 2>&1; then
+    log "Docker engine is up."
+    exit 0
+  fi
+  sleep 0.5
+done
+log "dockerd did not answer within 30 s; see /var/log/gpulab-dockerd.log:"
+tail -n 20 /var/log/gpulab-dockerd.log >&2 || true
+exit 1

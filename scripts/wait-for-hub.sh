@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Wait until the hub answers at URL (default http://127.0.0.1:8000), up to 120 s.
+set -euo pipefail
+url=${1:-http://127.0.0.1:8000}
+for i in $(seq 1 240); do
+  if curl -fsS -o /dev/null "$url/hub/api" 2>/dev/null; then
+    echo "[gpulab] hub answers at $url (after ~$((i / 2)) s)"
+    exit 0
+  fi
+  sleep 0.5
+done
+echo "[gpulab] the hub did not answer at $url within 120 s. Its last log lines:" >&2
+docker logs --tail 40 gpulab-hub >&2 || true
+exit 1

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Download the wheels an image installs into a folder inside its build context, on the
+# host, resolved for the image's Python (Debian bookworm: CPython 3.11.2). Images then
+# `pip install --no-index` from it: builds need no HTTPS from inside a container (which
+# fails behind TLS-inspecting proxies) and no registry at all once the wheels are here.
+#
+# Usage: scripts/wheelhouse.sh DEST REQUIREMENTS... [-- EXTRA PIP ARGS]
+# Re-running with the same requirements is a no-op (a stamp holds their checksum).
+set -euo pipefail
+dest=${1:?usage: $0 DEST REQUIREMENTS... [-- PIP ARGS]}; shift
+reqs=(); extra=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--" ]; then shift; extra=("$@"); break; fi
+  reqs+=("$1"); shift
+done
+PYTHON=${PYTHON:-python3}
+IMAGE_PYTHON_VERSION=${IMAGE_PYTHON_VERSION:-3.11.2}
+
+stamp="$dest/.stamp"
+want=$(cat "${reqs[@]}" | sha256sum | cut -d' ' -f1)-${IMAGE_PYTHON_VERSION}-${extra[*]:-}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "[gpulab] wheelhouse $dest is up to date"
+  exit 0
+fi
+mkdir -p "$dest"
+rm -f "$dest"/*.whl "$stamp"
+echo "[gpulab] downloading wheels for $dest (Python $IMAGE_PYTHON_VERSION) ..."
+args=()
+for r in "${reqs[@]}"; do args+=(-r "$r"); done
+"$PYTHON" -m pip download --quiet --progress-bar off \
+  --only-binary=:all: --python-version "$IMAGE_PYTHON_VERSION" \
+  --dest "$dest" "${args[@]}" ${extra[@]+"${extra[@]}"} \
+  2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+echo "$want" >"$stamp"
+echo "[gpulab] $(ls "$dest"/*.whl | wc -l) wheels, $(du -sh "$dest" | cut -f1) in $dest"
