@@ -1,0 +1,71 @@
+"""Fixtures for tests against the real stack: dockerd, the images, the hub and proxy.
+
+The session fixture starts the stack with `make up` when the hub does not answer
+(idempotent, cached images make it quick), waits with a deadline, and fails with the
+hub's log when it cannot. Every test user is created through the REST API, and on
+failure the test's output gets the user's container log and the hub's log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from .stack import REPO, Hub, docker, wait_for
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+@pytest.fixture(scope="session")
+def hub() -> Hub:
+    if shutil.which("docker") is None:
+        pytest.fail("docker CLI not found: run `make test`, which installs the engine")
+    probe = Hub(token="-")
+    if not probe.is_up():
+        # Fixtures start what they need: `make up` is idempotent and uses cached images.
+        out = subprocess.run(["make", "-s", "up"], cwd=REPO, capture_output=True, text=True,
+                             timeout=1800)
+        if out.returncode != 0:
+            pytest.fail(f"`make up` failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        wait_for(probe.is_up, 120, what="the hub to answer")
+    return Hub()
+
+
+@pytest.fixture
+def lab_user(hub, request):
+    """A fresh lab member with a login token; removed, with their home volume, afterwards."""
+    created = []
+
+    def make(prefix: str = "test"):
+        user = hub.create_user(prefix)
+        created.append(user)
+        return user
+
+    yield make
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    for user in created:
+        if failed:
+            logs = docker("logs", "--tail", "60", user.container, check=False)
+            print(f"\n----- log of {user.container} -----\n{logs}")
+        hub.delete_user(user.name)
+        docker("volume", "rm", "-f", f"gpulab-home-{user.name}", check=False)
+    if failed:
+        print("\n----- hub log -----\n" + docker("logs", "--tail", "80", "gpulab-hub", check=False))
+
+
+def pytest_report_header(config):
+    return [f"gpulab hub under test: {os.environ.get('GPULAB_URL', 'http://127.0.0.1:8000')}"]

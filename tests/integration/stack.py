@@ -1,0 +1,182 @@
+"""Clients for the real stack, used by the integration tests and bench/.
+
+``Hub`` talks to the hub's REST API as the gpulab-admin service (its token is the
+file `make up` generated); ``LabUser`` is one lab member with their own token, who
+starts a server and runs code in a kernel over the Jupyter websocket protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import websocket
+
+REPO = Path(__file__).resolve().parents[2]
+HUB_URL = os.environ.get("GPULAB_URL", "http://127.0.0.1:8000").rstrip("/")
+TOKEN_FILE = Path(os.environ.get("GPULAB_API_TOKEN_FILE", REPO / "secrets" / "api-token"))
+
+
+class StackError(AssertionError):
+    pass
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Poll *predicate* until it returns a truthy value; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise StackError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def docker(*args: str, check: bool = True) -> str:
+    out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120)
+    if check and out.returncode != 0:
+        raise StackError(f"docker {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def host_has_nvidia_gpu() -> bool:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+class Hub:
+    """The hub's REST API, as the gpulab-admin service."""
+
+    def __init__(self, url: str = HUB_URL, token: str | None = None):
+        self.url = url
+        self.api = f"{url}/hub/api"
+        self.session = requests.Session()
+        if token is None:
+            token = TOKEN_FILE.read_text().strip()
+        self.session.headers["Authorization"] = f"token {token}"
+
+    def is_up(self) -> bool:
+        try:
+            return requests.get(f"{self.api}/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def request(self, method: str, path: str, **kw) -> requests.Response:
+        kw.setdefault("timeout", 60)
+        return self.session.request(method, f"{self.api}{path}", **kw)
+
+    def create_user(self, prefix: str = "test") -> LabUser:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        r = self.request("POST", f"/users/{name}", json={})
+        assert r.status_code == 201, r.text
+        r = self.request("POST", f"/users/{name}/tokens",
+                         json={"note": "gpulab-login: integration test", "expires_in": 3600})
+        assert r.status_code == 201, r.text
+        return LabUser(self, name, r.json()["token"])
+
+    def delete_user(self, name: str) -> None:
+        self.request("DELETE", f"/users/{name}/server")
+        wait_for(lambda: self.server_model(name) is None, 60, what=f"{name}'s server to stop")
+        self.request("DELETE", f"/users/{name}")
+
+    def user_model(self, name: str) -> dict:
+        r = self.request("GET", f"/users/{name}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def server_model(self, name: str, server: str = "") -> dict | None:
+        return self.user_model(name)["servers"].get(server)
+
+
+@dataclass
+class LabUser:
+    hub: Hub
+    name: str
+    token: str
+
+    @property
+    def container(self) -> str:
+        return f"gpulab-{self.name}"
+
+    @property
+    def server_url(self) -> str:
+        return f"{self.hub.url}/user/{self.name}"
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"token {self.token}"}
+
+    def start_server(self, options: dict | None = None, timeout: float = 180) -> float:
+        """Start the default server and wait until the hub says it is ready; seconds taken."""
+        t0 = time.monotonic()
+        r = requests.post(f"{self.hub.api}/users/{self.name}/server",
+                          json=options or {}, headers=self._headers(), timeout=timeout)
+        if r.status_code not in (201, 202):
+            raise StackError(f"spawn of {self.name} failed: HTTP {r.status_code} {r.text}")
+        wait_for(lambda: (self.hub.server_model(self.name) or {}).get("ready"),
+                 timeout, interval=0.1, what=f"{self.name}'s server to be ready")
+        return time.monotonic() - t0
+
+    def stop_server(self, timeout: float = 60) -> None:
+        r = requests.delete(f"{self.hub.api}/users/{self.name}/server",
+                            headers=self._headers(), timeout=timeout)
+        assert r.status_code in (202, 204), r.text
+        wait_for(lambda: self.hub.server_model(self.name) is None, timeout,
+                 what=f"{self.name}'s server to stop")
+
+    def api(self, method: str, path: str, **kw) -> requests.Response:
+        kw.setdefault("timeout", 60)
+        return requests.request(method, f"{self.server_url}/api{path}",
+                                headers=self._headers(), **kw)
+
+    def run_code(self, code: str, timeout: float = 120) -> str:
+        """Run *code* in a new kernel over the websocket; return its stdout. Errors raise."""
+        r = self.api("POST", "/kernels", json={"name": "python3"})
+        assert r.status_code == 201, f"kernel create failed: {r.status_code} {r.text}"
+        kernel_id = r.json()["id"]
+        try:
+            return _execute(self, kernel_id, code, timeout)
+        finally:
+            self.api("DELETE", f"/kernels/{kernel_id}")
+
+
+def _execute(user: LabUser, kernel_id: str, code: str, timeout: float) -> str:
+    ws_url = user.server_url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels"
+    ws = websocket.create_connection(ws_url, header=user._headers(), timeout=timeout)
+    msg_id = uuid.uuid4().hex
+    try:
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user.name,
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        stdout, error, deadline = [], None, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                stdout.append(content["text"])
+            elif kind == "error":
+                error = f"{content['ename']}: {content['evalue']}\n" + "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        else:
+            raise StackError(f"kernel did not finish within {timeout} s")
+    finally:
+        ws.close()
+    if error:
+        raise StackError(f"kernel raised {error}")
+    return "".join(stdout)
