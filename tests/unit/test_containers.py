@@ -1,0 +1,56 @@
+from gpulab.containers import container_options
+from gpulab.settings import defaults
+
+
+def test_cpu_only_container_matches_expected_structure():
+    opts = container_options(defaults(), "alice")
+    assert opts.image == "gpulab/singleuser:latest"
+    assert opts.volumes == {
+        "gpulab-home-alice": {"bind": "/home/jovyan", "mode": "rw"},
+        "gpulab-datasets": {"bind": "/datasets", "mode": "ro"},
+    }
+    assert opts.host_config == {
+        "shm_size": 2 * 1024**3,
+        "pids_limit": 1024,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "init": True,
+    }
+    assert opts.create_kwargs == {
+        "user": "1000:1000",
+        "labels": {
+            "org.gpulab.managed": "true",
+            "org.gpulab.user": "alice",
+            "org.gpulab.server": "",
+            "org.gpulab.gpus": "",
+        },
+    }
+    # An image that sets NVIDIA_VISIBLE_DEVICES=all still sees no GPU.
+    assert opts.environment == {"NVIDIA_VISIBLE_DEVICES": "void", "GPULAB_GPUS": ""}
+    assert opts.mem_limit == 8 * 1024**3
+    assert opts.cpu_limit == 4.0
+
+
+def test_gpus_become_one_device_request_for_exactly_those_uuids():
+    uuids = ["GPU-aaaa", "GPU-bbbb"]
+    opts = container_options(defaults(), "bob", "train", uuids)
+    assert opts.host_config["device_requests"] == [
+        {"Driver": "nvidia", "DeviceIDs": ["GPU-aaaa", "GPU-bbbb"], "Capabilities": [["gpu"]]}
+    ]
+    assert opts.environment["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa,GPU-bbbb"
+    assert opts.labels["org.gpulab.gpus"] == "GPU-aaaa,GPU-bbbb"
+    assert opts.labels["org.gpulab.server"] == "train"
+
+
+def test_no_datasets_volume_when_disabled():
+    settings = dict(defaults())
+    settings["spawn.datasets_volume"] = ""
+    opts = container_options(settings, "carol")
+    assert list(opts.volumes) == ["gpulab-home-carol"]
+
+
+def test_odd_usernames_get_safe_distinct_volumes():
+    a = container_options(defaults(), "Zoë.K")
+    b = container_options(defaults(), "zoe-k")
+    assert set(a.volumes) != set(b.volumes)
+    assert all(v.startswith("gpulab-home-") for v in a.volumes if "home" in v)

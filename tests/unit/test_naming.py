@@ -1,0 +1,56 @@
+import re
+
+import pytest
+
+from gpulab.naming import MAX_SLUG, container_name, safe_slug, volume_name
+
+DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("alice", "alice"),
+        ("bob-smith", "bob-smith"),
+        ("user1", "user1"),
+        ("a", "a"),
+    ],
+)
+def test_plain_names_are_kept(name, expected):
+    assert safe_slug(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Alice", "zoë", "a--b", "a.b", "a_b", "-lead", "trail-", "", "用户", "a b", "x" * 49, "ALICE"],
+)
+def test_other_names_get_a_readable_slug_and_hash(name):
+    slug = safe_slug(name)
+    assert re.fullmatch(r"[a-z0-9-]+---[0-9a-f]{8}", slug), slug
+    assert len(slug) <= MAX_SLUG
+    assert DOCKER_NAME.fullmatch(container_name("gpulab", name))
+
+
+def test_distinct_usernames_never_share_a_name():
+    names = [
+        "alice", "Alice", "ALICE", "alice-", "alice--", "a.lice", "a-lice", "a_lice", "alicé",
+        "alice" + "x" * 60, "alice" + "x" * 61, "", "-", "--", "用户", "用戶", "a--b", "a-b",
+        "a-b---1234abcd", "x" * 48, "x" * 49,
+    ]
+    slugs = [safe_slug(n) for n in names]
+    assert len(set(slugs)) == len(names), dict(zip(names, slugs, strict=True))
+
+
+def test_hashed_slug_never_equals_a_plain_one():
+    # A plain name cannot contain "--", every hashed slug does.
+    assert "--" in safe_slug("Alice")
+    assert safe_slug("alice") != safe_slug("Alice")
+
+
+def test_container_and_volume_names():
+    assert container_name("gpulab", "alice") == "gpulab-alice"
+    assert container_name("gpulab", "alice", "train") == "gpulab-alice--train"
+    assert volume_name("gpulab-home-{username}", "alice") == "gpulab-home-alice"
+    assert volume_name("home-{username}-{servername}", "alice", "Big Run").startswith(
+        "home-alice-big-run---"
+    )

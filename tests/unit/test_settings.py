@@ -1,0 +1,90 @@
+from pathlib import Path
+
+import pytest
+
+from gpulab.cli import main
+from gpulab.settings import (
+    ConfigError,
+    load_settings,
+    parse_bytes,
+    parse_duration,
+    settings_from_yaml,
+)
+from gpulab.yamlfile import parse_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_text(text: str):
+    return settings_from_yaml(parse_yaml(text, "gpulab.yaml"))
+
+
+def test_shipped_settings_file_is_valid():
+    s = load_settings(REPO / "config" / "gpulab.yaml")
+    assert s["hub.admins"] == ("admin",)
+    assert s["spawn.shm_size"] == 2 * 1024**3
+    assert s["spawn.start_timeout"] == 180
+
+
+def test_empty_file_gives_defaults():
+    assert load_text("")["spawn.image"] == "gpulab/singleuser:latest"
+
+
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        ("spawn:\n  shm_size: lots\n", "gpulab.yaml:2: spawn.shm_size", "expected a size"),
+        ("spawn:\n  shm_sise: 1g\n", "gpulab.yaml:2: spawn.shm_sise", "did you mean spawn.shm_size"),
+        ("hub:\n  admins: alice\n", "gpulab.yaml:2: hub.admins", "list of usernames"),
+        ("spawn:\n  cpu_limit: -1\n", "gpulab.yaml:2: spawn.cpu_limit", "positive number"),
+        ("spawn:\n  cpu_limit: true\n", "gpulab.yaml:2: spawn.cpu_limit", "positive number"),
+        ("spawn:\n  home_volume: shared-home\n", "gpulab.yaml:2: spawn.home_volume", "{username}"),
+        ("spawn:\n  home_path: home\n", "gpulab.yaml:2: spawn.home_path", "absolute path"),
+        ("spawn:\n  start_timeout: soon\n", "gpulab.yaml:2: spawn.start_timeout", "duration"),
+        ("spawn:\n  image: a\n  image: b\n", "gpulab.yaml:3", "duplicate key 'image' (first on line 2)"),
+        ("spawn: [1, 2]\n", "gpulab.yaml:1: spawn", "expected a mapping"),
+        ("- a\n- b\n", "gpulab.yaml:1", "mapping of sections"),
+        ("spawn:\n  image: [unclosed\n", "gpulab.yaml:3", "invalid YAML"),
+        ("\n\nnope:\n  x: 1\n", "gpulab.yaml:4: nope.x", "unknown setting"),
+    ],
+)
+def test_bad_settings_name_file_line_and_key(text, where, words):
+    with pytest.raises(ConfigError) as e:
+        load_text(text)
+    assert str(e.value).startswith(where), str(e.value)
+    assert words in str(e.value)
+
+
+def test_missing_file_says_where_it_looked(tmp_path):
+    with pytest.raises(ConfigError, match=r"nothere\.yaml: file not found"):
+        load_settings(tmp_path / "nothere.yaml")
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("2g", 2 * 1024**3), ("512m", 512 * 1024**2), ("1.5G", int(1.5 * 1024**3)), (4096, 4096),
+     ("64MiB", 64 * 1024**2), ("100", 100)],
+)
+def test_parse_bytes(value, expected):
+    assert parse_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1g", "lots", True, 0, "1x", None])
+def test_parse_bytes_rejects(value):
+    with pytest.raises(ValueError):
+        parse_bytes(value)
+
+
+@pytest.mark.parametrize("value, expected", [("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400), (0, 0)])
+def test_parse_duration(value, expected):
+    assert parse_duration(value) == expected
+
+
+def test_cli_config_check_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("spawn:\n  shm_size: 4g\n")
+    assert main(["config", "check", str(good)]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spawn:\n\n  mem_limit: plenty\n")
+    assert main(["config", "check", str(bad)]) == 1
+    assert f"{bad}:3: spawn.mem_limit: expected a size" in capsys.readouterr().err
