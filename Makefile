@@ -15,6 +15,8 @@ PIP_ARGS ?=
 PYTHON ?= python3
 HUB_URL ?= http://127.0.0.1:$(or $(GPULAB_PORT),8000)
 
+# One project name whatever the checkout's folder is called: container names are fixed.
+export COMPOSE_PROJECT_NAME := gpulab
 COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
