@@ -56,9 +56,10 @@ up: images secrets
 
 down:
 	@if docker info >/dev/null 2>&1; then \
-	  $(COMPOSE) down --remove-orphans; \
 	  ids=$$(docker ps -aq --filter label=org.gpulab.managed=true); \
 	  if [ -n "$$ids" ]; then echo "[gpulab] removing user containers"; docker rm -f $$ids >/dev/null; fi; \
+	  $(COMPOSE) down --remove-orphans; \
+	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
 
 logs:
