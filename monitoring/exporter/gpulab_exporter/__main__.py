@@ -1,0 +1,3 @@
+from gpulab_exporter.cli import main
+
+raise SystemExit(main())

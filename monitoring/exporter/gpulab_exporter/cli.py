@@ -1,0 +1,89 @@
+"""``gpulab-exporter``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from gpulab_exporter import __version__
+from gpulab_exporter.attribution import DockerContainerDirectory
+from gpulab_exporter.server import make_app, make_registry, serve
+from gpulab_exporter.snapshot import Poller
+
+log = logging.getLogger("gpulab_exporter")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpulab-exporter",
+        description="Export NVML GPU metrics, with each GPU's hub users, to Prometheus. "
+                    "Run with the host's PID namespace (--pid=host) so NVML's PIDs can be "
+                    "mapped to containers, and the Docker socket mounted read-only.",
+    )
+    p.add_argument("--listen", default="0.0.0.0:9445", metavar="HOST:PORT",
+                   help="address to serve /metrics, /api/gpus and /healthz on "
+                        "(default: %(default)s)")
+    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds between NVML polls (default: %(default)s)")
+    p.add_argument("--process-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="seconds between process-list and container-list refreshes, the "
+                        "costlier calls (default: %(default)s)")
+    p.add_argument("--process-info", action="store_true",
+                   help="also export gpulab_gpu_process_info with one series per GPU "
+                        "process (pid label: unbounded cardinality; off by default)")
+    p.add_argument("--docker-url", default="unix:///var/run/docker.sock", metavar="URL",
+                   help="Docker API for the container labels that name hub users; 'none' "
+                        "to attribute nothing (default: %(default)s)")
+    p.add_argument("--proc", default="/proc", metavar="DIR",
+                   help="the host's /proc, for PID -> container (default: %(default)s)")
+    p.add_argument("--fake-gpus", type=int, default=0, metavar="N",
+                   help="simulate N GPUs instead of NVML, for demos and CPU-only stacks "
+                        "(reported as backend=\"fake\" in gpulab_exporter_info)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="(default: %(default)s)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.interval <= 0 or args.process_interval < args.interval:
+        raise SystemExit("gpulab-exporter: need --interval > 0 and "
+                         "--process-interval >= --interval")
+    if args.fake_gpus:
+        from gpulab_exporter.fake_nvml import FakeNvml
+
+        nvml = FakeNvml.demo(args.fake_gpus, animate=True)
+        log.warning("FAKE NVML: serving %d simulated GPUs (--fake-gpus); these numbers "
+                    "are not real hardware", args.fake_gpus)
+    else:
+        from gpulab_exporter.nvml import Nvml
+
+        nvml = Nvml()
+    directory = None if args.docker_url == "none" else DockerContainerDirectory(args.docker_url)
+    poller = Poller(nvml, directory=directory, proc=args.proc, interval=args.interval,
+                    process_interval=args.process_interval)
+    poller.poll()  # the first snapshot before the first scrape
+    poller.start()
+    app = make_app(poller, make_registry(poller, process_info=args.process_info))
+    server, _ = serve(app, args.listen)
+    log.info("gpulab-exporter %s listening on %s (poll %ss, processes %ss)", __version__,
+             args.listen, args.interval, args.process_interval)
+
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("stopping")
+    server.shutdown()
+    poller.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

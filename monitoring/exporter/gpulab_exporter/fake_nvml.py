@@ -1,0 +1,204 @@
+"""``FakeNvml``: a stand-in for NVML with the same interface as ``nvml.Nvml``.
+
+It is a fake, named as one: it proves the exporter's plumbing (failure handling, units,
+attribution, HTTP), never that a GPU works. It raises pynvml's real exception classes,
+so the code under test sorts errors exactly as it does against a driver.
+
+    nvml = FakeNvml.demo(2)                       # two healthy fake H200s
+    nvml.gpus[1].unsupported.add("fan")           # NVMLError_NotSupported on fan reads
+    nvml.gpus[0].lost_after = 2                   # GpuIsLost after two more reads
+    nvml.gpus[0].processes = [GpuProcess(4242, 1 << 30)]
+    FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound)  # no driver at all
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pynvml
+
+from gpulab_exporter.nvml import GpuProcess, MemoryInfo
+
+GiB = 1 << 30
+
+# Field names accepted in FakeGpu.unsupported (one per read method).
+FIELDS = (
+    "name",
+    "uuid",
+    "utilization",
+    "memory",
+    "temperature",
+    "power",
+    "energy",
+    "clock_sm",
+    "clock_memory",
+    "fan",
+    "ecc",
+    "processes",
+)
+
+
+def fake_uuid(index: int) -> str:
+    """A UUID-shaped id for fake GPU ``index`` ("fa4e" reads "fake"), stable across runs
+    so a CPU-only stack can lease the same ids the exporter reports."""
+    return f"GPU-fa4e0000-0000-4000-8000-{index:012x}"
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU. Values are in NVML's units, as the real calls return them."""
+
+    index: int
+    name: str = "NVIDIA H200 (fake)"
+    uuid: str = ""
+    utilization_percent: int = 0
+    memory_total: int = 141 * GiB
+    memory_used: int = 0
+    temperature_celsius: int = 35
+    power_milliwatts: int = 75_000
+    energy_millijoules: int = 1_000_000
+    clock_sm_mhz: int = 1980
+    clock_memory_mhz: int = 2619
+    fan_speed_percent: int = 30
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    processes: list[GpuProcess] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)
+    # None: healthy. 0: every read raises GpuIsLost. n > 0: n more reads succeed first.
+    lost_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.uuid:
+            self.uuid = fake_uuid(self.index)
+        unknown = self.unsupported - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown fake NVML fields {sorted(unknown)}; known: {FIELDS}")
+
+
+class FakeNvml:
+    """Fake NVML with ``Nvml``'s interface. ``init_error`` (a pynvml error class or
+    instance) makes ``init()`` fail until it is set back to None. ``on_read`` lets a
+    demo vary values over time (called with the GPU before each read)."""
+
+    is_fake = True
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: type[pynvml.NVMLError] | pynvml.NVMLError | None = None,
+        driver: str = "000.00 (fake)",
+        on_read: Callable[[FakeGpu], None] | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.driver = driver
+        self.on_read = on_read
+        self.initialised = False
+        self.init_calls = 0
+        self.reads = 0
+
+    @classmethod
+    def demo(cls, count: int, animate: bool = False) -> FakeNvml:
+        """``count`` healthy fake H200s; with ``animate`` their load drifts over time so
+        a dashboard fed by them shows movement."""
+        gpus = [FakeGpu(index=i) for i in range(count)]
+        return cls(gpus, on_read=_animate if animate else None)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def init(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            err = self.init_error
+            raise err() if isinstance(err, type) else err
+        self.initialised = True
+
+    def shutdown(self) -> None:
+        self.initialised = False
+
+    def _check(self) -> None:
+        if not self.initialised:
+            raise pynvml.NVMLError_Uninitialized()
+
+    def driver_version(self) -> str:
+        self._check()
+        return self.driver
+
+    def device_count(self) -> int:
+        self._check()
+        return len(self.gpus)
+
+    def device(self, index: int) -> FakeGpu:
+        self._check()
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError_InvalidArgument()
+        return self.gpus[index]
+
+    # -- reads -----------------------------------------------------------------------
+    def _read(self, gpu: FakeGpu, what: str) -> FakeGpu:
+        self._check()
+        self.reads += 1
+        if gpu.lost_after is not None:
+            if gpu.lost_after <= 0:
+                raise pynvml.NVMLError_GpuIsLost()
+            gpu.lost_after -= 1
+        if what in gpu.unsupported:
+            raise pynvml.NVMLError_NotSupported()
+        if self.on_read is not None:
+            self.on_read(gpu)
+        return gpu
+
+    def name(self, handle: FakeGpu) -> str:
+        return self._read(handle, "name").name
+
+    def uuid(self, handle: FakeGpu) -> str:
+        return self._read(handle, "uuid").uuid
+
+    def utilization_percent(self, handle: FakeGpu) -> int:
+        return self._read(handle, "utilization").utilization_percent
+
+    def memory_info(self, handle: FakeGpu) -> MemoryInfo:
+        g = self._read(handle, "memory")
+        return MemoryInfo(total=g.memory_total, used=g.memory_used,
+                          free=g.memory_total - g.memory_used)
+
+    def temperature_celsius(self, handle: FakeGpu) -> int:
+        return self._read(handle, "temperature").temperature_celsius
+
+    def power_milliwatts(self, handle: FakeGpu) -> int:
+        return self._read(handle, "power").power_milliwatts
+
+    def energy_millijoules(self, handle: FakeGpu) -> int:
+        return self._read(handle, "energy").energy_millijoules
+
+    def clock_sm_mhz(self, handle: FakeGpu) -> int:
+        return self._read(handle, "clock_sm").clock_sm_mhz
+
+    def clock_memory_mhz(self, handle: FakeGpu) -> int:
+        return self._read(handle, "clock_memory").clock_memory_mhz
+
+    def fan_speed_percent(self, handle: FakeGpu) -> int:
+        return self._read(handle, "fan").fan_speed_percent
+
+    def ecc_errors(self, handle: FakeGpu, corrected: bool) -> int:
+        g = self._read(handle, "ecc")
+        return g.ecc_corrected if corrected else g.ecc_uncorrected
+
+    def processes(self, handle: FakeGpu) -> list[GpuProcess]:
+        return list(self._read(handle, "processes").processes)
+
+
+def _animate(gpu: FakeGpu, clock: Callable[[], float] = time.time) -> None:
+    """Demo load: each fake GPU follows its own slow wave."""
+    t = clock() / 60.0 + gpu.index
+    load = 0.5 + 0.5 * math.sin(t)
+    gpu.utilization_percent = round(100 * load)
+    gpu.temperature_celsius = 35 + round(40 * load)
+    gpu.power_milliwatts = 75_000 + round(550_000 * load)
+    # a counter: about 300 W on average since the demo started
+    gpu.energy_millijoules = 1_000_000 + round((clock() - _DEMO_START) * 300_000)
+
+
+_DEMO_START = time.time()

@@ -1,0 +1,335 @@
+"""One background poller reads NVML into an immutable :class:`Snapshot`.
+
+Scrapes never touch NVML: ``/metrics`` and ``/api/gpus`` render the latest snapshot, so
+concurrent scrapes cannot pile calls onto the driver (NVML calls serialise on the
+driver's lock) and a slow or broken GPU never makes a scrape slow or fail.
+
+Failure rules (see :func:`gpulab_exporter.nvml.classify`):
+
+* NotSupported / NoPermission / NotFound on a field: that field is None (series absent).
+* GpuIsLost / Unknown / ResetRequired: that GPU is ``up=False``; the others carry on.
+* NVML cannot load or lost its driver: ``nvml_up=False`` with the reason, and init is
+  retried on every later cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import pynvml
+
+from gpulab_exporter.attribution import Container, ContainerDirectory, container_of
+from gpulab_exporter.nvml import ABSENT, GPU_DOWN, REINIT, NvmlLike, classify
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int  # host PID
+    used_memory_bytes: int | None
+    container_id: str | None  # full 64-hex ID; None outside containers
+    container: str | None  # container name where the directory knows it, else short ID
+    user: str | None  # hub user; None for processes outside hub user containers
+    server: str | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A hub user container that holds this GPU (``org.gpulab.gpus``), busy or not."""
+
+    user: str
+    server: str
+    container: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    uuid: str  # "" only if the GPU was lost before its UUID was ever read
+    model: str | None
+    up: bool
+    error: str | None = None
+    utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    clock_sm_hertz: float | None = None
+    clock_memory_hertz: float | None = None
+    fan_speed_ratio: float | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    processes: tuple[ProcessSample, ...] | None = None  # None: could not be listed
+    leases: tuple[Lease, ...] = ()
+
+    def user_memory_bytes(self) -> dict[str, int] | None:
+        """GPU memory held per hub user (lease holders without processes at 0), or None
+        when the process list is unknown."""
+        if self.processes is None:
+            return None
+        per_user = {lease.user: 0 for lease in self.leases}
+        for p in self.processes:
+            if p.user is not None:
+                per_user[p.user] = per_user.get(p.user, 0) + (p.used_memory_bytes or 0)
+        return per_user
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    timestamp: float  # wall clock, seconds since the epoch
+    nvml_up: bool
+    nvml_error: str | None = None
+    driver_version: str | None = None
+    fake: bool = False
+    gpus: tuple[GpuSample, ...] = ()
+    collection_duration_seconds: float = 0.0
+    last_success_timestamp: float | None = None
+    docker_up: bool | None = None  # None: no container directory configured
+    processes_timestamp: float | None = None
+
+    def to_json(self) -> dict:
+        """The snapshot as plain JSON types, for ``/api/gpus``."""
+        data = asdict(self)
+        for gpu, sample in zip(data["gpus"], self.gpus, strict=True):
+            gpu["user_memory_bytes"] = sample.user_memory_bytes()
+        return data
+
+
+class _GpuDown(Exception):
+    pass
+
+
+class _NvmlGone(Exception):
+    pass
+
+
+_FIELDS: list[tuple[str, str, float]] = [
+    # snapshot field, NvmlLike method, factor to base units
+    ("utilization_ratio", "utilization_percent", 0.01),
+    ("temperature_celsius", "temperature_celsius", 1.0),
+    ("power_watts", "power_milliwatts", 0.001),
+    ("energy_joules", "energy_millijoules", 0.001),
+    ("clock_sm_hertz", "clock_sm_mhz", 1e6),
+    ("clock_memory_hertz", "clock_memory_mhz", 1e6),
+    ("fan_speed_ratio", "fan_speed_percent", 0.01),
+]
+
+
+@dataclass
+class Poller:
+    """Reads NVML (and, on the slower cycle, processes and the container directory)
+    into ``self.latest``. ``poll()`` is one synchronous cycle (tests call it directly);
+    ``start()`` runs it every ``interval`` seconds on a daemon thread."""
+
+    nvml: NvmlLike
+    directory: ContainerDirectory | None = None
+    proc: str = "/proc"
+    interval: float = 5.0
+    process_interval: float = 15.0
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    latest: Snapshot = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.latest = Snapshot(timestamp=self.clock(), nvml_up=False, nvml_error="not polled yet",
+                               fake=self._fake)
+        self._ready = False
+        self._driver: str | None = None
+        self._last_error: str | None = None
+        self._last_success: float | None = None
+        self._last_slow: float | None = None
+        self._processes_timestamp: float | None = None
+        self._containers: dict[str, Container] = {}
+        self._docker_up: bool | None = None
+        self._identity: dict[int, tuple[str, str | None]] = {}
+        self._processes: dict[str, tuple[ProcessSample, ...] | None] = {}
+        self._logged: set[tuple] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def _fake(self) -> bool:
+        return bool(getattr(self.nvml, "is_fake", False))
+
+    # -- the cycle -----------------------------------------------------------------------
+    def poll(self) -> Snapshot:
+        started = self.monotonic()
+        now = self.clock()
+        slow = self._last_slow is None or now - self._last_slow >= self.process_interval
+        if slow:
+            self._last_slow = now
+            self._refresh_containers()
+        gpus: tuple[GpuSample, ...] = ()
+        error = None
+        try:
+            if not self._ready:
+                self.nvml.init()
+                self._ready = True
+                self._driver = self._optional(self.nvml.driver_version)
+                log.info("NVML initialised: driver %s%s", self._driver,
+                         " (FAKE NVML: simulated GPUs, not real hardware)" if self._fake else "")
+            count = self.nvml.device_count()
+            gpus = tuple(self._read_gpu(i, slow) for i in range(count))
+        except (pynvml.NVMLError, _NvmlGone) as e:
+            error = f"{type(e).__name__}: {e}"
+            gpus = ()
+            if self._ready:
+                self._ready = False
+                self.nvml.shutdown()
+        if error != self._last_error:
+            if error:
+                log.warning("NVML unavailable, GPU metrics absent until it recovers "
+                            "(retrying every %ss): %s", self.interval, error)
+            elif self._last_error and self._last_error != "not polled yet":
+                log.info("NVML available again")
+            self._last_error = error
+        if error is None:
+            self._last_success = now
+            if slow:
+                self._processes_timestamp = now
+        snap = Snapshot(
+            timestamp=now,
+            nvml_up=error is None,
+            nvml_error=error,
+            driver_version=self._driver if error is None else None,
+            fake=self._fake,
+            gpus=gpus,
+            collection_duration_seconds=self.monotonic() - started,
+            last_success_timestamp=self._last_success,
+            docker_up=self._docker_up,
+            processes_timestamp=self._processes_timestamp,
+        )
+        self.latest = snap
+        return snap
+
+    def _refresh_containers(self) -> None:
+        if self.directory is None:
+            return
+        try:
+            items = self.directory.containers()
+        except Exception as e:  # Docker down or socket missing: keep the last list
+            if self._docker_up is not False:
+                log.warning("cannot list containers, keeping the last list (%d): %s",
+                            len(self._containers), e)
+            self._docker_up = False
+            return
+        if self._docker_up is False:
+            log.info("container directory available again")
+        self._docker_up = True
+        self._containers = {c.id: c for c in items}
+
+    def _read_gpu(self, index: int, slow: bool) -> GpuSample:
+        uuid, model = self._identity.get(index, ("", None))
+        try:
+            handle = self._call(self.nvml.device, index)
+            uuid = self._call(self.nvml.uuid, handle) or uuid
+            model = self._call(self.nvml.name, handle) or model
+            self._identity[index] = (uuid, model)
+            values: dict = {}
+            for name, method, factor in _FIELDS:
+                raw = self._call(getattr(self.nvml, method), handle)
+                values[name] = None if raw is None else raw * factor
+            mem = self._call(self.nvml.memory_info, handle)
+            if mem is not None:
+                values.update(memory_used_bytes=mem.used, memory_total_bytes=mem.total,
+                              memory_free_bytes=mem.free)
+            values["ecc_corrected"] = self._call(self.nvml.ecc_errors, handle, True)
+            values["ecc_uncorrected"] = self._call(self.nvml.ecc_errors, handle, False)
+            if slow or uuid not in self._processes:
+                self._processes[uuid] = self._read_processes(handle)
+            processes = self._processes[uuid]
+        except _GpuDown as e:
+            self._note(("down", index, str(e)), logging.WARNING,
+                       "GPU %s (%s) is down: %s", index, uuid or "uuid unknown", e)
+            return GpuSample(index=index, uuid=uuid, model=model, up=False, error=str(e),
+                             leases=self._leases(uuid, index))
+        return GpuSample(index=index, uuid=uuid, model=model, up=True, processes=processes,
+                         leases=self._leases(uuid, index), **values)
+
+    def _read_processes(self, handle) -> tuple[ProcessSample, ...] | None:
+        found = self._call(self.nvml.processes, handle)
+        if found is None:
+            return None
+        samples = []
+        for p in found:
+            cid = container_of(p.pid, self.proc)
+            c = self._containers.get(cid) if cid else None
+            samples.append(ProcessSample(
+                pid=p.pid,
+                used_memory_bytes=p.used_memory,
+                container_id=cid,
+                container=c.name if c else (cid[:12] if cid else None),
+                user=c.user if c else None,
+                server=c.server if c else None,
+            ))
+        return tuple(samples)
+
+    def _leases(self, uuid: str, index: int) -> tuple[Lease, ...]:
+        keys = {uuid, str(index)} - {""}
+        return tuple(
+            Lease(user=c.user, server=c.server, container=c.name)
+            for c in sorted(self._containers.values(), key=lambda c: (c.user, c.server))
+            if keys.intersection(c.gpus)
+        )
+
+    def _call(self, fn, *args):
+        """One NVML read: its value, None for an absent field; raises _GpuDown or
+        _NvmlGone for errors that end this GPU's or the whole cycle."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as e:
+            kind = classify(e)
+            if kind == ABSENT:
+                return None
+            if kind == GPU_DOWN:
+                raise _GpuDown(f"{type(e).__name__}: {e}") from e
+            if kind == REINIT:
+                raise _NvmlGone(f"{type(e).__name__}: {e}") from e
+            self._note(("other", getattr(fn, "__name__", fn), str(e)), logging.WARNING,
+                       "NVML %s failed, field left out: %s", getattr(fn, "__name__", fn), e)
+            return None
+
+    def _optional(self, fn):
+        try:
+            return self._call(fn)
+        except _GpuDown:
+            return None
+
+    def _note(self, key: tuple, level: int, msg: str, *args) -> None:
+        """Log a recurring problem once, not every cycle."""
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, msg, *args)
+
+    # -- the thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpulab-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._ready:
+            self._ready = False
+            self.nvml.shutdown()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = self.monotonic()
+            try:
+                self.poll()
+            except Exception:  # a bug must not stop monitoring: log it, try again
+                log.exception("poll cycle failed")
+            self._stop.wait(max(0.0, self.interval - (self.monotonic() - began)))
