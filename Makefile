@@ -21,7 +21,7 @@ COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets test test-unit venv check-config bench clean-images
+.PHONY: help up down logs images docker secrets test test-unit venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -83,4 +83,4 @@ test: venv up
 	$(VENV)/bin/pytest tests
 
 bench: venv up
-	$(VENV)/bin/python bench/spawn.py
+	$(VENV)/bin/python -m bench.spawn
