@@ -1,0 +1,535 @@
+"""The admin's GPU allocation file (``config/gpus.yaml``): which GPUs, shared how, for whom.
+
+Parsed once into frozen dataclasses by :func:`gpus_config_from_yaml`; anything wrong is
+a :class:`~gpulab.yamlfile.ConfigError` naming the file, line and field and saying what
+is allowed. The decisions made with it (which GPU a user gets) live in
+:mod:`gpulab.allocator`; this module only reads and checks the file.
+
+Schema (every key optional; an empty or missing file means the defaults)::
+
+    inventory: auto            # or a list of GPUs, see below
+    pools:                     # named pools; "default" exists even when not listed
+      <name>: {mode: exclusive | shared, max_users: N, description: "..."}
+    defaults:                  # what every user gets
+      gpus: 0                  # GPUs given when the user does not choose (default 0)
+      max_gpus: 1              # most GPUs one user may hold, all servers together
+      pools: [<pool>, ...]     # pools users may draw from (default: all pools)
+    groups:                    # JupyterHub groups; see "precedence" below
+      <group>: {gpus, max_gpus, pinned, pools, no_gpu}
+    users:                     # one user's own settings win over everything else
+      <user>: {gpus, max_gpus, pinned, pools, no_gpu}
+
+An explicit inventory entry is ``{index, uuid, model?, pool?, mode?, max_users?,
+reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU left out
+of the list is never given to anyone; ``reserved: true`` keeps a GPU for the users and
+groups that pin it.
+
+Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
+``pools`` and ``pinned``), except that ``no_gpu: true`` in any of them wins; then every
+field set under ``users:`` replaces the combined value (``no_gpu: false`` there lifts a
+group's ``no_gpu``). Pinned GPUs always fit in the quota (the effective ``max_gpus`` is
+at least the number of pins) and are kept for the users and groups that pin them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
+
+__all__ = [
+    "ConfigError",
+    "DEFAULT_POOL",
+    "EXCLUSIVE",
+    "GpuEntry",
+    "GpusConfig",
+    "MAX_GPUS_LIMIT",
+    "Override",
+    "Pin",
+    "Policy",
+    "Pool",
+    "SHARED",
+    "gpus_config_from_yaml",
+    "load_gpus_config",
+    "parse_gpus_config",
+]
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+MODES = (EXCLUSIVE, SHARED)
+DEFAULT_POOL = "default"
+# Upper bound for any GPU count in the file or in a request: far above any real host,
+# low enough that a typo (1000 instead of 10) is caught.
+MAX_GPUS_LIMIT = 64
+MAX_USERS_LIMIT = 1024
+
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users")
+_POOL_KEYS = ("mode", "max_users", "description")
+_GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
+_DEFAULT_KEYS = ("gpus", "max_gpus", "pools")
+_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu")
+
+
+# ---------------------------------------------------------------- the parsed file
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    mode: str = EXCLUSIVE
+    max_users: int = 1  # users per GPU; always 1 for exclusive
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    """One GPU of an explicit inventory, as declared (mode/max_users None = the pool's)."""
+
+    index: int
+    uuid: str
+    model: str = ""
+    pool: str = DEFAULT_POOL
+    mode: str | None = None
+    max_users: int | None = None
+    reserved: bool = False
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A pinned GPU: its uuid or its NVML index, and where the file says so."""
+
+    ref: int | str
+    line: int | None = None
+
+    def matches(self, index: int, uuid: str) -> bool:
+        return self.ref == uuid if isinstance(self.ref, str) else self.ref == index
+
+    def __str__(self) -> str:
+        return self.ref if isinstance(self.ref, str) else f"index {self.ref}"
+
+
+@dataclass(frozen=True)
+class Override:
+    """A ``groups:`` or ``users:`` entry; None = not set there."""
+
+    name: str
+    gpus: int | None = None
+    max_gpus: int | None = None
+    pinned: tuple[Pin, ...] | None = None
+    pools: tuple[str, ...] | None = None
+    no_gpu: bool | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one user may have, after defaults, groups and the user's own entry."""
+
+    gpus: int  # default count when the user does not choose (already within max_gpus)
+    max_gpus: int  # most GPUs over all of the user's servers (>= len(pinned))
+    pools: tuple[str, ...]  # pools the user may draw from
+    pinned: tuple[Pin, ...] = ()
+    no_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class GpusConfig:
+    filename: str = "<defaults>"
+    auto: bool = True  # inventory: auto (NVML discovery) vs the explicit list below
+    gpus: tuple[GpuEntry, ...] = ()
+    pools: Mapping[str, Pool] = field(default_factory=lambda: {DEFAULT_POOL: Pool(DEFAULT_POOL)})
+    default_gpus: int = 0
+    default_max_gpus: int = 1
+    default_pools: tuple[str, ...] | None = None  # None = every pool
+    groups: tuple[Override, ...] = ()
+    users: tuple[Override, ...] = ()
+
+    def user_override(self, user: str) -> Override | None:
+        key = user.lower()
+        return next((u for u in self.users if u.name == key), None)
+
+    def all_pins(self) -> tuple[Pin, ...]:
+        """Every pin in the file (users' and groups'), in file order."""
+        return tuple(p for o in (*self.groups, *self.users) for p in (o.pinned or ()))
+
+    def policy_for(self, user: str, groups: Iterable[str] = ()) -> Policy:
+        """The effective policy of *user*, member of *groups* (see the module docstring)."""
+        member = set(groups)
+        mine = [g for g in self.groups if g.name in member]
+        gpus, max_gpus = self.default_gpus, self.default_max_gpus
+        pools = self.default_pools
+        pinned: list[Pin] = []
+        no_gpu = any(g.no_gpu for g in mine)
+        if any(g.gpus is not None for g in mine):
+            gpus = max(g.gpus for g in mine if g.gpus is not None)
+        if any(g.max_gpus is not None for g in mine):
+            max_gpus = max(g.max_gpus for g in mine if g.max_gpus is not None)
+        if any(g.pools is not None for g in mine):
+            pools = _union(p for g in mine for p in (g.pools or ()))
+        for g in mine:
+            pinned.extend(p for p in (g.pinned or ()) if p.ref not in {q.ref for q in pinned})
+        own = self.user_override(user)
+        if own is not None:
+            gpus = own.gpus if own.gpus is not None else gpus
+            max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
+            pools = own.pools if own.pools is not None else pools
+            pinned = list(own.pinned) if own.pinned is not None else pinned
+            no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
+        if no_gpu:
+            return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True)
+        max_gpus = max(max_gpus, len(pinned))
+        gpus = min(max(gpus, len(pinned)), max_gpus)
+        return Policy(
+            gpus=gpus,
+            max_gpus=max_gpus,
+            pools=tuple(self.pools) if pools is None else pools,
+            pinned=tuple(pinned),
+        )
+
+
+def _union(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------- value checks
+# Each raises ValueError with a message saying what is allowed; the caller adds file:line.
+
+
+def _count(value: Any, what: str = "a number of GPUs") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPUS_LIMIT:
+        raise ValueError(f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}")
+    return value
+
+
+def _max_users(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_USERS_LIMIT:
+        raise ValueError(
+            f"expected the number of users who may share one GPU, a whole number from 1 "
+            f"to {MAX_USERS_LIMIT}, got {value!r}"
+        )
+    return value
+
+
+def _mode(value: Any) -> str:
+    if value not in MODES:
+        raise ValueError(f"expected one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"expected {what}, got {value!r}")
+    s = str(value)
+    if not _NAME.fullmatch(s):
+        raise ValueError(
+            f"expected {what} made of letters, digits, '_', '.' and '-', got {value!r}"
+        )
+    return s
+
+
+def _uuid(value: Any) -> str:
+    if not isinstance(value, str) or not _UUID.fullmatch(value.strip()):
+        raise ValueError(
+            f"expected a GPU UUID as `nvidia-smi -L` prints it (GPU-xxxxxxxx-... or "
+            f"MIG-...), got {value!r}"
+        )
+    return value.strip()
+
+
+def _index(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"expected the GPU's index as `nvidia-smi -L` prints it (0, 1, ...), got {value!r}"
+        )
+    return value
+
+
+# ---------------------------------------------------------------- the parser
+
+
+class _Reader:
+    """Walks a LocatedYaml, turning ValueError into ConfigError at the right line."""
+
+    def __init__(self, doc: LocatedYaml):
+        self.doc = doc
+
+    def check(self, path: Path_, parse, value: Any):
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise self.doc.error(path, str(e)) from None
+
+    def mapping(
+        self, path: Path_, value: Any, allowed: Sequence[str] | None, what: str
+    ) -> dict:
+        """*value* as a dict (None = empty) whose keys are in *allowed* (None = any)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.doc.error(path, f"expected {what}, got {value!r}")
+        for key in value:
+            if allowed is not None and str(key) not in allowed:
+                raise self.doc.error(
+                    path + (str(key),), _unknown_key(str(key), allowed, path)
+                )
+        return value
+
+    def pool_list(self, path: Path_, value: Any, pools: Mapping[str, Pool]) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise self.doc.error(path, f"expected a list of pool names, got {value!r}")
+        for i, name in enumerate(value):
+            self.known_pool(path + (i,), name, pools)
+        return _union(value)
+
+    def known_pool(self, path: Path_, name: Any, pools: Mapping[str, Pool]) -> str:
+        if name not in pools:
+            raise self.doc.error(path, _unknown_pool(name, pools))
+        return name
+
+
+def _unknown_key(key: str, allowed: Sequence[str], parent: Path_) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    where = f"{dotted(parent)}" if parent else "the top level"
+    return f"unknown key; {hint}allowed at {where}: {', '.join(allowed)}"
+
+
+def _unknown_pool(name: Any, pools: Mapping[str, Pool]) -> str:
+    close = difflib.get_close_matches(str(name), list(pools), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (
+        f"unknown pool {name!r}; {hint}pools declared under pools: "
+        f"{', '.join(sorted(pools))}"
+    )
+
+
+def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
+    """Validate a parsed ``gpus.yaml``; raise ConfigError at the first problem."""
+    r = _Reader(doc)
+    top = r.mapping((), doc.data, _TOP_KEYS, "a mapping with inventory:, pools:, defaults:, "
+                    "groups: and users: at the top level")
+
+    # pools first: everything else refers to them
+    pools: dict[str, Pool] = {DEFAULT_POOL: Pool(DEFAULT_POOL)}
+    raw_pools = r.mapping(("pools",), top.get("pools"), None,
+                          "a mapping of pool name -> {mode, max_users}")
+    for raw_name, body in raw_pools.items():
+        path: Path_ = ("pools", str(raw_name))
+        name = r.check(path, lambda v: _name(v, "a pool name"), raw_name)
+        body = r.mapping(path, body, _POOL_KEYS, "a mapping with mode: and max_users:")
+        pools[name] = _pool(r, path, name, body)
+
+    # inventory
+    raw_inv = top.get("inventory", "auto")
+    auto = raw_inv == "auto"
+    gpus: tuple[GpuEntry, ...] = ()
+    if not auto:
+        if not isinstance(raw_inv, list):
+            raise doc.error(
+                ("inventory",),
+                f"expected `auto` (discover GPUs with NVML) or a list of GPUs "
+                f"({{index, uuid, model, pool, mode, max_users, reserved}}), got {raw_inv!r}",
+            )
+        gpus = _inventory(r, raw_inv, pools)
+
+    # defaults
+    d = r.mapping(("defaults",), top.get("defaults"), _DEFAULT_KEYS,
+                  "a mapping with gpus:, max_gpus: and pools:")
+    default_gpus = r.check(("defaults", "gpus"), _count, d.get("gpus", 0))
+    default_max = r.check(("defaults", "max_gpus"), _count, d.get("max_gpus", 1))
+    if default_gpus > default_max:
+        raise doc.error(
+            ("defaults", "gpus"),
+            f"default of {default_gpus} GPUs is more than defaults.max_gpus ({default_max}); "
+            f"lower gpus or raise max_gpus",
+        )
+    default_pools = (
+        r.pool_list(("defaults", "pools"), d["pools"], pools) if "pools" in d else None
+    )
+
+    groups = _overrides(r, "groups", top.get("groups"), pools, gpus, auto, lower=False)
+    users = _overrides(r, "users", top.get("users"), pools, gpus, auto, lower=True)
+    return GpusConfig(
+        filename=doc.filename,
+        auto=auto,
+        gpus=gpus,
+        pools=pools,
+        default_gpus=default_gpus,
+        default_max_gpus=default_max,
+        default_pools=default_pools,
+        groups=groups,
+        users=users,
+    )
+
+
+def _pool(r: _Reader, path: Path_, name: str, body: dict) -> Pool:
+    mode = r.check(path + ("mode",), _mode, body.get("mode", EXCLUSIVE))
+    description = str(body.get("description") or "")
+    if "max_users" in body:
+        max_users = r.check(path + ("max_users",), _max_users, body["max_users"])
+        if mode == EXCLUSIVE and max_users != 1:
+            raise r.doc.error(
+                path + ("max_users",),
+                f"max_users: {max_users} needs mode: shared (an exclusive GPU has one user)",
+            )
+    elif mode == SHARED:
+        raise r.doc.error(
+            path + ("mode",),
+            "mode: shared needs max_users: N (how many users may share each GPU)",
+        )
+    else:
+        max_users = 1
+    return Pool(name, mode, max_users, description)
+
+
+def _inventory(r: _Reader, raw: list, pools: Mapping[str, Pool]) -> tuple[GpuEntry, ...]:
+    doc = r.doc
+    out: list[GpuEntry] = []
+    seen_index: dict[int, int | None] = {}
+    seen_uuid: dict[str, int | None] = {}
+    for i, item in enumerate(raw):
+        path: Path_ = ("inventory", i)
+        body = r.mapping(path, item, _GPU_KEYS,
+                         "a GPU: {index, uuid, model, pool, mode, max_users, reserved}")
+        for required in ("index", "uuid"):
+            if required not in body:
+                raise doc.error(path, f"missing {required}: (as `nvidia-smi -L` prints it)")
+        index = r.check(path + ("index",), _index, body["index"])
+        uuid = r.check(path + ("uuid",), _uuid, body["uuid"])
+        line = doc.line_of(path)
+        if index in seen_index:
+            raise doc.error(path + ("index",),
+                            f"index {index} is listed twice (first on line {seen_index[index]})")
+        if uuid in seen_uuid:
+            raise doc.error(path + ("uuid",),
+                            f"uuid {uuid} is listed twice (first on line {seen_uuid[uuid]})")
+        seen_index[index], seen_uuid[uuid] = line, line
+        model = body.get("model", "")
+        if not isinstance(model, str):
+            raise doc.error(path + ("model",), f"expected the model name as text, got {model!r}")
+        pool = r.known_pool(path + ("pool",), body.get("pool", DEFAULT_POOL), pools)
+        mode = r.check(path + ("mode",), _mode, body["mode"]) if "mode" in body else None
+        max_users = (
+            r.check(path + ("max_users",), _max_users, body["max_users"])
+            if "max_users" in body else None
+        )
+        effective_mode = mode or pools[pool].mode
+        if effective_mode == EXCLUSIVE and max_users not in (None, 1):
+            raise doc.error(
+                path + ("max_users",),
+                f"max_users: {max_users} needs mode: shared (this GPU is exclusive"
+                f"{'' if mode else f' through pool {pool}'})",
+            )
+        if mode == SHARED and max_users is None and pools[pool].mode != SHARED:
+            raise doc.error(
+                path + ("mode",),
+                "mode: shared needs max_users: N (how many users may share this GPU)",
+            )
+        reserved = r.check(path + ("reserved",), _bool, body.get("reserved", False))
+        out.append(GpuEntry(index, uuid, model.strip(), pool, mode, max_users, reserved, line))
+    return tuple(out)
+
+
+def _overrides(
+    r: _Reader,
+    section: str,
+    raw: Any,
+    pools: Mapping[str, Pool],
+    gpus: Sequence[GpuEntry],
+    auto: bool,
+    lower: bool,
+) -> tuple[Override, ...]:
+    doc = r.doc
+    entries = r.mapping((section,), raw, None, f"a mapping of {section[:-1]} name -> settings")
+    out: list[Override] = []
+    seen: dict[str, int | None] = {}
+    for raw_name, body in entries.items():
+        path: Path_ = (section, str(raw_name))
+        if isinstance(raw_name, bool) or not isinstance(raw_name, str | int) or not str(raw_name):
+            raise doc.error(path, f"expected a {section[:-1]} name, got {raw_name!r}")
+        name = str(raw_name).lower() if lower else str(raw_name)
+        if name in seen:
+            raise doc.error(path, f"{section[:-1]} {name!r} is listed twice (first on line "
+                                  f"{seen[name]}; usernames are not case-sensitive)")
+        seen[name] = doc.line_of(path)
+        body = r.mapping(path, body, _OVERRIDE_KEYS,
+                         "a mapping with gpus:, max_gpus:, pinned:, pools: or no_gpu:")
+        o = Override(
+            name=name,
+            gpus=r.check(path + ("gpus",), _count, body["gpus"]) if "gpus" in body else None,
+            max_gpus=(r.check(path + ("max_gpus",), _count, body["max_gpus"])
+                      if "max_gpus" in body else None),
+            pinned=_pins(r, path + ("pinned",), body["pinned"], gpus, auto)
+            if "pinned" in body else None,
+            pools=r.pool_list(path + ("pools",), body["pools"], pools)
+            if "pools" in body else None,
+            no_gpu=r.check(path + ("no_gpu",), _bool, body["no_gpu"]) if "no_gpu" in body else None,
+            line=doc.line_of(path),
+        )
+        if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:
+            raise doc.error(path + ("gpus",),
+                            f"gpus: {o.gpus} is more than max_gpus: {o.max_gpus} here")
+        if o.pinned and o.max_gpus is not None and len(o.pinned) > o.max_gpus:
+            raise doc.error(path + ("max_gpus",),
+                            f"max_gpus: {o.max_gpus} is less than the {len(o.pinned)} pinned GPUs")
+        if o.no_gpu and (o.pinned or o.gpus or o.max_gpus):
+            raise doc.error(path + ("no_gpu",),
+                            "no_gpu: true cannot be combined with gpus, max_gpus or pinned GPUs")
+        out.append(o)
+    return tuple(out)
+
+
+def _pins(
+    r: _Reader, path: Path_, value: Any, gpus: Sequence[GpuEntry], auto: bool
+) -> tuple[Pin, ...]:
+    doc = r.doc
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list):
+        raise doc.error(path, f"expected a list of GPU UUIDs or indexes, got {value!r}")
+    pins: list[Pin] = []
+    for i, ref in enumerate(value):
+        p = path + (i,)
+        ref = r.check(p, _uuid, ref) if isinstance(ref, str) else r.check(p, _index, ref)
+        if not auto and not any(Pin(ref).matches(g.index, g.uuid) for g in gpus):
+            listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+            raise doc.error(
+                p, f"pinned GPU {ref!r} is not listed under inventory; GPUs listed there: {listed}"
+            )
+        if any(q.ref == ref for q in pins):
+            raise doc.error(p, f"GPU {ref!r} is pinned twice")
+        pins.append(Pin(ref, doc.line_of(p)))
+    return tuple(pins)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def parse_gpus_config(text: str, filename: str = "gpus.yaml") -> GpusConfig:
+    return gpus_config_from_yaml(parse_yaml(text, filename))
+
+
+def load_gpus_config(path: str | Path, missing_ok: bool = False) -> GpusConfig:
+    """Read and validate ``gpus.yaml``. With *missing_ok*, an absent file means the
+    defaults (auto inventory, exclusive GPUs, 0 by default, at most 1 per user)."""
+    path = Path(path)
+    if missing_ok and not path.exists():
+        return GpusConfig(filename=str(path))
+    return gpus_config_from_yaml(read_yaml(path))

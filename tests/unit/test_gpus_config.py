@@ -1,0 +1,234 @@
+"""config/gpus.yaml: the shipped example, the schema, and file:line errors."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.gpus_config import (
+    ConfigError,
+    GpuEntry,
+    Pin,
+    Policy,
+    Pool,
+    load_gpus_config,
+    parse_gpus_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "config" / "gpus.yaml"
+
+U0 = "GPU-00000000-0000-0000-0000-000000000000"
+U1 = "GPU-11111111-1111-1111-1111-111111111111"
+
+TWO_GPUS = f"""\
+inventory:
+  - {{index: 0, uuid: {U0}, model: A100}}
+  - {{index: 1, uuid: {U1}, model: T4}}
+"""
+
+
+def test_shipped_example_is_valid_and_works_without_gpus():
+    c = load_gpus_config(EXAMPLE)
+    assert c.auto is True and c.gpus == ()
+    assert c.default_gpus == 0 and c.default_max_gpus == 1
+    assert c.policy_for("anyone") == Policy(gpus=0, max_gpus=1, pools=("default",))
+
+
+def test_shipped_commented_examples_are_valid_when_uncommented(tmp_path):
+    text = EXAMPLE.read_text()
+    text = text.replace("\ninventory: auto", "\n# inventory: auto", 1)
+    text = text.replace("\n# inventory:\n", "\ninventory:\n", 1)
+    text = re.sub(r"(?m)^#   ", "  ", text)
+    path = tmp_path / "gpus.yaml"
+    path.write_text(text)
+    c = load_gpus_config(path)
+    assert [g.index for g in c.gpus] == [0, 1, 2, 3, 4]
+    assert c.gpus[3].mode == "exclusive" and c.gpus[4].reserved
+    assert c.pools["small"] == Pool("small", "shared", 4, c.pools["small"].description)
+    assert c.policy_for("bob", ["visitors"]).no_gpu is False  # users: lifts the group's no_gpu
+    assert c.policy_for("eve", ["visitors"]).no_gpu is True
+    assert c.policy_for("carol", ["staff", "students"]).max_gpus == 4
+    assert c.policy_for("alice").pinned[0].ref.startswith("GPU-9c9c")
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="nope.yaml: file not found"):
+        load_gpus_config("/nonexistent/nope.yaml")
+    assert load_gpus_config("/nonexistent/nope.yaml", missing_ok=True).auto is True
+
+
+@pytest.mark.parametrize("text", ["", "inventory: auto\n", "pools:\ngroups:\nusers:\n"])
+def test_empty_sections_give_defaults(text):
+    c = parse_gpus_config(text)
+    assert c.auto and c.default_gpus == 0 and c.default_max_gpus == 1
+    assert list(c.pools) == ["default"] and c.groups == () and c.users == ()
+
+
+def test_explicit_inventory_with_pools_and_modes():
+    c = parse_gpus_config(
+        f"""\
+pools:
+  big: {{mode: exclusive, description: training}}
+  small: {{mode: shared, max_users: 4}}
+inventory:
+  - {{index: 1, uuid: {U1}, model: T4, pool: small, max_users: 2}}
+  - {{index: 0, uuid: {U0}, pool: big, reserved: true}}
+"""
+    )
+    assert not c.auto
+    assert c.gpus == (
+        GpuEntry(1, U1, "T4", "small", None, 2, False, line=5),
+        GpuEntry(0, U0, "", "big", None, None, True, line=6),
+    )
+    assert c.pools["small"] == Pool("small", "shared", 4)
+    assert c.pools["big"] == Pool("big", "exclusive", 1, "training")
+
+
+@pytest.mark.parametrize(
+    "groups, user_entry, expected",
+    [
+        # no groups, no entry: defaults
+        ([], "", Policy(gpus=0, max_gpus=1, pools=("default", "a", "b"))),
+        # groups combine generously
+        (["g2", "g1"], "", Policy(gpus=1, max_gpus=3, pools=("a", "b"))),
+        # a group the file does not know changes nothing
+        (["zzz"], "", Policy(gpus=0, max_gpus=1, pools=("default", "a", "b"))),
+        # no_gpu in any group wins over the others
+        (["g1", "deny"], "", Policy(0, 0, (), (), True)),
+        # the user's own entry replaces each field it sets
+        (["g1"], "{max_gpus: 1}", Policy(gpus=1, max_gpus=1, pools=("a",))),
+        (["deny"], "{no_gpu: false}", Policy(gpus=0, max_gpus=1, pools=("default", "a", "b"))),
+        ([], "{no_gpu: true}", Policy(0, 0, (), (), True)),
+        # pins raise the quota and the default count to their number
+        ([], f"{{pinned: [{U0}, 1]}}",
+         Policy(gpus=2, max_gpus=2, pools=("default", "a", "b"),
+                pinned=(Pin(U0, 10), Pin(1, 10)))),
+        # a default above the user's max is capped, not an error
+        ([], "{max_gpus: 0}", Policy(gpus=0, max_gpus=0, pools=("default", "a", "b"))),
+    ],
+)
+def test_policy_precedence(groups, user_entry, expected):
+    c = parse_gpus_config(
+        f"""\
+{TWO_GPUS}pools: {{a: {{mode: exclusive}}, b: {{mode: shared, max_users: 2}}}}
+groups:
+  g1: {{max_gpus: 3, gpus: 1, pools: [a]}}
+  g2: {{max_gpus: 2, pools: [b]}}
+  deny: {{no_gpu: true}}
+users:
+  Alice: {user_entry or "{}"}
+"""
+    )
+    assert c.policy_for("alice", groups) == expected
+    assert c.policy_for("ALICE", groups) == expected  # usernames are not case-sensitive
+
+
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        # YAML-level problems
+        ("defaults:\n  gpus: 1\ndefaults:\n  gpus: 2\n", "gpus.yaml:3", "duplicate key 'defaults'"),
+        ("users:\n  a: {max_gpus: 1, max_gpus: 2}\n", "gpus.yaml:2", "duplicate key 'max_gpus'"),
+        ("pools: [\n", "gpus.yaml:2", "invalid YAML"),
+        # unknown keys, with did-you-mean
+        ("inventry: auto\n", "gpus.yaml:1: inventry", "did you mean inventory?"),
+        ("defaults:\n  max_gpu: 2\n", "gpus.yaml:2: defaults.max_gpu", "did you mean max_gpus?"),
+        ("users:\n  bob:\n    pined: [0]\n", "gpus.yaml:3: users.bob.pined", "did you mean pinned?"),
+        ("pools:\n  a: {mode: shared, max_user: 2}\n", "gpus.yaml:2: pools.a.max_user",
+         "did you mean max_users?"),
+        (f"inventory:\n  - {{index: 0, uuid: {U0}, reservd: true}}\n",
+         "gpus.yaml:2: inventory[0].reservd", "did you mean reserved?"),
+        # wrong types
+        ("inventory: all\n", "gpus.yaml:1: inventory", "expected `auto`"),
+        ("inventory: {index: 0}\n", "gpus.yaml:1: inventory", "or a list of GPUs"),
+        ("defaults:\n  gpus: one\n", "gpus.yaml:2: defaults.gpus", "whole number from 0 to 64"),
+        ("defaults:\n  max_gpus: true\n", "gpus.yaml:2: defaults.max_gpus", "whole number"),
+        ("defaults:\n  max_gpus: -1\n", "gpus.yaml:2: defaults.max_gpus", "whole number"),
+        ("defaults:\n  max_gpus: 1000\n", "gpus.yaml:2: defaults.max_gpus", "0 to 64"),
+        ("defaults:\n  gpus: 2\n  max_gpus: 1\n", "gpus.yaml:2: defaults.gpus",
+         "more than defaults.max_gpus"),
+        ("users:\n  bob:\n    no_gpu: yes please\n", "gpus.yaml:3: users.bob.no_gpu",
+         "expected true or false"),
+        ("users:\n  bob: 3\n", "gpus.yaml:2: users.bob", "expected a mapping"),
+        ("groups: [staff]\n", "gpus.yaml:1: groups", "expected a mapping of group name"),
+        ("pools:\n  a: {mode: sharing}\n", "gpus.yaml:2: pools.a.mode",
+         "expected one of exclusive, shared"),
+        # inventory entries
+        ("inventory:\n  - {uuid: " + U0 + "}\n", "gpus.yaml:2: inventory[0]", "missing index"),
+        ("inventory:\n  - {index: 0}\n", "gpus.yaml:2: inventory[0]", "missing uuid"),
+        ("inventory:\n  - {index: 0, uuid: 0000-1111}\n", "gpus.yaml:2: inventory[0].uuid",
+         "GPU UUID as `nvidia-smi -L` prints it"),
+        ("inventory:\n  - {index: -1, uuid: " + U0 + "}\n", "gpus.yaml:2: inventory[0].index",
+         "GPU's index"),
+        (f"inventory:\n  - {{index: 0, uuid: {U0}}}\n  - {{index: 0, uuid: {U1}}}\n",
+         "gpus.yaml:3: inventory[1].index", "index 0 is listed twice (first on line 2)"),
+        (f"inventory:\n  - {{index: 0, uuid: {U0}}}\n  - {{index: 1, uuid: {U0}}}\n",
+         "gpus.yaml:3: inventory[1].uuid", "listed twice (first on line 2)"),
+        (f"inventory:\n  - {{index: 0, uuid: {U0}, reserved: 1}}\n",
+         "gpus.yaml:2: inventory[0].reserved", "true or false"),
+        # max_users
+        ("pools:\n  a: {mode: shared, max_users: 0}\n", "gpus.yaml:2: pools.a.max_users",
+         "from 1 to 1024"),
+        ("pools:\n  a:\n    mode: shared\n    max_users: -3\n", "gpus.yaml:4: pools.a.max_users",
+         "from 1 to 1024"),
+        (f"inventory:\n  - {{index: 0, uuid: {U0}, mode: shared, max_users: 0}}\n",
+         "gpus.yaml:2: inventory[0].max_users", "from 1 to 1024"),
+        ("pools:\n  a:\n    mode: shared\n", "gpus.yaml:3: pools.a.mode", "needs max_users"),
+        ("pools:\n  a: {max_users: 3}\n", "gpus.yaml:2: pools.a.max_users", "needs mode: shared"),
+        (f"inventory:\n  - index: 0\n    uuid: {U0}\n    max_users: 2\n",
+         "gpus.yaml:4: inventory[0].max_users", "needs mode: shared"),
+        (f"inventory:\n  - index: 0\n    uuid: {U0}\n    mode: shared\n",
+         "gpus.yaml:4: inventory[0].mode", "needs max_users"),
+        # unknown pool
+        (f"inventory:\n  - {{index: 0, uuid: {U0}, pool: a10}}\npools:\n  a100: {{}}\n",
+         "gpus.yaml:2: inventory[0].pool", "unknown pool 'a10'; did you mean a100?"),
+        ("defaults:\n  pools: [big]\n", "gpus.yaml:2: defaults.pools[0]",
+         "unknown pool 'big'; pools declared under pools: default"),
+        ("pools:\n  small: {}\ngroups:\n  s:\n    pools: [smal]\n", "gpus.yaml:5: groups.s.pools[0]",
+         "did you mean small?"),
+        ("pools:\n  'bad name': {}\n", "gpus.yaml:2: pools.bad name", "pool name made of"),
+        # pins
+        (f"{TWO_GPUS}users:\n  bob:\n    pinned: [{U0}, GPU-deadbeef]\n",
+         "gpus.yaml:6: users.bob.pinned[1]",
+         f"pinned GPU 'GPU-deadbeef' is not listed under inventory; GPUs listed there: "
+         f"0 ({U0}), 1 ({U1})"),
+        (f"{TWO_GPUS}groups:\n  g:\n    pinned:\n      - 0\n      - 7\n",
+         "gpus.yaml:8: groups.g.pinned[1]", "pinned GPU 7 is not listed under inventory"),
+        (f"{TWO_GPUS}users:\n  bob: {{pinned: [0, 0]}}\n", "gpus.yaml:5: users.bob.pinned[1]",
+         "pinned twice"),
+        ("users:\n  bob: {pinned: [1.5]}\n", "gpus.yaml:2: users.bob.pinned[0]", "GPU's index"),
+        ("users:\n  bob: {pinned: {a: 1}}\n", "gpus.yaml:2: users.bob.pinned",
+         "list of GPU UUIDs or indexes"),
+        (f"{TWO_GPUS}users:\n  bob:\n    pinned: [0, 1]\n    max_gpus: 1\n",
+         "gpus.yaml:7: users.bob.max_gpus", "less than the 2 pinned GPUs"),
+        # contradictions inside one entry
+        ("users:\n  bob:\n    no_gpu: true\n    max_gpus: 2\n", "gpus.yaml:3: users.bob.no_gpu",
+         "cannot be combined"),
+        ("groups:\n  g: {gpus: 3, max_gpus: 2}\n", "gpus.yaml:2: groups.g.gpus",
+         "more than max_gpus: 2"),
+        ("users:\n  Bob: {}\n  bob: {}\n", "gpus.yaml:3: users.bob", "listed twice (first on line 2"),
+    ],
+)
+def test_bad_config_names_file_line_and_field(text, where, words):
+    with pytest.raises(ConfigError) as e:
+        parse_gpus_config(text, "gpus.yaml")
+    assert str(e.value).startswith(where), str(e.value)
+    assert words in str(e.value), str(e.value)
+
+
+def test_error_from_a_real_file_names_its_path(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text("defaults:\n  gpus: 1\n  max_gpus: 1\n  pools: [nope]\n")
+    with pytest.raises(ConfigError) as e:
+        load_gpus_config(path)
+    assert str(e.value).startswith(f"{path}:4: defaults.pools[0]: unknown pool 'nope'")
+    assert e.value.line == 4 and e.value.filename == str(path)
+
+
+def test_pins_by_index_are_allowed_with_auto_inventory():
+    # Auto inventory is only known at runtime: pins are checked against it then
+    # (allocator.resolve_inventory warns about pins that match no GPU).
+    c = parse_gpus_config("users:\n  bob: {pinned: [3, " + U1 + "]}\n")
+    assert c.policy_for("bob").pinned == (Pin(3, 2), Pin(U1, 2))
+    assert c.all_pins() == (Pin(3, 2), Pin(U1, 2))
