@@ -1,0 +1,86 @@
+"""The Prometheus config and alert rules, checked by the real promtool.
+
+Install it with `apt-get install --no-install-recommends prometheus` (this does not
+start a Prometheus server)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROM = Path(__file__).resolve().parents[2] / "monitoring" / "prometheus"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool not installed (apt-get install --no-install-recommends prometheus)",
+)
+ALERTS = {"GpulabGpuAllocatedIdle", "GpulabGpuMemoryNearlyFull", "GpulabGpuTemperatureHigh",
+          "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown"}
+
+
+def promtool(*args, cwd=PROM):
+    p = subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"promtool {' '.join(args)}:\n{p.stdout}\n{p.stderr}"
+    return p.stdout + p.stderr
+
+
+@needs_promtool
+def test_rules_are_valid():
+    out = promtool("check", "rules", "alerts.yml")
+    assert f"{len(ALERTS)} rules found" in out
+
+
+@needs_promtool
+def test_rule_unit_tests_pass():
+    promtool("test", "rules", "alerts_test.yml")
+
+
+@needs_promtool
+def test_rule_unit_tests_catch_a_wrong_threshold(tmp_path):
+    """The test file really pins the numbers: loosen the idle threshold and it fails."""
+    for name in ("alerts.yml", "alerts_test.yml"):
+        shutil.copy(PROM / name, tmp_path / name)
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(rules.read_text().replace("< 0.05)", "< 0.7)"))
+    p = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "GpulabGpuAllocatedIdle" in p.stdout + p.stderr
+
+
+@needs_promtool
+def test_config_is_valid(tmp_path):
+    # promtool stats the credentials file: check a copy pointing at a test token.
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(PROM / name, tmp_path / name)
+    (tmp_path / "metrics-token").write_text("test-token\n")
+    config = tmp_path / "prometheus.yml"
+    text = config.read_text()
+    assert "/etc/prometheus/secrets/metrics-token" in text
+    config.write_text(text.replace("/etc/prometheus/secrets/metrics-token",
+                                   str(tmp_path / "metrics-token")))
+    out = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert "SUCCESS" in out
+
+
+def test_config_scrapes_exporter_and_hub():
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["gpulab-exporter"]["static_configs"][0]["targets"] == ["exporter:9445"]
+    hub = jobs["gpulab-hub"]
+    assert hub["metrics_path"] == "/hub/metrics"
+    assert hub["static_configs"][0]["targets"] == ["gpulab-hub:8081"]
+    assert hub["authorization"]["credentials_file"] == "/etc/prometheus/secrets/metrics-token"
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+def test_every_alert_has_a_test_case():
+    rules = yaml.safe_load((PROM / "alerts.yml").read_text())
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert names == ALERTS
+    tests = yaml.safe_load((PROM / "alerts_test.yml").read_text())["tests"]
+    for name in names:
+        cases = [c for t in tests for c in t.get("alert_rule_test", []) if c["alertname"] == name]
+        assert any(c["exp_alerts"] for c in cases), f"{name}: no case where it fires"
+        assert any(not c["exp_alerts"] for c in cases), f"{name}: no case where it stays quiet"
