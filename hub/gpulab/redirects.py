@@ -52,8 +52,11 @@ def safe_next_url(next_url: str | None, base_url: str = "/", default: str | None
     if parts.scheme or parts.netloc:
         return default
     path = unquote(parts.path)
-    if _has_unsafe_char(path) or path.startswith("//"):
-        # percent-encoded tricks: "/%2F/evil", "/%09/evil", "/%5Cevil"
+    if path.startswith("//") or any(
+        ch == "\\" or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in path
+    ):
+        # percent-encoded tricks: "/%2F/evil", "/%09/evil", "/%5Cevil" (a plain
+        # encoded space, "/gpu%20box", is fine)
         return default
     if any(segment in (".", "..") for segment in path.split("/")):
         return default
