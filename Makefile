@@ -3,8 +3,10 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
+# Does this host have NVIDIA GPUs (driver and nvidia-smi installed)?
+HAS_NVIDIA := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 # cpu | cuda: which PyTorch build the single-user image gets (auto: cuda on NVIDIA hosts).
-TORCH_VARIANT ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+TORCH_VARIANT ?= $(if $(HAS_NVIDIA),cuda,cpu)
 # Debian bookworm image every Dockerfile starts FROM. The default is built locally with
 # debootstrap; where a registry is reachable, BASE_IMAGE=debian:bookworm-slim works too.
 BASE_IMAGE ?= gpulab/base:bookworm
@@ -17,7 +19,8 @@ HUB_URL ?= http://127.0.0.1:$(or $(GPULAB_PORT),8000)
 
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
-COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose) \
+  -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml)
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 

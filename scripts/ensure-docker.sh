@@ -7,7 +7,17 @@ set -euo pipefail
 
 log() { printf '[gpulab] %s\n' "$*" >&2; }
 
+ensure_compose() {
+  if docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; then
+    return 0
+  fi
+  log "Installing Compose (docker-compose) with apt-get ..."
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }
+}
+
 if docker info >/dev/null 2>&1; then
+  ensure_compose
   exit 0
 fi
 
@@ -41,6 +51,7 @@ fi
 for _ in $(seq 1 60); do
   if docker info >/dev/null 2>&1; then
     log "Docker engine is up."
+    ensure_compose
     exit 0
   fi
   sleep 0.5

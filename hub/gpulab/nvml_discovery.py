@@ -1,0 +1,49 @@
+"""Discover the host's GPUs with NVML, for ``inventory: auto`` in config/gpus.yaml.
+
+The hub container sees the GPUs for discovery only (docker-compose.gpu.yml gives it the
+``utility`` capability: NVML, no compute). Where NVML cannot load (no driver, no GPU,
+a CPU-only host) discovery returns no GPUs and says why, once, in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DiscoveredGpu:
+    index: int
+    uuid: str
+    model: str
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def discover_gpus() -> list[DiscoveredGpu]:
+    try:
+        import pynvml
+    except ImportError:
+        log.warning("nvidia-ml-py is not installed: inventory 'auto' finds no GPUs")
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.info("NVML unavailable (%s): inventory 'auto' finds no GPUs on this host", e)
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append(DiscoveredGpu(i, _text(pynvml.nvmlDeviceGetUUID(handle)),
+                                      _text(pynvml.nvmlDeviceGetName(handle))))
+        return gpus
+    except pynvml.NVMLError as e:
+        log.error("NVML failed while listing GPUs (%s): no GPUs will be leased", e)
+        return []
+    finally:
+        pynvml.nvmlShutdown()
