@@ -1,0 +1,489 @@
+"""GPU leases: who may have which GPU, decided by pure functions.
+
+No I/O here: the hub keeps the lease table (rebuilt after a restart from the running
+containers' labels with :func:`leases_from_labels`), discovers GPUs with NVML, and
+calls these functions with what it found. Everything is deterministic, so the tests
+can replay any sequence of spawns.
+
+The rules, in one place:
+
+* A GPU has a capacity: 1 lease if ``exclusive``, ``max_users`` leases if ``shared``.
+  :func:`allocate` never returns a GPU whose leases (other than the requesting
+  server's own) already fill it.
+* A server that already holds leases gets the same GPUs back (an idempotent restart);
+  they come first, then the user's pinned GPUs, then the least-loaded GPUs of the
+  user's pools, lowest index first, preferring GPUs the user does not already use.
+* A pinned GPU, or a ``reserved`` one, is given only to the users and groups that pin
+  it. A GPU no longer in the inventory is never given again; leases on it stay until
+  their server stops (:func:`reconcile` reports them).
+* ``max_gpus`` counts every lease of the user, over all of their servers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .containers import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from .gpus_config import (
+    DEFAULT_POOL,
+    EXCLUSIVE,
+    MAX_GPUS_LIMIT,
+    GpusConfig,
+    Pin,
+    Policy,
+)
+
+__all__ = [
+    "AllocationError",
+    "BusyGpu",
+    "Gpu",
+    "InvalidRequest",
+    "Lease",
+    "NoGpuAccess",
+    "NotEnoughGpus",
+    "QuotaExceeded",
+    "Request",
+    "add_leases",
+    "allocate",
+    "leases_from_labels",
+    "reconcile",
+    "release",
+    "resolve_inventory",
+    "validate_user_options",
+]
+
+
+# ---------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int  # NVML index, as `nvidia-smi -L` prints it
+    uuid: str
+    model: str
+    pool: str = DEFAULT_POOL
+    mode: str = EXCLUSIVE
+    max_users: int = 1  # leases this GPU takes at once: 1 when exclusive
+    reserved: bool = False  # given only to the users and groups that pin it
+
+    @property
+    def capacity(self) -> int:
+        return 1 if self.mode == EXCLUSIVE else self.max_users
+
+    def label(self) -> str:
+        return f"GPU {self.index}" + (f" ({self.model})" if self.model else "")
+
+
+@dataclass(frozen=True)
+class Lease:
+    gpu_uuid: str
+    user: str
+    server: str  # "" for the user's default server
+    since: datetime
+
+
+@dataclass(frozen=True)
+class Request:
+    user: str
+    server: str = ""
+    groups: Iterable[str] = ()  # the user's JupyterHub group names
+    count: int | None = None  # None = the user's default (Policy.gpus)
+
+
+# ---------------------------------------------------------------- errors
+
+
+class AllocationError(Exception):
+    """A request that policy or capacity refuses; ``str(e)`` is safe to show the user.
+
+    ``status`` is the HTTP status to answer with, ``reason`` a stable machine-readable
+    word (for logs, metrics and JupyterHub's ``SpawnException(reason=...)``).
+    """
+
+    status = 400
+    reason = "allocation_error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(AllocationError):
+    status = 400
+    reason = "invalid_request"
+
+
+class QuotaExceeded(AllocationError):
+    status = 403
+    reason = "quota_exceeded"
+
+
+class NoGpuAccess(AllocationError):
+    status = 403
+    reason = "no_gpu_access"
+
+
+@dataclass(frozen=True)
+class BusyGpu:
+    """A GPU the user could have had, and who fills it (``holders``: user/server)."""
+
+    gpu: Gpu
+    used: int
+    holders: tuple[str, ...]
+
+
+class NotEnoughGpus(AllocationError):
+    """Fewer GPUs free than asked for.
+
+    ``message`` (and ``str(e)``) says how many are free and which are busy, without
+    names; ``holders`` maps each busy GPU's uuid to the ``user`` or ``user/server``
+    entries holding it, and ``detailed_message`` is the message with those names, for
+    admins (or for everyone, if the lab's policy is to show who holds what).
+    """
+
+    status = 409
+    reason = "not_enough_gpus"
+
+    def __init__(self, message: str, requested: int, free: int, busy: Sequence[BusyGpu] = ()):
+        super().__init__(message)
+        self.requested = requested
+        self.free = free
+        self.busy = tuple(busy)
+        self.holders: dict[str, tuple[str, ...]] = {b.gpu.uuid: b.holders for b in self.busy}
+
+    @property
+    def detailed_message(self) -> str:
+        if not self.busy:
+            return self.message
+        who = "; ".join(f"{b.gpu.label()}: {', '.join(b.holders)}" for b in self.busy)
+        return f"{self.message} Held by: {who}."
+
+
+# ---------------------------------------------------------------- inventory
+
+
+def resolve_inventory(
+    config: GpusConfig,
+    discovered: Iterable[tuple[int, str, str]] | None = None,
+) -> tuple[list[Gpu], list[str]]:
+    """The GPUs that can be leased, and warnings for the admin (the hub logs them).
+
+    *discovered* is what NVML sees, as (index, uuid, model). With ``inventory: auto``
+    every discovered GPU goes to pool ``default``. With an explicit inventory the file
+    decides; if *discovered* is given, listed GPUs that are not present are left out
+    (and warned about), as are present GPUs the file does not list. Reserved GPUs are
+    included, marked ``reserved``. Pins that match no GPU are warned about.
+    """
+    found = sorted(discovered or (), key=lambda d: d[0])
+    warnings: list[str] = []
+    gpus: list[Gpu] = []
+    if config.auto:
+        pool = config.pools[DEFAULT_POOL]
+        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users) for i, u, m in found]
+    else:
+        present = {u: (i, m) for i, u, m in found}
+        for e in config.gpus:
+            if discovered is not None and e.uuid not in present:
+                warnings.append(
+                    f"{config.filename}:{e.line}: GPU {e.index} ({e.uuid}) is listed but not "
+                    f"present on this host; it will not be given out"
+                )
+                continue
+            pool = config.pools[e.pool]
+            mode = e.mode or pool.mode
+            max_users = 1 if mode == EXCLUSIVE else (e.max_users or pool.max_users)
+            model = e.model or present.get(e.uuid, (0, ""))[1]
+            gpus.append(Gpu(e.index, e.uuid, model, e.pool, mode, max_users, e.reserved))
+            if discovered is not None and present[e.uuid][0] != e.index:
+                warnings.append(
+                    f"{config.filename}:{e.line}: GPU {e.uuid} is listed with index {e.index} "
+                    f"but NVML reports index {present[e.uuid][0]}; check inventory"
+                )
+        listed = {e.uuid for e in config.gpus}
+        for i, u, m in found:
+            if u not in listed:
+                warnings.append(
+                    f"{config.filename}: GPU {i} ({m}, {u}) is present but not listed under "
+                    f"inventory; it will not be given out"
+                )
+        gpus.sort(key=lambda g: g.index)
+    for pin in config.all_pins():
+        if not any(pin.matches(g.index, g.uuid) for g in gpus):
+            warnings.append(
+                f"{config.filename}:{pin.line}: pinned GPU {pin} is not available on this "
+                f"host; users pinned to it get other GPUs"
+            )
+    return gpus, warnings
+
+
+# ---------------------------------------------------------------- allocation
+
+
+def _who(lease: Lease) -> str:
+    return f"{lease.user}/{lease.server}" if lease.server else lease.user
+
+
+def _count_of(count: Any) -> int | None:
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise InvalidRequest(f"The number of GPUs must be a whole number, got {count!r}.")
+    if count < 0:
+        raise InvalidRequest(f"The number of GPUs cannot be negative, got {count}.")
+    return count
+
+
+def _plural(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def allocate(
+    config: GpusConfig,
+    inventory: Sequence[Gpu],
+    leases: Sequence[Lease],
+    request: Request,
+) -> list[Gpu]:
+    """The GPUs to give *request*'s server, or an :class:`AllocationError` saying why not.
+
+    *leases* is every lease held now, including this server's own (which are not
+    counted as busy, and are preferred so that a restart keeps its GPUs). The caller
+    records the result with :func:`add_leases`, under the same lock it read *leases*
+    with.
+    """
+    policy = config.policy_for(request.user, request.groups)
+    asked = _count_of(request.count)
+    if policy.no_gpu:
+        if asked:
+            raise NoGpuAccess(
+                f"Your account has no GPU access; start the server with 0 GPUs, "
+                f"or ask an admin for access ({config.filename})."
+            )
+        return []
+    count = policy.gpus if asked is None else asked
+
+    own = [le for le in leases if le.user == request.user and le.server == request.server]
+    others = [le for le in leases if not (le.user == request.user and le.server == request.server)]
+    elsewhere = [le for le in others if le.user == request.user]
+    if count > policy.max_gpus:
+        raise QuotaExceeded(
+            f"You asked for {_plural(count)}; you may use at most {policy.max_gpus}."
+        )
+    if count + len(elsewhere) > policy.max_gpus:
+        servers = sorted({le.server or "default" for le in elsewhere})
+        raise QuotaExceeded(
+            f"You asked for {_plural(count)}, but you already hold {len(elsewhere)} on "
+            f"server(s) {', '.join(servers)} and may use at most {policy.max_gpus} in total. "
+            f"Stop one of those servers or ask for fewer GPUs."
+        )
+    if count == 0:
+        return []
+
+    load = Counter(le.gpu_uuid for le in others)
+    mine_elsewhere = {le.gpu_uuid for le in elsewhere}
+    pinned_uuids = _pinned(policy.pinned, inventory)
+    pinned_by_anyone = _pinned(config.all_pins(), inventory)
+    by_uuid = {g.uuid: g for g in inventory}
+
+    def eligible(g: Gpu) -> bool:
+        if g.uuid in pinned_uuids:
+            return True
+        return not g.reserved and g.uuid not in pinned_by_anyone and g.pool in policy.pools
+
+    def free(g: Gpu) -> bool:
+        return load[g.uuid] < g.capacity
+
+    candidates = [g for g in inventory if eligible(g)]
+    ordered: list[Gpu] = []
+    ordered += [by_uuid[le.gpu_uuid] for le in own if le.gpu_uuid in by_uuid]
+    ordered += [by_uuid[u] for u in pinned_uuids]
+    ordered += sorted(
+        candidates, key=lambda g: (g.uuid in mine_elsewhere, load[g.uuid], g.index)
+    )
+    chosen: list[Gpu] = []
+    for g in ordered:
+        if len(chosen) == count:
+            break
+        if g not in chosen and eligible(g) and free(g):
+            chosen.append(g)
+    if len(chosen) < count:
+        raise _not_enough(config, policy, candidates, others, count, len(chosen))
+    return chosen
+
+
+def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
+    """UUIDs of the inventory GPUs that *pins* name, in pin order."""
+    out: list[str] = []
+    for pin in pins:
+        for g in inventory:
+            if pin.matches(g.index, g.uuid) and g.uuid not in out:
+                out.append(g.uuid)
+    return out
+
+
+def _not_enough(
+    config: GpusConfig,
+    policy: Policy,
+    candidates: Sequence[Gpu],
+    others: Sequence[Lease],
+    count: int,
+    free: int,
+) -> NotEnoughGpus:
+    if not candidates:
+        pools = ", ".join(policy.pools) or "none"
+        return NotEnoughGpus(
+            f"You asked for {_plural(count)}, but no GPU is available to you on this host "
+            f"(your pools: {pools}). Start the server with 0 GPUs, or ask an admin "
+            f"({config.filename}).",
+            requested=count,
+            free=0,
+        )
+    if count > len(candidates):
+        return NotEnoughGpus(
+            f"You asked for {_plural(count)}, but only {_plural(len(candidates))} "
+            f"{'is' if len(candidates) == 1 else 'are'} available to you on this host. "
+            f"Ask for fewer GPUs.",
+            requested=count,
+            free=free,
+        )
+    holders: dict[str, list[str]] = {}
+    for le in others:
+        holders.setdefault(le.gpu_uuid, []).append(_who(le))
+    busy = [
+        BusyGpu(g, len(holders[g.uuid]), tuple(sorted(holders[g.uuid])))
+        for g in candidates
+        if g.uuid in holders and len(holders[g.uuid]) >= g.capacity
+    ]
+    listing = ", ".join(f"{b.gpu.label()} {b.used}/{b.gpu.capacity} in use" for b in busy)
+    return NotEnoughGpus(
+        f"You asked for {_plural(count)}, but only {free} of the {len(candidates)} GPUs "
+        f"available to you {'is' if free == 1 else 'are'} free. Busy: {listing}. "
+        f"Ask for fewer GPUs, or try again when one is released.",
+        requested=count,
+        free=free,
+        busy=busy,
+    )
+
+
+def add_leases(
+    leases: Sequence[Lease], request: Request, gpus: Sequence[Gpu], now: datetime
+) -> list[Lease]:
+    """*leases* with *request*'s server holding exactly *gpus* (a lease it already had on
+    one of them keeps its ``since``)."""
+    before = {le.gpu_uuid: le for le in leases
+              if le.user == request.user and le.server == request.server}
+    kept = release(leases, request.user, request.server)
+    return kept + [before.get(g.uuid) or Lease(g.uuid, request.user, request.server, now)
+                   for g in gpus]
+
+
+def release(leases: Sequence[Lease], user: str, server: str = "") -> list[Lease]:
+    """*leases* without those of *user*'s *server* (releasing nothing is not an error)."""
+    return [le for le in leases if not (le.user == user and le.server == server)]
+
+
+def reconcile(
+    config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease]
+) -> tuple[list[Lease], list[Lease]]:
+    """Split *leases* after a config reload (or a hub restart) into (kept, orphaned).
+
+    Orphaned leases hold a GPU that will not be given to their holder again: it is no
+    longer in the inventory, or it became ``reserved`` and the holder does not pin it
+    (in ``users:``; a pin in any group counts, since group membership is not known
+    here). The caller keeps both lists in its table, so that the GPU stays taken until
+    the server stops and the user's quota still counts it, and logs the orphans.
+    """
+    by_uuid = {g.uuid: g for g in inventory}
+    group_pins = _pinned((p for g in config.groups for p in (g.pinned or ())), inventory)
+    kept: list[Lease] = []
+    orphaned: list[Lease] = []
+    for le in leases:
+        gpu = by_uuid.get(le.gpu_uuid)
+        ok = gpu is not None
+        if gpu is not None and gpu.reserved and gpu.uuid not in group_pins:
+            own = config.user_override(le.user)
+            ok = own is not None and gpu.uuid in _pinned(own.pinned or (), inventory)
+        (kept if ok else orphaned).append(le)
+    return kept, orphaned
+
+
+# ---------------------------------------------------------------- user input
+
+
+_DIGITS = re.compile(r"[0-9]{1,6}")
+
+
+def validate_user_options(raw: Any, max_gpus: int) -> int | None:
+    """The GPU count asked for in JupyterHub ``user_options``, or None for the default.
+
+    ``user_options`` comes from the spawn form or straight from the REST API, so
+    nothing in it is trusted: the only key is ``gpus``, a whole number from 0 to
+    *max_gpus* (a string of digits from an HTML form is accepted; ``null`` means the
+    default). Anything else raises :class:`InvalidRequest`, or :class:`QuotaExceeded`
+    for a sensible number above *max_gpus*.
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest(
+            f"Server options must be an object such as {{\"gpus\": 1}}, got {type(raw).__name__}."
+        )
+    unknown = sorted(str(k) for k in raw if k != "gpus")
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown server option(s): {', '.join(unknown)}. The only option is "
+            f"\"gpus\": the number of GPUs (0 to {max_gpus}); GPUs are chosen by the hub."
+        )
+    value = raw.get("gpus")
+    if value is None:
+        return None
+    wanted = f"a whole number from 0 to {max_gpus}"
+    if isinstance(value, str):
+        if not _DIGITS.fullmatch(value.strip()):
+            raise InvalidRequest(f"\"gpus\" must be {wanted}, got {value!r}.")
+        value = int(value.strip())
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"\"gpus\" must be {wanted}, got {value!r}.")
+    if value < 0 or value > MAX_GPUS_LIMIT:
+        raise InvalidRequest(f"\"gpus\" must be {wanted}, got {value}.")
+    if value > max_gpus:
+        raise QuotaExceeded(
+            f"You asked for {_plural(value)}; you may use at most {max_gpus}."
+        )
+    return value
+
+
+# ---------------------------------------------------------------- restart
+
+
+_HOLDING_STATES = {"running", "created", "restarting", "paused"}
+
+
+def leases_from_labels(containers: Iterable[Mapping[str, Any]]) -> list[Lease]:
+    """Leases held by containers, from their gpulab labels (docker's ``containers()``
+    output: ``{"Labels": {...}, "Created": epoch_seconds, "State": "running"}``).
+
+    Containers without a user label, without GPUs, or exited/dead are skipped; a
+    missing ``State`` counts as running (``containers()`` without ``all=True`` lists
+    only running ones). Sorted by (since, user, server, GPU order) for determinism.
+    """
+    out: dict[tuple[str, str, str], Lease] = {}
+    for c in containers:
+        labels = c.get("Labels") or {}
+        user = labels.get(LABEL_USER)
+        if not user or str(c.get("State", "running")).lower() not in _HOLDING_STATES:
+            continue
+        server = labels.get(LABEL_SERVER) or ""
+        created = c.get("Created")
+        since = datetime.fromtimestamp(
+            created if isinstance(created, int | float) else 0, tz=UTC
+        )
+        for uuid in (u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")):
+            if uuid:
+                out.setdefault((uuid, user, server), Lease(uuid, user, server, since))
+    return sorted(out.values(), key=lambda le: (le.since, le.user, le.server))
+
