@@ -206,7 +206,9 @@ def _union(items: Iterable[str]) -> tuple[str, ...]:
 
 def _count(value: Any, what: str = "a number of GPUs") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPUS_LIMIT:
-        raise ValueError(f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}")
+        raise ValueError(
+            f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}"
+        )
     return value
 
 

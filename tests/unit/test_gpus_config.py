@@ -134,7 +134,8 @@ users:
         # unknown keys, with did-you-mean
         ("inventry: auto\n", "gpus.yaml:1: inventry", "did you mean inventory?"),
         ("defaults:\n  max_gpu: 2\n", "gpus.yaml:2: defaults.max_gpu", "did you mean max_gpus?"),
-        ("users:\n  bob:\n    pined: [0]\n", "gpus.yaml:3: users.bob.pined", "did you mean pinned?"),
+        ("users:\n  bob:\n    pined: [0]\n", "gpus.yaml:3: users.bob.pined",
+         "did you mean pinned?"),
         ("pools:\n  a: {mode: shared, max_user: 2}\n", "gpus.yaml:2: pools.a.max_user",
          "did you mean max_users?"),
         (f"inventory:\n  - {{index: 0, uuid: {U0}, reservd: true}}\n",
@@ -185,7 +186,8 @@ users:
          "gpus.yaml:2: inventory[0].pool", "unknown pool 'a10'; did you mean a100?"),
         ("defaults:\n  pools: [big]\n", "gpus.yaml:2: defaults.pools[0]",
          "unknown pool 'big'; pools declared under pools: default"),
-        ("pools:\n  small: {}\ngroups:\n  s:\n    pools: [smal]\n", "gpus.yaml:5: groups.s.pools[0]",
+        ("pools:\n  small: {}\ngroups:\n  s:\n    pools: [smal]\n",
+         "gpus.yaml:5: groups.s.pools[0]",
          "did you mean small?"),
         ("pools:\n  'bad name': {}\n", "gpus.yaml:2: pools.bad name", "pool name made of"),
         # pins
@@ -207,7 +209,8 @@ users:
          "cannot be combined"),
         ("groups:\n  g: {gpus: 3, max_gpus: 2}\n", "gpus.yaml:2: groups.g.gpus",
          "more than max_gpus: 2"),
-        ("users:\n  Bob: {}\n  bob: {}\n", "gpus.yaml:3: users.bob", "listed twice (first on line 2"),
+        ("users:\n  Bob: {}\n  bob: {}\n", "gpus.yaml:3: users.bob",
+         "listed twice (first on line 2"),
     ],
 )
 def test_bad_config_names_file_line_and_field(text, where, words):
