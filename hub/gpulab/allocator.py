@@ -167,19 +167,27 @@ class NotEnoughGpus(AllocationError):
 # ---------------------------------------------------------------- inventory
 
 
+def _triple(d: Any) -> tuple[int, str, str]:
+    """(index, uuid, model) from a tuple or from nvml_discovery.DiscoveredGpu."""
+    if isinstance(d, tuple):
+        return d
+    return d.index, d.uuid, d.model
+
+
 def resolve_inventory(
     config: GpusConfig,
-    discovered: Iterable[tuple[int, str, str]] | None = None,
+    discovered: Iterable[Any] | None = None,
 ) -> tuple[list[Gpu], list[str]]:
     """The GPUs that can be leased, and warnings for the admin (the hub logs them).
 
-    *discovered* is what NVML sees, as (index, uuid, model). With ``inventory: auto``
+    *discovered* is what NVML sees: :class:`gpulab.nvml_discovery.DiscoveredGpu`
+    objects or (index, uuid, model) tuples; None = not looked (trust the file). With ``inventory: auto``
     every discovered GPU goes to pool ``default``. With an explicit inventory the file
     decides; if *discovered* is given, listed GPUs that are not present are left out
     (and warned about), as are present GPUs the file does not list. Reserved GPUs are
     included, marked ``reserved``. Pins that match no GPU are warned about.
     """
-    found = sorted(discovered or (), key=lambda d: d[0])
+    found = sorted((_triple(d) for d in discovered or ()), key=lambda d: d[0])
     warnings: list[str] = []
     gpus: list[Gpu] = []
     if config.auto:

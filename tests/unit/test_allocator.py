@@ -381,6 +381,11 @@ def test_resolve_inventory_auto():
     assert warnings == ["gpus.yaml:4: pinned GPU index 7 is not available on this host; "
                         "users pinned to it get other GPUs"]
     assert resolve_inventory(c, None) == ([], warnings)  # no GPUs: no error
+    # what nvml_discovery.discover_gpus() returns works the same
+    from gpulab.nvml_discovery import DiscoveredGpu
+
+    assert resolve_inventory(c, [DiscoveredGpu(1, uuid(1), "T4"),
+                                 DiscoveredGpu(0, uuid(0), "A100")]) == (gpus, warnings)
 
 
 def test_resolve_inventory_explicit():
