@@ -1,0 +1,107 @@
+"""The gpulab login template, rendered by a Jinja environment set up as JupyterHub's
+(template_paths first, JupyterHub's own templates after, autoescape on)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader
+
+import gpulab
+
+TEMPLATES = Path(gpulab.__file__).parent / "templates"
+JUPYTERHUB_TEMPLATES = Path(sys.prefix) / "share" / "jupyterhub" / "templates"
+
+
+@pytest.fixture(scope="module")
+def env():
+    assert (JUPYTERHUB_TEMPLATES / "page.html").exists(), JUPYTERHUB_TEMPLATES
+    loader = ChoiceLoader(
+        [
+            PrefixLoader({"templates": FileSystemLoader([str(JUPYTERHUB_TEMPLATES)])}, "/"),
+            FileSystemLoader([str(TEMPLATES), str(JUPYTERHUB_TEMPLATES)]),
+        ]
+    )
+    return Environment(loader=loader, autoescape=True)  # as jupyterhub/app.py does
+
+
+class Inputs(HTMLParser):
+    """Collects <input> attributes and the text of the error area."""
+
+    def __init__(self):
+        super().__init__()
+        self.inputs, self.labels, self._label = {}, [], False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "input":
+            self.inputs[attrs.get("name") or attrs.get("id")] = attrs
+        self._label = tag == "label"
+
+    def handle_data(self, data):
+        if self._label and data.strip():
+            self.labels.append(data.strip())
+            self._label = False
+
+
+def render(env, **ns):
+    context = {
+        "static_url": lambda path, **kw: f"/hub/static/{path}",
+        "base_url": "/hub/",
+        "prefix": "/",
+        "login_url": "/hub/login",
+        "logout_url": "/hub/logout",
+        "xsrf": "XSRF123",
+        "xsrf_token": "XSRF123",
+        "authenticator_login_url": "/hub/login?next=%2Fhub%2Fhome",
+        "username": "",
+        "login_error": None,
+        "version_hash": "",
+        "user": None,
+        "services": [],
+        "parsed_scopes": {},
+    }
+    context.update(ns)
+    return env.get_template("login.html").render(**context)
+
+
+def test_gpulab_template_is_the_one_found(env):
+    assert Path(env.get_template("login.html").filename).parent == TEMPLATES
+
+
+def test_fields_and_help_text(env):
+    html = render(env)
+    parsed = Inputs()
+    parsed.feed(html)
+    assert parsed.labels[:2] == ["Username", "Personal access token"]
+    token = parsed.inputs["password"]
+    assert token["type"] == "password" and token["autocomplete"] == "off"
+    assert parsed.inputs["username"]["type"] == "text"
+    assert parsed.inputs["_xsrf"]["value"] == "XSRF123"
+    assert "comes from the lab admin" in html
+    assert 'method="post"' in html
+
+
+def test_username_and_error_are_escaped(env):
+    evil = '"><script>alert(1)</script>'
+    html = render(env, username=evil, login_error=f"Invalid user {evil}")
+    assert "<script>alert(1)</script>" not in html
+    assert "&#34;&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    parsed = Inputs()
+    parsed.feed(html)
+    assert parsed.inputs["username"]["value"] == evil  # round-trips as plain text
+
+
+def test_next_in_form_action_is_escaped(env):
+    html = render(env, authenticator_login_url='/hub/login?next="><img src=x onerror=alert(1)>')
+    assert "<img src=x" not in html
+
+
+def test_template_ships_with_the_package():
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert 'gpulab = ["templates/*.html"]' in pyproject
+    assert os.access(TEMPLATES / "login.html", os.R_OK)
