@@ -171,3 +171,22 @@ def test_console_script_rejects_bad_intervals():
                         "--process-interval", "5"], capture_output=True, text=True, timeout=30,
                        env={**os.environ})
     assert p.returncode != 0 and "--process-interval" in p.stderr
+
+
+def test_metrics_follow_new_snapshots_and_encodings(exporter):
+    """Rendered once per snapshot, but a new snapshot shows at once; gzip and
+    OpenMetrics come from prometheus_client's encoders."""
+    import gzip
+
+    base, nvml, poller = exporter
+    nvml.gpus[0].utilization_percent = 13
+    poller.poll()  # this and every later snapshot carries the new value
+    line = f'gpulab_gpu_utilization_ratio{{gpu="0",uuid="{fake_uuid(0)}"}} 0.13'
+    assert line in get(base + "/metrics")[2]
+    req = urllib.request.Request(base + "/metrics", headers={
+        "Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = gzip.decompress(r.read()).decode()
+    assert text.rstrip().endswith("# EOF") and "gpulab_gpu_up" in text

@@ -4,13 +4,15 @@ snapshot; none calls NVML, so a failing NVML never turns into an HTTP 500."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from gpulab_exporter.collector import GpuCollector
 from gpulab_exporter.snapshot import Poller
@@ -27,7 +29,7 @@ def make_app(poller: Poller, registry: CollectorRegistry, stale_after: float | N
     """The WSGI app. ``/healthz`` answers 503 only when the poller itself is stuck (no
     snapshot for ``stale_after`` seconds, default 3 intervals + 10 s), not when NVML
     is down: that is reported in the metrics."""
-    metrics = make_wsgi_app(registry, disable_compression=False)
+    metrics = _cached_metrics_app(poller, registry)
     if stale_after is None:
         stale_after = 3 * poller.interval + 10
 
@@ -51,6 +53,39 @@ def make_app(poller: Poller, registry: CollectorRegistry, stale_after: float | N
                                       ("Content-Length", str(len(body)))])
             return [body]
         return _json(start_response, "404 Not Found", {"error": f"no such path: {path}"})
+
+    return app
+
+
+def _cached_metrics_app(poller: Poller, registry: CollectorRegistry):
+    """``/metrics`` with prometheus_client's encoders (text or OpenMetrics, by the
+    Accept header; gzip when asked). The exposition is a pure function of the snapshot,
+    which changes once per poll, so each encoding is rendered once per snapshot and
+    repeated scrapes (several Prometheus servers, dashboards) cost only the send."""
+    lock = threading.Lock()
+    cache: dict = {"snapshot": None, "bodies": {}}
+
+    def app(environ, start_response):
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        use_gzip = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        key = (content_type, use_gzip)
+        snap = poller.latest
+        with lock:
+            if cache["snapshot"] is not snap:
+                cache["snapshot"], cache["bodies"] = snap, {}
+            body = cache["bodies"].get(key)
+        if body is None:
+            body = encoder(registry)  # the collector reads poller.latest itself
+            if use_gzip:
+                body = gzip.compress(body, compresslevel=6)
+            with lock:
+                if cache["snapshot"] is snap:
+                    cache["bodies"][key] = body
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if use_gzip:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
 
     return app
 
