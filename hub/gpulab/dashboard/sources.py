@@ -1,0 +1,234 @@
+"""Where the dashboard's numbers come from.
+
+Primary: the exporter's ``/api/gpus`` (the full snapshot: processes, leases, errors).
+Fallback: Prometheus' HTTP API, querying the ``gpulab_*`` series the exporter exports
+(last scraped values; no per-process memory). Each source is a :class:`Source` with
+one ``fetch()``; :func:`read_first` tries them in order and always returns a snapshot
+dict, with ``source`` (who answered, None if nobody did) and ``unreachable`` (who did
+not, and why). A failing source never raises out of here: the page says what is down.
+
+:func:`snapshot_from_prometheus` (series -> snapshot dict) is pure and tested on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+DEFAULT_EXPORTER_URL = "http://exporter:9445"
+DEFAULT_PROMETHEUS_URL = "http://prometheus:9090"
+DEFAULT_TIMEOUT = 3.0
+
+# Everything the exporter exports, in one instant query.
+PROMETHEUS_SERIES = '{__name__=~"gpulab_(gpu|exporter)_.+"}'
+# When Prometheus last scraped the exporter (sample time, not evaluation time).
+PROMETHEUS_SCRAPED = "max(timestamp(gpulab_exporter_nvml_up))"
+
+
+class SourceUnreachable(Exception):
+    """A source did not give a usable snapshot; the message says why, for the page."""
+
+
+class Source:
+    """One place to read a snapshot from. ``fetch()`` returns the exporter's
+    ``/api/gpus`` shape or raises :class:`SourceUnreachable`."""
+
+    name = "source"
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    async def fetch(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _get_json(self, url: str) -> Any:
+        request = HTTPRequest(url, connect_timeout=self.timeout, request_timeout=self.timeout,
+                              headers={"Accept": "application/json"})
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            if e.code == 599:
+                raise SourceUnreachable(f"no answer within {self.timeout:g}s") from e
+            raise SourceUnreachable(f"HTTP {e.code} from {url}") from e
+        except OSError as e:  # refused, unknown host, reset
+            raise SourceUnreachable(f"{type(e).__name__}: {e.strerror or e}") from e
+        try:
+            return json.loads(response.body)
+        except ValueError as e:
+            raise SourceUnreachable(f"not JSON from {url}: {e}") from e
+
+
+class ExporterSource(Source):
+    """The exporter's ``GET /api/gpus``: the snapshot as it is."""
+
+    name = "exporter"
+
+    async def fetch(self) -> dict[str, Any]:
+        data = await self._get_json(self.url + "/api/gpus")
+        if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+            raise SourceUnreachable("answer has no 'gpus' list (is this gpulab-exporter?)")
+        return data
+
+
+class PrometheusSource(Source):
+    """``gpulab_*`` series from Prometheus' ``/api/v1/query`` (values as last scraped)."""
+
+    name = "prometheus"
+
+    async def fetch(self) -> dict[str, Any]:
+        series, scraped = await asyncio.gather(self._query(PROMETHEUS_SERIES),
+                                               self._query(PROMETHEUS_SCRAPED))
+        scraped_at = _float(scraped[0]["value"][1]) if scraped else None
+        if scraped_at is None:
+            raise SourceUnreachable("answers, but has no gpulab_exporter_nvml_up series: "
+                                    "is it scraping the exporter (job gpulab-exporter)?")
+        return snapshot_from_prometheus(series, timestamp=scraped_at)
+
+    async def _query(self, query: str) -> list[dict[str, Any]]:
+        data = await self._get_json(f"{self.url}/api/v1/query?{urlencode({'query': query})}")
+        if not isinstance(data, dict) or data.get("status") != "success":
+            error = data.get("error") if isinstance(data, dict) else None
+            raise SourceUnreachable(f"query {query!r} failed: {error or 'no status'}")
+        result = (data.get("data") or {}).get("result")
+        if not isinstance(result, list):
+            raise SourceUnreachable(f"query {query!r}: no result vector")
+        return result
+
+
+async def read_first(sources: Sequence[Source]) -> dict[str, Any]:
+    """The first snapshot any source gives, tagged with ``source`` and ``unreachable``."""
+    unreachable: list[dict[str, str]] = []
+    for source in sources:
+        try:
+            snapshot = await source.fetch()
+        except SourceUnreachable as e:
+            unreachable.append({"name": source.name, "url": source.url, "error": str(e)})
+            continue
+        return {**snapshot, "source": {"name": source.name, "url": source.url},
+                "unreachable": unreachable}
+    return {"gpus": [], "source": None, "unreachable": unreachable, "timestamp": None}
+
+
+class SnapshotReader:
+    """:func:`read_first`, at most once per ``max_age`` seconds: many open dashboards
+    refreshing every few seconds cost the exporter one request, and concurrent requests
+    share the one in flight."""
+
+    def __init__(self, sources: Sequence[Source], max_age: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sources = list(sources)
+        self.max_age = max_age
+        self.clock = clock
+        self._value: dict[str, Any] | None = None
+        self._at = -math.inf
+        self._pending: asyncio.Future | None = None
+
+    async def read(self) -> dict[str, Any]:
+        if self._value is not None and self.clock() - self._at < self.max_age:
+            return self._value
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(read_first(self.sources))
+            self._pending.add_done_callback(self._store)
+        return await asyncio.shield(self._pending)
+
+    def _store(self, future: asyncio.Future) -> None:
+        self._pending = None
+        if not future.cancelled() and future.exception() is None:
+            self._value, self._at = future.result(), self.clock()
+
+
+# -- Prometheus series -> snapshot ---------------------------------------------------
+# gauge name -> snapshot field (collector.py's _GAUGES, plus the counters' _total names)
+_PROM_FIELDS = {
+    "gpulab_gpu_utilization_ratio": "utilization_ratio",
+    "gpulab_gpu_memory_used_bytes": "memory_used_bytes",
+    "gpulab_gpu_memory_total_bytes": "memory_total_bytes",
+    "gpulab_gpu_memory_free_bytes": "memory_free_bytes",
+    "gpulab_gpu_temperature_celsius": "temperature_celsius",
+    "gpulab_gpu_power_watts": "power_watts",
+    "gpulab_gpu_clock_sm_hertz": "clock_sm_hertz",
+    "gpulab_gpu_clock_memory_hertz": "clock_memory_hertz",
+    "gpulab_gpu_fan_speed_ratio": "fan_speed_ratio",
+    "gpulab_gpu_energy_joules_total": "energy_joules",
+}
+_BYTES = {"memory_used_bytes", "memory_total_bytes", "memory_free_bytes"}
+
+
+def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
+                             timestamp: float | None = None) -> dict[str, Any]:
+    """Instant-vector samples (``{"metric": {labels}, "value": [t, "v"]}``) of the
+    ``gpulab_*`` metrics -> the exporter's ``/api/gpus`` shape. Processes are listed
+    only where ``gpulab_gpu_process_info`` is exported (opt-in), without memory; a
+    GPU's per-user memory comes from ``gpulab_gpu_user_memory_used_bytes``."""
+    snap: dict[str, Any] = {"timestamp": timestamp, "nvml_up": None, "nvml_error": None,
+                            "driver_version": None, "fake": False, "docker_up": None,
+                            "gpus": []}
+    gpus: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def gpu(labels: dict[str, str]) -> dict[str, Any]:
+        key = (labels.get("gpu", ""), labels.get("uuid", ""))
+        if key not in gpus:
+            index = int(key[0]) if key[0].isdigit() else None
+            gpus[key] = {"index": index, "uuid": key[1], "model": None, "up": True,
+                         "error": None, "leases": [], "processes": None,
+                         "user_memory_bytes": None}
+        return gpus[key]
+
+    for sample in series:
+        labels = dict(sample.get("metric") or {})
+        name = labels.pop("__name__", "")
+        value = _float((sample.get("value") or [None, None])[1])
+        if name == "gpulab_exporter_nvml_up":
+            snap["nvml_up"] = value == 1.0
+            if value == 0.0:
+                snap["nvml_error"] = "gpulab_exporter_nvml_up is 0 (see the exporter's log)"
+        elif name == "gpulab_exporter_docker_up":
+            snap["docker_up"] = value == 1.0
+        elif name == "gpulab_exporter_info":
+            snap["driver_version"] = labels.get("driver") or None
+            snap["fake"] = labels.get("backend") == "fake"
+        elif name == "gpulab_gpu_up":
+            g = gpu(labels)
+            g["up"] = value != 0.0
+            if not g["up"]:
+                g["error"] = "gpulab_gpu_up is 0: lost or needs a reset"
+        elif name == "gpulab_gpu_info":
+            gpu(labels)["model"] = labels.get("model")
+        elif name in _PROM_FIELDS and value is not None:
+            field = _PROM_FIELDS[name]
+            gpu(labels)[field] = int(value) if field in _BYTES else value
+        elif name == "gpulab_gpu_lease_info":
+            gpu(labels)["leases"].append({"user": labels.get("user", ""),
+                                          "server": labels.get("server", ""),
+                                          "container": None})
+        elif name == "gpulab_gpu_user_memory_used_bytes" and value is not None:
+            g = gpu(labels)
+            g["user_memory_bytes"] = {**(g["user_memory_bytes"] or {}),
+                                      labels.get("user", ""): int(value)}
+        elif name == "gpulab_gpu_process_info":
+            g = gpu(labels)
+            pid = labels.get("pid", "")
+            g["processes"] = [*(g["processes"] or []), {
+                "pid": int(pid) if pid.isdigit() else pid, "used_memory_bytes": None,
+                "container_id": None, "container": labels.get("container") or None,
+                "user": labels.get("user") or None, "server": None}]
+    for g in gpus.values():
+        g["leases"].sort(key=lambda le: (le["user"], le["server"]))
+    snap["gpus"] = sorted(gpus.values(), key=lambda g: (g["index"] is None, g["index"] or 0))
+    return snap
+
+
+def _float(raw: Any) -> float | None:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value

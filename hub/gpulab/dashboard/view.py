@@ -1,0 +1,217 @@
+"""Snapshot -> view model for the nvidia-smi-style table. Pure: no I/O, no clock.
+
+The input is the exporter's ``/api/gpus`` JSON (``Snapshot.to_json()``), or the same
+shape rebuilt from Prometheus by :mod:`gpulab.dashboard.sources`, plus two keys the
+sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did) and
+``unreachable`` (a list of {"name", "url", "error"}, one per source that failed).
+
+Every optional field may be missing or None (NVML NotSupported, a lost GPU, Prometheus
+without the series): the row then shows "N/A" there, never 0. The model is plain JSON
+types, so the page's script re-renders it exactly as the server template did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+NA = "N/A"
+NO_GPUS = "No GPUs on this host"
+# A GPU held by a server and busy less than this fraction of the time counts as
+# "idle but allocated" (the kernel-duty-cycle ratio NVML reports, 0-1).
+IDLE_BELOW = 0.01
+
+
+def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> dict[str, Any]:
+    """The whole page's model: ``banners`` (strings), ``message`` (None or a plain
+    sentence instead of the table), ``summary`` (counts and a line), ``gpus`` (rows),
+    ``source``, ``unreachable`` and ``timestamp`` (seconds since the epoch or None)."""
+    source = snapshot.get("source")
+    unreachable = [_unreachable(u) for u in snapshot.get("unreachable") or ()]
+    now = _number(snapshot.get("timestamp"))
+    gpus = [gpu_row(g, now=now, idle_below=idle_below) for g in snapshot.get("gpus") or ()]
+    gpus.sort(key=lambda r: (r["index"] is None, r["index"] if r["index"] is not None else 0))
+
+    banners: list[str] = []
+    if unreachable:
+        banners.append("Data source unreachable: " + "; ".join(u["text"] for u in unreachable))
+    if source and unreachable:
+        banners.append(f"Showing data from {source.get('name')} ({source.get('url')}) instead.")
+    if snapshot.get("fake"):
+        banners.append("FAKE GPUs: the exporter runs with --fake-gpus; these numbers are "
+                       "simulated, not hardware.")
+    nvml_up = snapshot.get("nvml_up")
+    if source and nvml_up is False:
+        banners.append("NVML is not answering on the exporter: "
+                       f"{snapshot.get('nvml_error') or 'no reason given'}.")
+    if snapshot.get("docker_up") is False:
+        banners.append("The exporter cannot list containers: users and lease holders may be "
+                       "out of date.")
+
+    if source is None:
+        message = "No GPU data: every data source is unreachable."
+    elif not gpus and nvml_up is False:
+        message = "No GPU data: NVML is not answering on the exporter."
+    elif not gpus:
+        message = NO_GPUS
+    else:
+        message = None
+
+    return {
+        "timestamp": now,
+        "source": dict(source) if source else None,
+        "unreachable": unreachable,
+        "banners": banners,
+        "message": message,
+        "driver_version": snapshot.get("driver_version"),
+        "summary": summarize(gpus),
+        "gpus": gpus,
+    }
+
+
+def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
+            idle_below: float = IDLE_BELOW) -> dict[str, Any]:
+    """One table row. ``state`` is "ok" or "lost" (``up`` false: NVML reports the GPU
+    lost or needing a reset); a lost row keeps its last known index, UUID and model.
+    ``now`` (the snapshot's time) turns a lease's ``since`` into "held for"."""
+    up = gpu.get("up", True) is not False
+    util = _number(gpu.get("utilization_ratio")) if up else None
+    used = _number(gpu.get("memory_used_bytes")) if up else None
+    total = _number(gpu.get("memory_total_bytes")) if up else None
+    mem_ratio = used / total if used is not None and total else None
+    per_user = gpu.get("user_memory_bytes") if up else None
+    holders = [_holder(le, now, per_user or {}) for le in gpu.get("leases") or ()]
+    processes = gpu.get("processes")
+    allocated = bool(holders)
+    return {
+        "index": gpu.get("index"),
+        "uuid": gpu.get("uuid") or "",
+        "model": gpu.get("model") or "unknown model",
+        "state": "ok" if up else "lost",
+        "state_text": "OK" if up else "LOST",
+        "error": None if up else (gpu.get("error") or "GPU lost"),
+        "utilization_percent": None if util is None else round(util * 100),
+        "utilization_text": NA if util is None else f"{round(util * 100)}%",
+        "utilization_bar": _bar(util),
+        "memory_used_bytes": used,
+        "memory_total_bytes": total,
+        "memory_text": _memory_text(used, total),
+        "memory_bar": _bar(mem_ratio),
+        "temperature_text": _fmt(gpu.get("temperature_celsius"), "{:.0f}C", up),
+        "power_text": _fmt(gpu.get("power_watts"), "{:.0f}W", up),
+        "fan_text": _fmt(gpu.get("fan_speed_ratio"), "{:.0%}", up),
+        "clocks_text": _clocks(gpu, up),
+        "allocated": allocated,
+        "idle_allocated": up and allocated and util is not None and util < idle_below,
+        "holders": holders,
+        "processes": None if processes is None else [_process(p) for p in processes],
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over the rows and the one-line summary above the table."""
+    n = len(rows)
+    allocated = sum(1 for r in rows if r["allocated"])
+    idle = sum(1 for r in rows if r["idle_allocated"])
+    lost = sum(1 for r in rows if r["state"] == "lost")
+    line = (f"{n} GPU{'' if n == 1 else 's'}, {allocated} allocated, "
+            f"{idle} idle but allocated, {lost} lost")
+    return {"gpus": n, "allocated": allocated, "idle_allocated": idle, "lost": lost,
+            "text": line}
+
+
+def format_bytes(n: float | None) -> str:
+    """GPU memory the way operators read it: MiB below 1 GiB, GiB with one decimal above
+    (nvidia-smi's "MiB" and "GiB" are binary units too)."""
+    if n is None:
+        return NA
+    if n < GiB:
+        return f"{n / MiB:.0f} MiB"
+    return f"{n / GiB:.1f} GiB"
+
+
+def format_duration(seconds: float | None) -> str | None:
+    """``3d 4h``, ``2h 13m``, ``5m``, ``40s``; None for unknown or negative."""
+    if seconds is None or seconds < 0:
+        return None
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m"
+    return f"{s}s"
+
+
+# -- helpers -------------------------------------------------------------------------
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _bar(ratio: float | None) -> int:
+    """Bar width in percent, 0-100 (0 when unknown: the text says N/A)."""
+    if ratio is None:
+        return 0
+    return max(0, min(100, round(ratio * 100)))
+
+
+def _fmt(value: Any, pattern: str, up: bool) -> str:
+    value = _number(value) if up else None
+    return NA if value is None else pattern.format(value)
+
+
+def _memory_text(used: float | None, total: float | None) -> str:
+    if used is None and total is None:
+        return NA
+    return f"{format_bytes(used)} / {format_bytes(total)}"
+
+
+def _clocks(gpu: dict[str, Any], up: bool) -> str:
+    sm = _number(gpu.get("clock_sm_hertz")) if up else None
+    mem = _number(gpu.get("clock_memory_hertz")) if up else None
+    if sm is None and mem is None:
+        return NA
+    return f"{_mhz(sm)} / {_mhz(mem)} MHz"
+
+
+def _mhz(hertz: float | None) -> str:
+    return NA if hertz is None else f"{hertz / 1e6:.0f}"
+
+
+def _holder(lease: dict[str, Any], now: float | None,
+            per_user: dict[str, Any]) -> dict[str, Any]:
+    user = str(lease.get("user") or "?")
+    since = _number(lease.get("since"))
+    age = now - since if since is not None and now is not None else None
+    memory = _number(per_user.get(user))
+    return {
+        "user": user,
+        "memory_text": None if memory is None else format_bytes(memory),
+        "server": str(lease.get("server") or ""),
+        "since": since,
+        "held_for": format_duration(age),
+    }
+
+
+def _process(p: dict[str, Any]) -> dict[str, Any]:
+    mem = _number(p.get("used_memory_bytes"))
+    return {
+        "pid": p.get("pid"),
+        "user": p.get("user"),
+        "server": p.get("server"),
+        "container": p.get("container"),
+        "memory_text": format_bytes(mem),
+    }
+
+
+def _unreachable(u: dict[str, Any]) -> dict[str, Any]:
+    name, url, error = str(u.get("name")), str(u.get("url")), str(u.get("error"))
+    return {"name": name, "url": url, "error": error, "text": f"{name} at {url} ({error})"}
