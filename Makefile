@@ -33,7 +33,7 @@ help:
 	@echo "make images        build gpulab/base, gpulab/hub and gpulab/singleuser (TORCH_VARIANT=$(TORCH_VARIANT))"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
-	@echo "make check-config  validate config/gpulab.yaml"
+	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
 	@echo "make bench         spawn latency: gpulab vs vanilla DockerSpawner"
 
 docker:
@@ -69,7 +69,7 @@ logs:
 	@$(COMPOSE) logs -f hub
 
 check-config: venv
-	@$(VENV)/bin/gpulab config check config/gpulab.yaml
+	@$(VENV)/bin/gpulab config check config/gpulab.yaml config/gpus.yaml
 
 $(VENV)/.installed: pyproject.toml
 	@echo "[gpulab] creating the test environment in $(VENV) ..."

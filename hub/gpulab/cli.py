@@ -1,6 +1,6 @@
 """The ``gpulab`` command: check config, issue and revoke login tokens.
 
-    gpulab config check [FILE]          validate config/gpulab.yaml (exit 1 with file:line)
+    gpulab config check [FILE...]       validate config/gpulab.yaml and config/gpus.yaml
     gpulab config describe              every setting, its default and what it does
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
@@ -24,11 +24,14 @@ import urllib.request
 from pathlib import Path
 
 from .auth import LOGIN_TOKEN_NOTE
+from .gpus_config import load_gpus_config
 from .settings import ConfigError, describe, load_settings, parse_duration
 
 DEFAULT_API = "http://127.0.0.1:8081/hub/api"
 DEFAULT_TOKEN_FILE = "/srv/gpulab/secrets/api-token"
-DEFAULT_CONFIG = os.environ.get("GPULAB_CONFIG_DIR", "config") + "/gpulab.yaml"
+CONFIG_DIR = os.environ.get("GPULAB_CONFIG_DIR", "config")
+DEFAULT_CONFIG = f"{CONFIG_DIR}/gpulab.yaml"
+DEFAULT_GPUS = f"{CONFIG_DIR}/gpus.yaml"
 
 
 class HubError(Exception):
@@ -96,13 +99,18 @@ class HubClient:
 
 
 def _cmd_config_check(args) -> int:
-    try:
-        load_settings(args.file)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"{args.file}: OK")
-    return 0
+    """Check each file with the loader its name calls for (gpus.yaml or settings)."""
+    failed = 0
+    for path in args.files or [DEFAULT_CONFIG, DEFAULT_GPUS]:
+        loader = load_gpus_config if Path(path).name.startswith("gpus") else load_settings
+        try:
+            loader(path)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"{path}: OK")
+    return failed
 
 
 def _cmd_config_describe(args) -> int:
@@ -167,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="check or describe the settings file")
     csub = config.add_subparsers(dest="config_command", required=True)
-    check = csub.add_parser("check", help="validate a settings file")
-    check.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    check = csub.add_parser("check", help="validate gpulab.yaml and gpus.yaml (or the FILES given)")
+    check.add_argument("files", nargs="*", metavar="FILE")
     check.set_defaults(func=_cmd_config_check)
     csub.add_parser("describe", help="list every setting").set_defaults(func=_cmd_config_describe)
 

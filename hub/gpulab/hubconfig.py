@@ -1,20 +1,24 @@
 """Wire gpulab into a JupyterHub config object.
 
 ``hub/jupyterhub_config.py`` calls :func:`configure` and nothing else: every decision
-is here or in the settings file, so the config file holds no logic.
+is here or in the settings files, so the config file holds no logic.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from .settings import load_settings
+from . import live_config
+from .roles import prune_hub_db, roles_from_settings
+from .settings import ConfigError
 
 # Paths inside the hub container (docker-compose.yml mounts them).
 CONFIG_DIR = Path(os.environ.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config"))
 SECRETS_DIR = Path(os.environ.get("GPULAB_SECRETS_DIR", "/srv/gpulab/secrets"))
 DATA_DIR = Path(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"))
+TEMPLATES = Path(__file__).parent / "templates"
 
 # The service that `gpulab` commands and the test suite use to manage users and tokens.
 ADMIN_SERVICE = "gpulab-admin"
@@ -26,6 +30,8 @@ ADMIN_SERVICE_SCOPES = [
     "read:hub",
     "read:metrics",
 ]
+# jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
+CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
 
 def read_secret(name: str) -> str:
@@ -34,8 +40,8 @@ def read_secret(name: str) -> str:
         value = path.read_text().strip()
     except FileNotFoundError:
         raise SystemExit(
-            f"gpulab: secret {path} is missing. `make up` creates it; "
-            f"or write a random value there: python3 -c 'import secrets; print(secrets.token_hex(32))'"
+            f"gpulab: secret {path} is missing. `make up` creates it; or write a random "
+            f"value there: python3 -c 'import secrets; print(secrets.token_hex(32))'"
         ) from None
     if len(value) < 32:
         raise SystemExit(f"gpulab: secret {path} is too short (at least 32 characters)")
@@ -43,8 +49,13 @@ def read_secret(name: str) -> str:
 
 
 def configure(c) -> None:
-    settings_file = CONFIG_DIR / "gpulab.yaml"
-    settings = load_settings(settings_file)  # refuse to start on a bad file, with file:line
+    settings_path = CONFIG_DIR / "gpulab.yaml"
+    gpus_path = CONFIG_DIR / "gpus.yaml"
+    try:  # refuse to start on a bad file, saying file:line, not with a traceback
+        settings = live_config.settings_file.load(settings_path)
+        live_config.gpus_file.load(gpus_path)
+    except ConfigError as e:
+        raise SystemExit(f"gpulab: {e}") from None
 
     # The hub and proxy listen inside the hub container; compose publishes the proxy.
     c.JupyterHub.bind_url = "http://:8000"
@@ -53,25 +64,49 @@ def configure(c) -> None:
     c.JupyterHub.db_url = f"sqlite:///{DATA_DIR}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = False  # servers keep running across hub restarts
+    c.JupyterHub.template_paths = [str(TEMPLATES)]
 
+    # Token login; admins and operators come from the settings file, exactly.
     c.JupyterHub.authenticator_class = "gpulab-token"
-    c.Authenticator.admin_users = set(settings["hub.admins"])
+    c.TokenAuthenticator.throttle_db_path = str(DATA_DIR / "gpulab-login-throttle.sqlite")
+    roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
+    # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
+    # so removing a name from hub.admins removes the right at the next start.
+    c.JupyterHub.load_groups = roles.load_groups
+    prune_hub_db(c.JupyterHub.db_url, roles.load_groups)
 
     c.JupyterHub.spawner_class = "gpulab"
-    c.GpulabSpawner.settings_file = str(settings_file)
+    c.GpulabSpawner.settings_file = str(settings_path)
+    c.GpulabSpawner.gpus_file = str(gpus_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
     c.GpulabSpawner.start_timeout = settings["spawn.start_timeout"]
     c.GpulabSpawner.http_timeout = 60
+    # Tokens never travel in URLs to user servers (JupyterHub's default since 5.0; pinned).
+    c.GpulabSpawner.environment = {"JUPYTERHUB_ALLOW_TOKEN_IN_URL": "0"}
 
-    c.JupyterHub.services = [
-        {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
-    ]
-    c.JupyterHub.load_roles = [
+    services = [{"name": ADMIN_SERVICE, "api_token": read_secret("api-token")}]
+    load_roles = [
         {
             "name": ADMIN_SERVICE,
             "description": "gpulab's own CLI: manage users, servers and login tokens",
             "scopes": ADMIN_SERVICE_SCOPES,
             "services": [ADMIN_SERVICE],
         },
+        *roles.load_roles,
     ]
+    if settings["hub.idle_timeout"]:
+        # An idle server must not hold a GPU forever.
+        services.append({
+            "name": "idle-culler",
+            "command": [sys.executable, "-m", "jupyterhub_idle_culler",
+                        f"--timeout={settings['hub.idle_timeout']}", "--cull-every=60"],
+        })
+        load_roles.append({
+            "name": "idle-culler",
+            "description": "Stop idle servers so that they release their GPUs",
+            "scopes": CULLER_SCOPES,
+            "services": ["idle-culler"],
+        })
+    c.JupyterHub.services = services
+    c.JupyterHub.load_roles = load_roles

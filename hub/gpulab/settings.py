@@ -118,6 +118,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hub.admins", _username_list, (),
             "Usernames with hub admin rights. The first one gets a login token from "
             "`make up`. Example: [alice]"),
+    Setting("hub.operators", _username_list, (),
+            "Usernames in the `operators` group: they may open the GPU dashboard "
+            "(/services/gpus/) and read the hub's metrics. Example: [carol]"),
+    Setting("hub.idle_timeout", parse_duration, 3600,
+            "Stop servers that have been idle this long, releasing their GPUs "
+            "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),
     Setting("spawn.image", _string, "gpulab/singleuser:latest",
             "Docker image of the single-user server. `make images` builds it."),
     Setting("spawn.network", _string, "gpulab",

@@ -1,58 +1,58 @@
-"""GpulabSpawner: DockerSpawner with gpulab's settings, names, progress and a fast ready check.
+"""GpulabSpawner: DockerSpawner with GPU leases, gpulab's settings, progress and a fast ready check.
 
 Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
 
-* Before each start, ``config/gpulab.yaml`` is read again (an admin's edit takes effect
-  at the next spawn; an invalid edit is logged and the last good settings stay in
-  force) and :func:`gpulab.containers.container_options` decides image, volumes,
-  limits, hardening and GPUs.
+* Before each start, ``config/gpulab.yaml`` and ``config/gpus.yaml`` are read again
+  (:mod:`gpulab.live_config`: an admin's edit takes effect at the next spawn, an
+  invalid edit is refused and the last good file stays in force).
+* ``user_options`` (from the spawn form or straight from the REST API) are validated
+  before anything is created: anything but ``{"gpus": 0..quota}`` is a 400.
+* GPUs are leased (:mod:`gpulab.leases`) before the container is created; no free GPU
+  or an exceeded quota is a 4xx with a message that says what to do.
+  :func:`gpulab.containers.container_options` then decides image, volumes, limits,
+  hardening and the DeviceRequest for exactly the leased GPUs.
 * Container names come from :mod:`gpulab.naming` (collision-free for any username).
 * ``progress()`` reports each step to the spawn page's progress bar.
 * ``start()`` returns only once the server answers HTTP, polling every 0.1 s, so the
   hub's own readiness check (exponential backoff up to 5 s) passes at its first try,
-  and a container that exits while starting fails the spawn at once, with the end
-  of its log in the message, instead of after the start timeout.
+  and a container that exits while starting fails the spawn at once, with the end of
+  its log in the message, instead of after the start timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from html import escape
 
 from dockerspawner import DockerSpawner
+from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Dict, Float, List, Unicode, default
 
+from . import live_config
+from .allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
 from .containers import container_options
+from .leases import LeaseBook, lease_book
 from .naming import container_name
-from .settings import ConfigError, Settings, load_settings
-
-_last_good: dict[str, Settings] = {}
-
-
-def current_settings(path: str, log) -> Settings:
-    """The settings file as it is now, or the last good one if the file became invalid."""
-    try:
-        settings = load_settings(path)
-    except ConfigError as e:
-        if path not in _last_good:
-            raise
-        log.error("Ignoring invalid settings, keeping the last good ones: %s", e)
-        return _last_good[path]
-    _last_good[path] = settings
-    return settings
+from .settings import ConfigError, Settings
 
 
 class SpawnFailed(Exception):
     """A start that cannot succeed, with a message meant for the user.
 
-    JupyterHub shows the message of an exception raised from ``start()`` on the spawn
-    page; ``jupyterhub_message`` is what its templates display.
+    JupyterHub shows ``jupyterhub_message`` on the spawn page.
     """
 
     def __init__(self, message: str):
         super().__init__(message)
         self.jupyterhub_message = message
+
+
+def _http_error(status: int, message: str) -> web.HTTPError:
+    err = web.HTTPError(status, "%s", message)
+    err.jupyterhub_message = message
+    return err
 
 
 class GpulabSpawner(DockerSpawner):
@@ -63,6 +63,13 @@ class GpulabSpawner(DockerSpawner):
         every spawn. Example: c.GpulabSpawner.settings_file = "/etc/gpulab/gpulab.yaml"
         """,
     )
+    gpus_file = Unicode(
+        "/srv/gpulab/config/gpus.yaml",
+        config=True,
+        help="""Path of the GPU allocation file (see config/gpus.yaml), read again at
+        every spawn. A missing file means: GPUs found by NVML, exclusive, 0 by default,
+        at most 1 per user.""",
+    )
     ready_poll_interval = Float(
         0.1,
         config=True,
@@ -72,6 +79,7 @@ class GpulabSpawner(DockerSpawner):
     # Per-instance state (traits, so that no two spawners share a list or dict).
     _progress_events = List()
     _gpulab_env = Dict()
+    gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
 
     @default("prefix")
     def _default_prefix(self):
@@ -81,6 +89,81 @@ class GpulabSpawner(DockerSpawner):
     def _object_name_default(self):
         # DockerSpawner re-renders the name through this method when the image changes.
         return container_name(self.prefix, self.user.name, self.name)
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._gpu_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        # Only unwrap the form's one-element lists; start() validates whatever arrives,
+        # from the form or straight from the REST API.
+        return self._simple_options_from_form
+
+    @property
+    def lease_book(self) -> LeaseBook:
+        """The hub's one lease table, shared by every spawner."""
+        return lease_book()
+
+    # ------------------------------------------------------------- state
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_uuids:
+            state["gpu_uuids"] = list(self.gpu_uuids)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpu_uuids = list(state.get("gpu_uuids", []))
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_uuids = []
+
+    # ------------------------------------------------------------- options
+
+    def _request(self, count: int | None) -> Request:
+        return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count)
+
+    async def _gpu_options_form(self, spawner=None) -> str:
+        """The spawn form: how many GPUs, and which are free. Empty (no form) when the
+        user can have no GPU or the host has none."""
+        config = live_config.gpus_file.load(self.gpus_file)
+        policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        inventory = self.lease_book.inventory(config)
+        if policy.no_gpu or policy.max_gpus == 0 or not inventory:
+            return ""
+        holders = await self.lease_book.holders([g.uuid for g in inventory])
+        is_admin = self.user.admin
+        rows = []
+        for g in inventory:
+            held = holders.get(g.uuid, [])
+            if not held:
+                status = "free"
+            elif is_admin:
+                status = "held by " + ", ".join(
+                    f"{le.user}{'/' + le.server if le.server else ''}" for le in held)
+            else:
+                status = "in use" if len(held) >= g.capacity else f"shared ({len(held)}/{g.capacity})"
+            rows.append(
+                f"<tr><td>{g.index}</td><td>{escape(g.model)}</td><td>{escape(g.pool)}</td>"
+                f"<td>{escape(status)}</td></tr>"
+            )
+        choices = "".join(
+            f'<option value="{n}"{" selected" if n == policy.gpus else ""}>{n}</option>'
+            for n in range(policy.max_gpus + 1)
+        )
+        return f"""
+<div class="form-group">
+  <label for="gpulab-gpus">GPUs for this server (you may use up to {policy.max_gpus})</label>
+  <select class="form-control" id="gpulab-gpus" name="gpus">{choices}</select>
+</div>
+<table class="table table-condensed" id="gpulab-gpu-table">
+  <thead><tr><th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
+  <tbody>{''.join(rows)}</tbody>
+</table>"""
+
 
     # ------------------------------------------------------------- progress
 
@@ -98,7 +181,7 @@ class GpulabSpawner(DockerSpawner):
                 return
             await asyncio.sleep(0.1)
 
-    # ------------------------------------------------------------- start
+    # ------------------------------------------------------------- start / stop
 
     def apply_settings(self, settings: Settings, gpu_uuids=()) -> None:
         """Copy gpulab's decisions onto DockerSpawner's traits."""
@@ -117,19 +200,61 @@ class GpulabSpawner(DockerSpawner):
         env.update(self._gpulab_env)
         return env
 
+    def _read_lab_config(self):
+        try:
+            return (live_config.settings_file.load(self.settings_file),
+                    live_config.gpus_file.load(self.gpus_file))
+        except ConfigError as e:
+            self.log.error("Cannot spawn %s: %s", self._log_name, e)
+            raise _http_error(
+                503, f"The lab's configuration is invalid, so servers cannot start; "
+                     f"an admin must fix it: {e}") from None
+
+    async def _lease(self, gpus_config) -> list:
+        policy = gpus_config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        try:
+            count = validate_user_options(self.user_options, policy.max_gpus)
+            return await self.lease_book.acquire(gpus_config, self._request(count))
+        except NotEnoughGpus as e:
+            message = e.detailed_message if self.user.admin else str(e)
+            self.log.info("Spawn of %s refused: %s", self._log_name, e.detailed_message)
+            raise _http_error(e.status, message) from None
+        except AllocationError as e:
+            self.log.info("Spawn of %s refused: %s", self._log_name, e)
+            raise _http_error(e.status, str(e)) from None
+
     async def start(self):
         self._progress_events = []
         self._report(5, "Reading the lab's settings")
-        settings = current_settings(self.settings_file, self.log)
-        self.apply_settings(settings)
+        settings, gpus_config = self._read_lab_config()
         deadline = time.monotonic() + self.start_timeout
 
-        self._report(20, f"Creating your container from {self.image}")
-        ip, port = await super().start()
+        gpus = await self._lease(gpus_config)
+        try:
+            self.gpu_uuids = [g.uuid for g in gpus]
+            if gpus:
+                names = ", ".join(f"GPU {g.index} ({g.model})" for g in gpus)
+                self._report(15, f"Reserved {names} for you")
+            self.apply_settings(settings, self.gpu_uuids)
+            self._report(20, f"Creating your container from {self.image}")
+            ip, port = await super().start()
+        except Exception:
+            self.gpu_uuids = []
+            raise
+        finally:
+            # The container now holds the lease in its labels, or the spawn failed.
+            self.lease_book.settle(self.user.name, self.name)
+
         self._report(60, "Container started; waiting for JupyterLab to answer")
         await self._wait_until_ready(ip, port, deadline)
         self._report(95, "Your server is ready")
         return ip, port
+
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        # With remove=True the container is gone, and its labels with it: released.
+        self.lease_book.settle(self.user.name, self.name)
+        self.gpu_uuids = []
 
     async def _wait_until_ready(self, ip: str, port: int, deadline: float) -> None:
         url = f"http://{ip}:{port}{self.server.base_url}api"

@@ -1,0 +1,167 @@
+"""The hub's lease table: who holds which GPU, never double-booked, restart-safe.
+
+Docker is the ground truth. Every gpulab container carries its user, server and GPU
+UUIDs in labels (:mod:`gpulab.containers`), so the table is rebuilt from the
+containers at every allocation: a hub restart, a container that died on its own, a
+server removed behind the hub's back are all seen as they are. The only state kept in
+memory is the *pending* leases of spawns whose container does not exist yet; they and
+the allocation itself sit under one lock, so two concurrent spawns can never take the
+same GPU. The decisions are :mod:`gpulab.allocator`'s pure functions; this module
+only does the I/O around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .allocator import (
+    Gpu,
+    Lease,
+    Request,
+    add_leases,
+    allocate,
+    leases_from_labels,
+    reconcile,
+    resolve_inventory,
+)
+from .containers import LABEL_MANAGED
+from .gpus_config import GpusConfig
+from .nvml_discovery import discover_gpus
+
+log = logging.getLogger(__name__)
+
+ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """One row of the admins' lease table."""
+
+    lease: Lease
+    gpu: Gpu | None  # None: the GPU is no longer in the inventory
+    state: str  # "active", "pending" (container not created yet) or "orphaned"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu_uuid": self.lease.gpu_uuid,
+            "gpu_index": self.gpu.index if self.gpu else None,
+            "model": self.gpu.model if self.gpu else None,
+            "pool": self.gpu.pool if self.gpu else None,
+            "user": self.lease.user,
+            "server": self.lease.server,
+            "since": self.lease.since.isoformat() if self.lease.since else None,
+            "state": self.state,
+        }
+
+
+class LeaseBook:
+    def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow):
+        self._list_containers = list_containers
+        self._discover = discover
+        self._now = now
+        self._lock = asyncio.Lock()
+        self._pending: dict[tuple[str, str], list[Lease]] = {}
+        self._discovered: list | None = None
+
+    # ------------------------------------------------------------- inventory
+
+    def inventory(self, config: GpusConfig) -> list[Gpu]:
+        """The leasable GPUs under *config*; NVML is asked once per hub process."""
+        if config.auto and self._discovered is None:
+            self._discovered = self._discover()
+            log.info("GPU inventory: %d GPU(s) discovered", len(self._discovered))
+        gpus, warnings = resolve_inventory(config, self._discovered if config.auto else None)
+        for w in warnings:
+            log.warning("%s", w)
+        return gpus
+
+    # ------------------------------------------------------------- the table
+
+    async def _table(self) -> list[Lease]:
+        containers = await self._list_containers()
+        leases = leases_from_labels(containers)
+        for (user, server), pending in self._pending.items():
+            leases = [le for le in leases if (le.user, le.server) != (user, server)] + pending
+        return leases
+
+    async def view(self, config: GpusConfig) -> list[LeaseView]:
+        inventory = self.inventory(config)
+        by_uuid = {g.uuid: g for g in inventory}
+        async with self._lock:
+            leases = await self._table()
+            pending = {id(le) for group in self._pending.values() for le in group}
+        _, orphaned = reconcile(config, inventory, leases)
+        orphan_ids = {id(le) for le in orphaned}
+        rows = []
+        for le in leases:
+            state = "pending" if id(le) in pending else (
+                "orphaned" if id(le) in orphan_ids else "active")
+            rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state))
+        rows.sort(key=lambda r: (r.gpu.index if r.gpu else 1 << 30, r.lease.user))
+        return rows
+
+    # ------------------------------------------------------------- leasing
+
+    async def acquire(self, config: GpusConfig, request: Request) -> list[Gpu]:
+        """Lease GPUs for *request* or raise an AllocationError (never a half lease)."""
+        inventory = self.inventory(config)
+        async with self._lock:
+            leases = await self._table()
+            _, orphaned = reconcile(config, inventory, leases)
+            for le in orphaned:
+                log.warning(
+                    "Lease of %s by %s/%s is orphaned (GPU no longer available under %s); "
+                    "it is released when that server stops",
+                    le.gpu_uuid, le.user, le.server or "default", config.filename,
+                )
+            gpus = allocate(config, inventory, leases, request)
+            key = (request.user, request.server)
+            mine = [le for le in add_leases(leases, request, gpus, self._now())
+                    if (le.user, le.server) == key]
+            self._pending[key] = mine
+        return gpus
+
+    def settle(self, user: str, server: str = "") -> None:
+        """The spawn's container exists now (its labels hold the lease), or the spawn
+        failed and nothing holds it: either way, drop the in-memory pending lease."""
+        self._pending.pop((user, server), None)
+
+    async def holders(self, gpu_uuids: Sequence[str]) -> dict[str, list[Lease]]:
+        async with self._lock:
+            leases = await self._table()
+        return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
+
+
+def docker_lister(client=None) -> ListContainers:
+    """List gpulab's containers (any state) through the Docker API, off the event loop."""
+    if client is None:
+        import docker
+
+        client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+
+    async def list_containers() -> list[dict[str, Any]]:
+        return await asyncio.to_thread(
+            client.containers, all=True, filters={"label": f"{LABEL_MANAGED}=true"}
+        )
+
+    return list_containers
+
+
+_book: LeaseBook | None = None
+
+
+def lease_book() -> LeaseBook:
+    """The hub process's one lease table (created on first use)."""
+    global _book
+    if _book is None:
+        _book = LeaseBook(docker_lister())
+    return _book
