@@ -1,0 +1,291 @@
+"""gpulab.dashboard.sources against real HTTP on loopback: a real gpulab-exporter process
+(--fake-gpus) and a tiny HTTP server answering Prometheus' /api/v1/query with canned
+JSON. Unreachable sources must turn into a view that says so."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from gpulab.dashboard.sources import (
+    PROMETHEUS_SCRAPED,
+    PROMETHEUS_SERIES,
+    ExporterSource,
+    PrometheusSource,
+    SnapshotReader,
+    SourceUnreachable,
+    read_first,
+    snapshot_from_prometheus,
+)
+from gpulab.dashboard.view import build_view
+from prometheus_client.parser import text_string_to_metric_families
+
+SCRAPED_AT = 1_700_000_000.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_url():
+    """A loopback URL nothing listens on (connection refused at once)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def exporter():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab_exporter", "--listen", f"127.0.0.1:{port}",
+         "--fake-gpus", "3", "--docker-url", "none", "--interval", "0.5",
+         "--process-interval", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.communicate()[0].decode(errors="replace")
+            pytest.fail(f"gpulab-exporter did not come up on {url}:\n{out}")
+        time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+class CannedPrometheus:
+    """Answers /api/v1/query from a dict {query: JSON body}; records the queries."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.queries = []
+        canned = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
+                canned.queries.append(query)
+                status, body = (200, canned.answers[query]) if (
+                    url.path == "/api/v1/query" and query in canned.answers) else (
+                    400, {"status": "error", "errorType": "bad_data",
+                          "error": f"unexpected {url.path} {query}"})
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def vector(samples):
+    return {"status": "success", "data": {"resultType": "vector", "result": samples}}
+
+
+def sample(name, value, **labels):
+    return {"metric": {"__name__": name, **labels}, "value": [SCRAPED_AT + 14, str(value)]}
+
+
+G0 = {"gpu": "0", "uuid": "GPU-aaaa"}
+G1 = {"gpu": "1", "uuid": "GPU-bbbb"}
+CANNED_SERIES = [
+    sample("gpulab_exporter_nvml_up", 1),
+    sample("gpulab_exporter_docker_up", 1),
+    sample("gpulab_exporter_info", 1, version="0.1.0", driver="550.54.15", backend="nvml"),
+    sample("gpulab_gpu_up", 1, **G0),
+    sample("gpulab_gpu_up", 0, **G1),
+    sample("gpulab_gpu_info", 1, model="NVIDIA A100-SXM4-80GB", **G0),
+    sample("gpulab_gpu_info", 1, model="NVIDIA A100-SXM4-80GB", **G1),
+    sample("gpulab_gpu_utilization_ratio", 0, **G0),
+    sample("gpulab_gpu_memory_used_bytes", 6 << 30, **G0),
+    sample("gpulab_gpu_memory_total_bytes", 80 << 30, **G0),
+    sample("gpulab_gpu_temperature_celsius", 44, **G0),
+    sample("gpulab_gpu_power_watts", 88.5, **G0),
+    sample("gpulab_gpu_fan_speed_ratio", "NaN", **G0),
+    sample("gpulab_gpu_energy_joules_total", 123456, **G0),
+    sample("gpulab_gpu_lease_info", 1, user="alice", server="", **G0),
+    sample("gpulab_gpu_lease_info", 1, user="bob", server="train", **G1),
+    sample("gpulab_gpu_user_memory_used_bytes", 6 << 30, user="alice", **G0),
+    sample("gpulab_gpu_process_info", 1, pid="4242", user="alice", container="gpulab-alice",
+           **G0),
+]
+SCRAPED = vector([{"metric": {}, "value": [SCRAPED_AT + 14, str(SCRAPED_AT)]}])
+
+
+@pytest.fixture
+def prometheus():
+    canned = CannedPrometheus({PROMETHEUS_SERIES: vector(CANNED_SERIES),
+                               PROMETHEUS_SCRAPED: SCRAPED})
+    yield canned
+    canned.close()
+
+
+# -- exporter ------------------------------------------------------------------------
+async def test_exporter_source_reads_real_exporter(exporter):
+    snap = await ExporterSource(exporter).fetch()
+    assert snap["fake"] is True and snap["nvml_up"] is True
+    assert [g["index"] for g in snap["gpus"]] == [0, 1, 2]
+    assert snap["gpus"][0]["uuid"] == "GPU-fa4e0000-0000-4000-8000-000000000000"
+    view = build_view(await read_first([ExporterSource(exporter)]))
+    assert view["source"] == {"name": "exporter", "url": exporter}
+    assert view["summary"]["gpus"] == 3 and view["summary"]["lost"] == 0
+    assert all(r["state"] == "ok" and r["memory_text"].endswith("/ 141.0 GiB")
+               for r in view["gpus"])
+    assert any("FAKE GPUs" in b for b in view["banners"])
+
+
+async def test_prometheus_names_match_what_the_real_exporter_exports(exporter, prometheus):
+    """Feed the real exporter's /metrics through the canned Prometheus: the snapshot
+    rebuilt from series must agree with the exporter's own /api/gpus."""
+    with urllib.request.urlopen(exporter + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    series = [{"metric": {"__name__": s.name, **s.labels}, "value": [0, repr(s.value)]}
+              for fam in text_string_to_metric_families(text) for s in fam.samples]
+    prometheus.answers[PROMETHEUS_SERIES] = vector(series)
+    from_prom = await PrometheusSource(prometheus.url).fetch()
+    direct = await ExporterSource(exporter).fetch()
+    assert from_prom["fake"] is True and from_prom["nvml_up"] is True
+    assert from_prom["driver_version"] == direct["driver_version"]
+    assert [(g["index"], g["uuid"], g["model"], g["up"]) for g in from_prom["gpus"]] == \
+        [(g["index"], g["uuid"], g["model"], g["up"]) for g in direct["gpus"]]
+    for field in ("memory_total_bytes", "clock_sm_hertz", "fan_speed_ratio"):
+        assert [g[field] for g in from_prom["gpus"]] == [g[field] for g in direct["gpus"]]
+    assert all(g["utilization_ratio"] is not None for g in from_prom["gpus"])
+
+
+# -- Prometheus ----------------------------------------------------------------------
+async def test_prometheus_source_canned_series(prometheus):
+    snap = await PrometheusSource(prometheus.url).fetch()
+    assert sorted(prometheus.queries) == sorted([PROMETHEUS_SERIES, PROMETHEUS_SCRAPED])
+    assert snap["timestamp"] == SCRAPED_AT  # sample time, not evaluation time
+    assert (snap["nvml_up"], snap["docker_up"], snap["driver_version"], snap["fake"]) == \
+        (True, True, "550.54.15", False)
+    g0, g1 = snap["gpus"]
+    assert g0 == {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-80GB", "up": True,
+                  "error": None, "utilization_ratio": 0.0, "memory_used_bytes": 6 << 30,
+                  "memory_total_bytes": 80 << 30, "temperature_celsius": 44.0,
+                  "power_watts": 88.5, "energy_joules": 123456.0,
+                  "leases": [{"user": "alice", "server": "", "container": None}],
+                  "user_memory_bytes": {"alice": 6 << 30},
+                  "processes": [{"pid": 4242, "used_memory_bytes": None, "container_id": None,
+                                 "container": "gpulab-alice", "user": "alice",
+                                 "server": None}]}
+    assert g1["up"] is False and "lost" in g1["error"]
+    assert g1["leases"] == [{"user": "bob", "server": "train", "container": None}]
+    assert g1["processes"] is None  # no process_info series: not listed
+
+    view = build_view({**snap, "source": {"name": "prometheus", "url": prometheus.url},
+                       "unreachable": []})
+    assert view["summary"]["text"] == "2 GPUs, 2 allocated, 1 idle but allocated, 1 lost"
+    r0, r1 = view["gpus"]
+    assert r0["fan_text"] == "N/A"  # NaN is dropped, not shown as 0
+    assert r0["holders"][0]["memory_text"] == "6.0 GiB"
+    assert r1["state_text"] == "LOST" and r1["model"] == "NVIDIA A100-SXM4-80GB"
+
+
+async def test_prometheus_without_exporter_series_is_reported(prometheus):
+    prometheus.answers[PROMETHEUS_SCRAPED] = vector([])
+    with pytest.raises(SourceUnreachable, match="no gpulab_exporter_nvml_up series"):
+        await PrometheusSource(prometheus.url).fetch()
+
+
+async def test_prometheus_query_error_is_reported(prometheus):
+    prometheus.answers.pop(PROMETHEUS_SERIES)  # the canned server answers 400 + error JSON
+    with pytest.raises(SourceUnreachable, match="HTTP 400"):
+        await PrometheusSource(prometheus.url).fetch()
+
+
+def test_snapshot_from_prometheus_without_series():
+    snap = snapshot_from_prometheus([], timestamp=5.0)
+    assert snap["gpus"] == [] and snap["nvml_up"] is None and snap["timestamp"] == 5.0
+
+
+# -- fallback and failure ------------------------------------------------------------
+async def test_exporter_down_falls_back_to_prometheus(prometheus):
+    dead = closed_url()
+    snap = await read_first([ExporterSource(dead, timeout=2), PrometheusSource(prometheus.url)])
+    assert snap["source"] == {"name": "prometheus", "url": prometheus.url}
+    assert snap["unreachable"][0]["name"] == "exporter"
+    assert "ConnectionRefusedError" in snap["unreachable"][0]["error"]
+    view = build_view(snap)
+    assert view["banners"][0].startswith(f"Data source unreachable: exporter at {dead} (")
+    assert view["banners"][1] == f"Showing data from prometheus ({prometheus.url}) instead."
+    assert view["summary"]["gpus"] == 2
+
+
+async def test_everything_unreachable_gives_a_view_not_an_exception():
+    dead_exporter, dead_prometheus = closed_url(), closed_url()
+    snap = await read_first([ExporterSource(dead_exporter, timeout=2),
+                             PrometheusSource(dead_prometheus, timeout=2)])
+    view = build_view(snap)
+    assert view["source"] is None and view["gpus"] == []
+    assert view["message"] == "No GPU data: every data source is unreachable."
+    assert dead_exporter in view["banners"][0] and dead_prometheus in view["banners"][0]
+
+
+async def test_not_an_exporter_and_not_json_are_unreachable(prometheus):
+    # the canned Prometheus answers /api/gpus with a 400 JSON body: not an exporter
+    with pytest.raises(SourceUnreachable, match="HTTP 400"):
+        await ExporterSource(prometheus.url).fetch()
+    prometheus.answers[PROMETHEUS_SERIES] = {"status": "success", "data": {}}
+    with pytest.raises(SourceUnreachable, match="no result vector"):
+        await PrometheusSource(prometheus.url).fetch()
+
+
+async def test_timeout_is_reported():
+    with socket.socket() as listener:  # accepts connections, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(SourceUnreachable, match="no answer within 0.3s"):
+            await ExporterSource(url, timeout=0.3).fetch()
+
+
+class CountingSource(ExporterSource):
+    """The real exporter source, counting how often it is asked."""
+
+    calls = 0
+
+    async def fetch(self):
+        self.calls += 1
+        return await super().fetch()
+
+
+async def test_reader_shares_reads_within_max_age(exporter):
+    import asyncio
+
+    now = [100.0]
+    source = CountingSource(exporter)
+    reader = SnapshotReader([source], max_age=1.0, clock=lambda: now[0])
+    first, second = await asyncio.gather(reader.read(), reader.read())
+    assert source.calls == 1 and first is second
+    now[0] += 0.5
+    assert await reader.read() is first and source.calls == 1
+    now[0] += 1.0
+    await reader.read()
+    assert source.calls == 2
