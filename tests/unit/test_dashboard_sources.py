@@ -64,7 +64,7 @@ def exporter():
         time.sleep(0.1)
     yield url
     proc.terminate()
-    proc.wait(10)
+    proc.communicate(timeout=10)  # reaps it and closes the pipe
 
 
 class CannedPrometheus:
