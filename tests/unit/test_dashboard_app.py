@@ -11,9 +11,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from gpulab.dashboard.__main__ import build_parser, listen_address
 from gpulab.dashboard.app import DashboardConfig, make_app
-from gpulab.dashboard.sources import ExporterSource, Source, SnapshotReader
+from gpulab.dashboard.sources import ExporterSource, SnapshotReader, Source
 from jupyterhub.services.auth import HubOAuth
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 from tornado.web import create_signed_value
 
@@ -93,8 +94,6 @@ async def start(sources):
     app = make_app(auth, SnapshotReader(sources, max_age=0),
                    DashboardConfig(refresh_seconds=3), cookie_secret=SECRET)
     sock, port = bind_unused_port()
-    from tornado.httpserver import HTTPServer
-
     server = HTTPServer(app)
     server.add_sockets([sock])
     return server, f"http://127.0.0.1:{port}", auth
@@ -276,3 +275,22 @@ def test_cli_defaults_from_the_environment():
     args = build_parser({}).parse_args(["--port", "1234", "--refresh-seconds", "2"])
     assert (args.port, args.exporter_url, args.prometheus_url, args.refresh_seconds) == \
         (1234, "http://exporter:9445", "http://prometheus:9090", 2.0)
+
+
+async def test_hub_api_down_is_503_with_a_reason_not_500():
+    """The real HubOAuth, pointed at a hub API nobody answers on."""
+    auth = HubOAuth(api_token="t", oauth_client_id="service-gpus", base_url=PREFIX,
+                    hub_prefix="/hub/", api_url="http://127.0.0.1:9/hub/api",
+                    access_scopes={"access:services!service=gpus"})
+    app = make_app(auth, SnapshotReader([CannedSource(SNAPSHOT)]), cookie_secret=SECRET)
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        status, _, body = await get(base + PREFIX, token("operator-token"))
+        assert status == 503 and "The hub&#39;s API did not answer" in body
+        status, _, body = await get(base + PREFIX + "api/gpus", token("operator-token"))
+        assert status == 503 and "hub's API did not answer" in json.loads(body)["error"]
+    finally:
+        server.stop()

@@ -2,6 +2,7 @@
 (--fake-gpus) and a tiny HTTP server answering Prometheus' /api/v1/query with canned
 JSON. Unreachable sources must turn into a view that says so."""
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -277,8 +278,6 @@ class CountingSource(ExporterSource):
 
 
 async def test_reader_shares_reads_within_max_age(exporter):
-    import asyncio
-
     now = [100.0]
     source = CountingSource(exporter)
     reader = SnapshotReader([source], max_age=1.0, clock=lambda: now[0])

@@ -78,8 +78,14 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         return set(self.access_scopes)
 
     async def prepare(self) -> None:
-        model = await self.hub_auth.get_user(self, sync=False)
         self.current_user = None
+        try:
+            model = await self.hub_auth.get_user(self, sync=False)
+        except web.HTTPError as e:
+            if e.status_code < 500:
+                raise
+            # HubAuth already logged why; tell the user it is the hub, not them
+            raise web.HTTPError(503, "hub API unreachable") from e
         if model is None:
             return
         try:
@@ -104,6 +110,10 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
                     "Admins have it, and so do members of the hub's operators group (the "
                     "gpulab-operators role). Ask an admin to add you to hub.operators in "
                     "config/gpulab.yaml.")
+        if status == 503:
+            return ("The hub's API did not answer, so the dashboard cannot check who you "
+                    "are. Try again in a moment; if it persists, the hub's log says why "
+                    "(docker logs gpulab-hub).", None)
         if status == 401:
             return ("Not signed in. Open this page in a browser signed in to the hub, or "
                     "send 'Authorization: token <token>' with a token that has the scope "
@@ -129,7 +139,7 @@ class PageHandler(_Handler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, hint = self._refusal(status_code)
-        if status_code >= 500:
+        if status_code >= 500 and status_code != 503:
             message, hint = "The dashboard failed; the service's log says why.", None
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(self.templates.get_template("error.html").render(
@@ -151,7 +161,7 @@ class ApiHandler(_Handler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, _ = self._refusal(status_code)
-        if status_code >= 500:
+        if status_code >= 500 and status_code != 503:
             message = "the dashboard failed; the service's log says why"
         if status_code == 401:
             self.set_header("WWW-Authenticate", "token")
