@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from .stack import REPO, Hub, docker, wait_for
+from .stack import REPO, Hub, container_logs, docker, wait_for
 
 
 def pytest_collection_modifyitems(items):
@@ -59,12 +59,11 @@ def lab_user(hub, request):
     failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
     for user in created:
         if failed:
-            logs = docker("logs", "--tail", "60", user.container, check=False)
-            print(f"\n----- log of {user.container} -----\n{logs}")
+            print(f"\n----- log of {user.container} -----\n{container_logs(user.container)}")
         hub.delete_user(user.name)
         docker("volume", "rm", "-f", f"gpulab-home-{user.name}", check=False)
     if failed:
-        print("\n----- hub log -----\n" + docker("logs", "--tail", "80", "gpulab-hub", check=False))
+        print("\n----- hub log -----\n" + container_logs("gpulab-hub", 80))
 
 
 def pytest_report_header(config):

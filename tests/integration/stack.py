@@ -46,6 +46,13 @@ def docker(*args: str, check: bool = True) -> str:
     return out.stdout.strip()
 
 
+def container_logs(name: str, tail: int = 60) -> str:
+    """A container's log, stdout and stderr interleaved as docker stored them."""
+    out = subprocess.run(["docker", "logs", "--tail", str(tail), name],
+                         capture_output=True, text=True, timeout=60)
+    return (out.stdout + out.stderr).strip()
+
+
 def host_has_nvidia_gpu() -> bool:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
