@@ -30,7 +30,7 @@ help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
-	@echo "make images        build gpulab/base, gpulab/hub and gpulab/singleuser (TORCH_VARIANT=$(TORCH_VARIANT))"
+	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
 	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
@@ -41,9 +41,13 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@if [ ! -s secrets/api-token ]; then \
-	  umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/api-token; \
-	  echo "[gpulab] generated secrets/api-token (the gpulab-admin service token)"; fi
+	@for name in api-token metrics-token; do \
+	  if [ ! -s secrets/$$name ]; then \
+	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
+	    echo "[gpulab] generated secrets/$$name"; fi; \
+	done
+	@# Prometheus runs as its own user and must read its token.
+	@chmod 644 secrets/metrics-token
 
 images: docker
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
@@ -82,6 +86,9 @@ venv: $(VENV)/.installed
 test-unit: venv
 	$(VENV)/bin/pytest -m "not integration" tests
 
+# The test stack: on hosts without GPUs the exporter runs with two FAKE GPUs (logged and
+# labelled as fake) so that the monitoring path is exercised end to end.
+test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2)
 test: venv up
 	$(VENV)/bin/pytest tests
 

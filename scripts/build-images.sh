@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build gpulab/hub and gpulab/singleuser from host-side wheelhouses.
+# Build gpulab/hub, gpulab/singleuser, gpulab/exporter and gpulab/prometheus, with the
+# Python packages from host-side wheelhouses.
 # Usage: scripts/build-images.sh BASE_IMAGE TORCH_VARIANT [EXTRA_CA_BUNDLE] [PIP ARGS...]
 # Unchanged inputs reuse Docker's layer cache: a second run takes seconds.
 set -euo pipefail
@@ -11,11 +12,11 @@ PYTHON=${PYTHON:-python3}
 case "$variant" in cpu|cuda) ;; *) echo "[gpulab] TORCH_VARIANT must be cpu or cuda, not '$variant'" >&2; exit 2;; esac
 
 # Extra CA certificates go into both images' ca/ folders (ignored by git).
-for img in hub singleuser; do
-  rm -f "images/$img/ca/"*.crt
+for dir in images/hub images/singleuser; do
+  rm -f "$dir/ca/"*.crt
   if [ -n "$ca" ]; then
     [ -f "$ca" ] || { echo "[gpulab] EXTRA_CA_BUNDLE=$ca: no such file" >&2; exit 2; }
-    cp "$ca" "images/$img/ca/extra-ca.crt"
+    cp "$ca" "$dir/ca/extra-ca.crt"
   fi
 done
 
@@ -23,23 +24,30 @@ scripts/wheelhouse.sh images/hub/wheels images/hub/requirements.txt -- "${pip_ar
 scripts/wheelhouse.sh images/singleuser/wheels images/singleuser/requirements.txt \
   "images/singleuser/requirements-$variant.txt" -- "${pip_args[@]}"
 
-# gpulab itself, as a wheel in the hub's wheelhouse; rebuilt only when its sources change
-# (a fresh wheel would otherwise invalidate the image's cache on every run).
-src_sum=$(cat pyproject.toml $(find hub/gpulab -type f \( -name '*.py' -o -name '*.html' \) | sort) | sha256sum | cut -c1-16)
-if [ "$(cat images/hub/wheels/.gpulab-src 2>/dev/null)" != "$src_sum" ]; then
-  echo "[gpulab] building the gpulab wheel ..."
-  rm -f images/hub/wheels/gpulab-*.whl
-  "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w images/hub/wheels . 2>/dev/null \
-    || "$PYTHON" -m pip wheel --quiet --no-deps -w images/hub/wheels .
-  echo "$src_sum" > images/hub/wheels/.gpulab-src
-fi
+# Our own packages as wheels in the wheelhouses; each rebuilt only when its sources
+# change (a fresh wheel would otherwise invalidate the image's cache on every run).
+# Run after wheelhouse.sh, which empties a wheelhouse whose requirements changed.
+local_wheel() {  # local_wheel NAME PROJECT_DIR SOURCE_DIR WHEELHOUSE
+  local name=$1 project=$2 src=$3 dest=$4 sum
+  sum=$(cat "$project/pyproject.toml" $(find "$src" -type f \( -name '*.py' -o -name '*.html' -o -name '*.js' -o -name '*.css' \) | sort) | sha256sum | cut -c1-16)
+  if [ "$(cat "$dest/.$name-src" 2>/dev/null)" != "$sum" ] || ! ls "$dest/${name//-/_}"-*.whl >/dev/null 2>&1; then
+    echo "[gpulab] building the $name wheel ..."
+    rm -f "$dest/${name//-/_}"-*.whl
+    "$PYTHON" -m pip wheel --quiet --no-deps -w "$dest" "$project" >/dev/null
+    rm -rf "$project/build"
+    echo "$sum" > "$dest/.$name-src"
+  fi
+}
+scripts/wheelhouse.sh monitoring/exporter/wheels monitoring/exporter/requirements.txt -- "${pip_args[@]}"
+local_wheel gpulab . hub/gpulab images/hub/wheels
+local_wheel gpulab-exporter monitoring/exporter monitoring/exporter/gpulab_exporter monitoring/exporter/wheels
 
-build() {  # build NAME TAG [BUILD ARGS...]
-  local name=$1 tag=$2; shift 2
+build() {  # build NAME TAG CONTEXT [BUILD ARGS...]
+  local name=$1 tag=$2 context=$3; shift 3
   echo "[gpulab] building gpulab/$name:$tag (cached layers are reused) ..."
   local start=$SECONDS
   if ! docker build --quiet --build-arg "BASE_IMAGE=$base" "$@" -t "gpulab/$name:$tag" \
-       "images/$name" >/tmp/gpulab-build-$name.log 2>&1; then
+       "$context" >/tmp/gpulab-build-$name.log 2>&1; then
     echo "[gpulab] building gpulab/$name failed; last lines of /tmp/gpulab-build-$name.log:" >&2
     tail -n 30 /tmp/gpulab-build-$name.log >&2
     exit 1
@@ -47,5 +55,7 @@ build() {  # build NAME TAG [BUILD ARGS...]
   docker tag "gpulab/$name:$tag" "gpulab/$name:latest"
   echo "[gpulab] gpulab/$name:$tag ready ($((SECONDS - start)) s)"
 }
-build hub latest
-build singleuser "$variant" --build-arg "TORCH_VARIANT=$variant"
+build hub latest images/hub
+build singleuser "$variant" images/singleuser --build-arg "TORCH_VARIANT=$variant"
+build exporter latest monitoring/exporter
+build prometheus latest images/prometheus

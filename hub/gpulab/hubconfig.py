@@ -26,10 +26,16 @@ ADMIN_SERVICE_SCOPES = [
     "admin:users",
     "admin:servers",
     "tokens",
+    "groups",
     "list:users",
     "read:hub",
     "read:metrics",
 ]
+# Prometheus scrapes /hub/metrics with this service's token, which may do nothing else.
+METRICS_SERVICE = "prometheus"
+# The operators' GPU dashboard (gpulab.dashboard), at /services/gpus/.
+DASHBOARD_SERVICE = "gpus"
+DASHBOARD_PORT = 9447
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
@@ -85,13 +91,34 @@ def configure(c) -> None:
     # Tokens never travel in URLs to user servers (JupyterHub's default since 5.0; pinned).
     c.GpulabSpawner.environment = {"JUPYTERHUB_ALLOW_TOKEN_IN_URL": "0"}
 
-    services = [{"name": ADMIN_SERVICE, "api_token": read_secret("api-token")}]
+    services = [
+        {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
+        {"name": METRICS_SERVICE, "api_token": read_secret("metrics-token")},
+        {
+            # Admins and the operators group (roles.OPERATOR_SCOPES) may open it.
+            "name": DASHBOARD_SERVICE,
+            "url": f"http://127.0.0.1:{DASHBOARD_PORT}",
+            "command": [sys.executable, "-m", "gpulab.dashboard"],
+            "environment": {
+                k: os.environ[k] for k in ("GPULAB_EXPORTER_URL", "GPULAB_PROMETHEUS_URL")
+                if k in os.environ
+            },
+            "oauth_no_confirm": True,
+            "display": True,
+        },
+    ]
     load_roles = [
         {
             "name": ADMIN_SERVICE,
             "description": "gpulab's own CLI: manage users, servers and login tokens",
             "scopes": ADMIN_SERVICE_SCOPES,
             "services": [ADMIN_SERVICE],
+        },
+        {
+            "name": METRICS_SERVICE,
+            "description": "Prometheus: read the hub's metrics, nothing else",
+            "scopes": ["read:metrics"],
+            "services": [METRICS_SERVICE],
         },
         *roles.load_roles,
     ]

@@ -145,7 +145,8 @@ class GpulabSpawner(DockerSpawner):
                 status = "held by " + ", ".join(
                     f"{le.user}{'/' + le.server if le.server else ''}" for le in held)
             else:
-                status = "in use" if len(held) >= g.capacity else f"shared ({len(held)}/{g.capacity})"
+                status = ("in use" if len(held) >= g.capacity
+                          else f"shared ({len(held)}/{g.capacity})")
             rows.append(
                 f"<tr><td>{g.index}</td><td>{escape(g.model)}</td><td>{escape(g.pool)}</td>"
                 f"<td>{escape(status)}</td></tr>"

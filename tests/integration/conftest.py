@@ -8,13 +8,16 @@ failure the test's output gets the user's container log and the hub's log.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from .stack import REPO, Hub, container_logs, docker, wait_for
+from .stack import REPO, Hub, container_logs, docker, host_has_nvidia_gpu, wait_for
+from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 
 
 def pytest_collection_modifyitems(items):
@@ -68,3 +71,23 @@ def lab_user(hub, request):
 
 def pytest_report_header(config):
     return [f"gpulab hub under test: {os.environ.get('GPULAB_URL', 'http://127.0.0.1:8000')}"]
+
+
+@pytest.fixture(scope="session")
+def gpus_yaml(hub):
+    if host_has_nvidia_gpu():
+        pytest.skip("this host has real GPUs: test_gpu_host.py covers it; stand-ins would lie")
+    if not dockerd_has_nvidia_driver():
+        reason = ("dockerd was started without nvidia-container-runtime-hook on its PATH, so "
+                  "it cannot start containers with GPU requests; start it with "
+                  "GPULAB_DOCKERD_PATH=$PWD/tests/gpu_standin scripts/ensure-docker.sh")
+        if os.environ.get("GPULAB_REQUIRE_GPU_PLUMBING"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
+    config_dir = next(m["Source"] for m in mounts if m["Destination"] == "/srv/gpulab/config")
+    path = Path(config_dir) / "gpus.yaml"
+    original = path.read_text()
+    path.write_text(STANDIN_GPUS)
+    yield path
+    path.write_text(original)

@@ -177,7 +177,8 @@ def _execute(user: LabUser, kernel_id: str, code: str, timeout: float) -> str:
             if kind == "stream":
                 stdout.append(content["text"])
             elif kind == "error":
-                error = f"{content['ename']}: {content['evalue']}\n" + "\n".join(content["traceback"])
+                trace = "\n".join(content["traceback"])
+                error = f"{content['ename']}: {content['evalue']}\n{trace}"
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         else:

@@ -12,62 +12,12 @@ running hub reads (restored afterwards), which the hub picks up at the next spaw
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from .stack import StackError, container_logs, docker, host_has_nvidia_gpu, wait_for
-
-GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"  # the exporter's --fake-gpus UUIDs
-GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
-STANDIN_GPUS = f"""
-inventory:
-  - {{index: 0, uuid: {GPU0}, model: stand-in}}
-  - {{index: 1, uuid: {GPU1}, model: stand-in}}
-defaults:
-  gpus: 0
-  max_gpus: 1
-"""
-
-
-def _dockerd_has_nvidia_driver() -> bool:
-    probe = subprocess.run(["docker", "run", "--rm", "--gpus", "all", "gpulab/base:bookworm",
-                            "true"], capture_output=True, text=True, timeout=60)
-    return probe.returncode == 0
-
-
-@pytest.fixture(scope="module")
-def gpus_yaml(hub):
-    if host_has_nvidia_gpu():
-        pytest.skip("this host has real GPUs: test_gpu_host.py covers it; stand-ins would lie")
-    if not _dockerd_has_nvidia_driver():
-        reason = ("dockerd was started without nvidia-container-runtime-hook on its PATH, so "
-                  "it cannot start containers with GPU requests; start it with "
-                  "GPULAB_DOCKERD_PATH=$PWD/tests/gpu_standin scripts/ensure-docker.sh")
-        if os.environ.get("GPULAB_REQUIRE_GPU_PLUMBING"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
-    config_dir = next(m["Source"] for m in mounts if m["Destination"] == "/srv/gpulab/config")
-    path = Path(config_dir) / "gpus.yaml"
-    original = path.read_text()
-    path.write_text(STANDIN_GPUS)
-    yield path
-    path.write_text(original)
-
-
-def gpus_of(container: str) -> dict:
-    info = json.loads(docker("inspect", container))[0]
-    requests = info["HostConfig"]["DeviceRequests"] or []
-    return {
-        "device_ids": [d for r in requests for d in r["DeviceIDs"]],
-        "env": docker("exec", container, "printenv", "NVIDIA_VISIBLE_DEVICES"),
-        "label": info["Config"]["Labels"]["org.gpulab.gpus"],
-    }
+from .stack import StackError, container_logs, docker, wait_for
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 
 def spawn_refused(user, options) -> tuple[int, str]:
@@ -165,7 +115,10 @@ def test_edits_take_effect_at_next_spawn_and_bad_edits_keep_the_last_good(hub, l
     assert gpus_of(bob.container)["device_ids"] in ([GPU0], [GPU1])
 
     gpus_yaml.write_text("defaults:\n  max_gpus: lots\n")  # an admin's typo
-    carol.start_server({"gpus": 1})  # the last good config (shared, 2 GPUs) stays in force
-    assert gpus_of(carol.container)["device_ids"] in ([GPU0], [GPU1])
-    assert "gpus.yaml:2: defaults.max_gpus: expected a number of GPUs" in container_logs(
-        "gpulab-hub", 200)
+    try:
+        carol.start_server({"gpus": 1})  # the last good config (shared, 2 GPUs) stays in force
+        assert gpus_of(carol.container)["device_ids"] in ([GPU0], [GPU1])
+        assert "gpus.yaml:2: defaults.max_gpus: expected a number of GPUs" in container_logs(
+            "gpulab-hub", 200)
+    finally:
+        gpus_yaml.write_text(STANDIN_GPUS)

@@ -1,0 +1,41 @@
+"""Stand-in GPUs for hosts without one: the inventory an admin would declare, and what a
+container got. The UUIDs are the ones the exporter's --fake-gpus reports, so the lease
+labels, the exporter and the dashboard all agree about which GPU is which."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from .stack import docker
+
+GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"  # the exporter's --fake-gpus UUIDs
+GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
+STANDIN_GPUS = f"""
+inventory:
+  - {{index: 0, uuid: {GPU0}, model: stand-in}}
+  - {{index: 1, uuid: {GPU1}, model: stand-in}}
+defaults:
+  gpus: 0
+  max_gpus: 1
+"""
+
+
+
+def dockerd_has_nvidia_driver() -> bool:
+    probe = subprocess.run(["docker", "run", "--rm", "--gpus", "all", "gpulab/base:bookworm",
+                            "true"], capture_output=True, text=True, timeout=60)
+    return probe.returncode == 0
+
+
+
+def gpus_of(container: str) -> dict:
+    info = json.loads(docker("inspect", container))[0]
+    requests = info["HostConfig"]["DeviceRequests"] or []
+    return {
+        "device_ids": [d for r in requests for d in r["DeviceIDs"]],
+        "env": docker("exec", container, "printenv", "NVIDIA_VISIBLE_DEVICES"),
+        "label": info["Config"]["Labels"]["org.gpulab.gpus"],
+    }
+
+
