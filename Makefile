@@ -75,10 +75,11 @@ logs:
 check-config: venv
 	@$(VENV)/bin/gpulab config check config/gpulab.yaml config/gpus.yaml
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml monitoring/exporter/pyproject.toml
 	@echo "[gpulab] creating the test environment in $(VENV) ..."
 	@$(PYTHON) -m venv $(VENV)
-	@$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  -e '.[test]' -e monitoring/exporter 2> >(grep -v 'is ignored: it is neither' >&2)
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -86,7 +86,7 @@ def configure(c) -> None:
     c.GpulabSpawner.gpus_file = str(gpus_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
-    c.GpulabSpawner.start_timeout = settings["spawn.start_timeout"]
+    # start_timeout comes from spawn.start_timeout, read at each spawn (pre-spawn hook).
     c.GpulabSpawner.http_timeout = 60
     # Tokens never travel in URLs to user servers (JupyterHub's default since 5.0; pinned).
     c.GpulabSpawner.environment = {"JUPYTERHUB_ALLOW_TOKEN_IN_URL": "0"}

@@ -25,10 +25,11 @@ import asyncio
 import time
 from html import escape
 
+import docker.errors
 from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Dict, Float, List, Unicode, default
+from traitlets import Any, Dict, Float, List, Unicode, default
 
 from . import live_config
 from .allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
@@ -77,6 +78,7 @@ class GpulabSpawner(DockerSpawner):
     )
 
     # Per-instance state (traits, so that no two spawners share a list or dict).
+    _lab_config = Any(help="(settings, gpus config) read for the spawn in progress")
     _progress_events = List()
     _gpulab_env = Dict()
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
@@ -224,11 +226,45 @@ class GpulabSpawner(DockerSpawner):
             self.log.info("Spawn of %s refused: %s", self._log_name, e)
             raise _http_error(e.status, str(e)) from None
 
+    async def _preflight(self, settings: Settings) -> None:
+        """Check what would otherwise fail halfway (or worse, half-succeed) before
+        anything is leased or created, and say what an admin must do."""
+        try:
+            await self.docker("ping")
+        except Exception as e:
+            self.log.error("Docker engine unreachable while spawning %s: %s", self._log_name, e)
+            raise _http_error(503, "The Docker engine on this host is not answering, so "
+                                   "servers cannot start right now. Try again in a minute; "
+                                   "if it persists, tell an admin.") from None
+        image = settings["spawn.image"]
+        try:
+            await self.docker("inspect_image", image)
+        except docker.errors.NotFound:
+            raise _http_error(503, f"The server image {image} is not on this host; an admin "
+                                   f"must build it (make images) or fix spawn.image.") from None
+        volume = settings["spawn.datasets_volume"]
+        if volume:
+            try:
+                await self.docker("inspect_volume", volume)
+            except docker.errors.NotFound:
+                raise _http_error(
+                    503, f"The shared datasets volume {volume!r} does not exist; an admin "
+                         f"must create it (docker volume create {volume}) or set "
+                         f"spawn.datasets_volume to '' in gpulab.yaml.") from None
+
+    def run_pre_spawn_hook(self):
+        # JupyterHub reads start_timeout right after calling start(), so the settings
+        # (spawn.start_timeout among them) are read here, just before.
+        self._lab_config = self._read_lab_config()
+        self.start_timeout = self._lab_config[0]["spawn.start_timeout"]
+        return super().run_pre_spawn_hook()
+
     async def start(self):
         self._progress_events = []
-        self._report(5, "Reading the lab's settings")
-        settings, gpus_config = self._read_lab_config()
+        self._report(5, "Checking the lab's settings")
+        settings, gpus_config = self._lab_config
         deadline = time.monotonic() + self.start_timeout
+        await self._preflight(settings)
 
         gpus = await self._lease(gpus_config)
         try:
