@@ -29,7 +29,7 @@ from .allocator import (
     reconcile,
     resolve_inventory,
 )
-from .containers import LABEL_MANAGED
+from .containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from .gpus_config import GpusConfig
 from .nvml_discovery import discover_gpus
 
@@ -49,6 +49,10 @@ class LeaseView:
     lease: Lease
     gpu: Gpu | None  # None: the GPU is no longer in the inventory
     state: str  # "active", "pending" (container not created yet) or "orphaned"
+    # The container whose labels hold the lease: docker's Id and State ("running",
+    # "created", "paused", "restarting"); None for a pending lease.
+    container_id: str | None = None
+    container_state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,7 +64,23 @@ class LeaseView:
             "server": self.lease.server,
             "since": self.lease.since.isoformat() if self.lease.since else None,
             "state": self.state,
+            "container_id": self.container_id,
+            "container_state": self.container_state,
         }
+
+
+def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict]:
+    """(gpu_uuid, user, server) -> the container dict that holds that lease, the first
+    in *containers* order, as :func:`leases_from_labels` picks its ``since``."""
+    held = {(le.gpu_uuid, le.user, le.server) for le in leases_from_labels(containers)}
+    out: dict[tuple[str, str, str], dict] = {}
+    for c in containers:
+        labels = c.get("Labels") or {}
+        user, server = labels.get(LABEL_USER), labels.get(LABEL_SERVER) or ""
+        for uuid in (u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")):
+            if (uuid, user, server) in held:
+                out.setdefault((uuid, user, server), c)
+    return out
 
 
 class LeaseBook:
@@ -86,8 +106,9 @@ class LeaseBook:
 
     # ------------------------------------------------------------- the table
 
-    async def _table(self) -> list[Lease]:
-        containers = await self._list_containers()
+    async def _table(self, containers: list[dict[str, Any]] | None = None) -> list[Lease]:
+        if containers is None:
+            containers = await self._list_containers()
         leases = leases_from_labels(containers)
         for (user, server), pending in self._pending.items():
             leases = [le for le in leases if (le.user, le.server) != (user, server)] + pending
@@ -97,15 +118,20 @@ class LeaseBook:
         inventory = self.inventory(config)
         by_uuid = {g.uuid: g for g in inventory}
         async with self._lock:
-            leases = await self._table()
+            containers = await self._list_containers()
+            leases = await self._table(containers)
             pending = {id(le) for group in self._pending.values() for le in group}
+        holding = lease_containers(containers)
         _, orphaned = reconcile(config, inventory, leases)
         orphan_ids = {id(le) for le in orphaned}
         rows = []
         for le in leases:
             state = "pending" if id(le) in pending else (
                 "orphaned" if id(le) in orphan_ids else "active")
-            rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state))
+            c = holding.get((le.gpu_uuid, le.user, le.server)) if state != "pending" else None
+            rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
+                                  c.get("Id") if c else None,
+                                  str(c.get("State", "running")).lower() if c else None))
         rows.sort(key=lambda r: (r.gpu.index if r.gpu else 1 << 30, r.lease.user))
         return rows
 

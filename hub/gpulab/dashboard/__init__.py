@@ -3,7 +3,8 @@
 
     sources.py   exporter /api/gpus, or Prometheus when the exporter is unreachable
     view.py      snapshot dict -> view model (pure)
-    app.py       tornado app: hub OAuth, the page, its JSON endpoint
+    leases.py    the admins' lease table and stuck-lease release (pure rules + I/O)
+    app.py       tornado app: hub OAuth, the pages, their JSON endpoints
     __main__.py  command line and environment
-    templates/   dashboard.html (page + inline refresh script), error.html
+    templates/   dashboard.html (page + inline refresh script), leases.html, error.html
 """

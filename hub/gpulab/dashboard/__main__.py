@@ -3,7 +3,8 @@
 JupyterHub starts it as a managed service and passes JUPYTERHUB_SERVICE_URL (where to
 listen), JUPYTERHUB_SERVICE_PREFIX, JUPYTERHUB_API_TOKEN, JUPYTERHUB_API_URL,
 JUPYTERHUB_CLIENT_ID and JUPYTERHUB_OAUTH_ACCESS_SCOPES; HubOAuth reads those itself.
-GPULAB_EXPORTER_URL and GPULAB_PROMETHEUS_URL set the data sources' defaults.
+GPULAB_EXPORTER_URL and GPULAB_PROMETHEUS_URL set the data sources' defaults;
+GPULAB_CONFIG_DIR is where gpus.yaml is (the admins' lease page reads it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from urllib.parse import urlsplit
 from jupyterhub.services.auth import HubOAuth
 
 from gpulab.dashboard.app import DashboardConfig, make_app
+from gpulab.dashboard.leases import (
+    DockerContainers,
+    HubServers,
+    LeaseAdmin,
+    default_gpus_path,
+)
 from gpulab.dashboard.sources import (
     DEFAULT_EXPORTER_URL,
     DEFAULT_PROMETHEUS_URL,
@@ -69,6 +76,11 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    or DEFAULT_PROMETHEUS_URL, metavar="URL",
                    help="Prometheus, used when the exporter is unreachable; 'none' for no "
                         "fallback (env GPULAB_PROMETHEUS_URL; default: %(default)s)")
+    p.add_argument("--gpus-file", default=str(default_gpus_path(env)), metavar="PATH",
+                   help="gpus.yaml, for the admins' lease page (default: from "
+                        "GPULAB_CONFIG_DIR: %(default)s)")
+    p.add_argument("--no-leases", action="store_true",
+                   help="leave out the admins' lease page (no Docker socket here)")
     p.add_argument("--refresh-seconds", type=float, default=5.0, metavar="SECONDS",
                    help="how often the page refreshes its table (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
@@ -88,7 +100,12 @@ async def serve(args: argparse.Namespace) -> None:
                     "or nobody can sign in")
     # refreshes are shared: one source read per second at most, whatever the viewers
     reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2))
-    app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds))
+    leases = None
+    if not args.no_leases:
+        leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
+                            args.gpus_file)
+    app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
+                   leases=leases)
     server = app.listen(args.port, address=args.ip, xheaders=True)
     log.info("gpulab GPU dashboard on http://%s:%s%s (sources: %s)", args.ip, args.port,
              hub_auth.base_url, ", ".join(f"{s.name} {s.url}" for s in sources))

@@ -7,6 +7,14 @@ Routes, under the service prefix (``/services/gpus/`` as a JupyterHub service):
                                  ``Authorization: token ...``); never a login redirect
     GET {prefix}oauth_callback   JupyterHub's OAuth callback
 
+and, for hub admins only (the user model's ``admin`` flag; operators get 403):
+
+    GET  {prefix}leases              every GPU lease: GPU, user, server, since, states
+    GET  {prefix}api/leases          the same as JSON, with the GPU inventory and the
+                                     gpus.yaml errors being ignored
+    POST {prefix}api/leases/release  {"gpu_uuid", "user", "server"}: remove a stuck
+                                     lease's container (409 if the hub runs that server)
+
 Access: the user (or service) must hold one of the hub auth's access scopes, by default
 ``access:services!service=gpus`` (admins have it; the operators group gets it from the
 ``gpulab-operators`` role). Someone the hub knows but who lacks it gets 403 with a page
@@ -15,6 +23,7 @@ Access: the user (or service) must hold one of the hub auth's access scopes, by 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -31,6 +40,7 @@ from jupyterhub.services.auth import (
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
 from gpulab.dashboard.sources import SnapshotReader
 from gpulab.dashboard.view import build_view
 
@@ -50,14 +60,26 @@ def make_templates() -> Environment:
     return Environment(loader=PackageLoader("gpulab.dashboard", "templates"), autoescape=True)
 
 
+def _clock(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC") if ts else "never"
+
+
 def render_page(env: Environment, view: dict[str, Any], *, api_url: str, refresh_seconds: float,
-                xsrf_token: str, user: str) -> str:
-    """The whole page for one view model (also used by tests without a server)."""
-    ts = view.get("timestamp")
-    updated = (datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC") if ts else "never")
+                xsrf_token: str, user: str, leases_url: str | None = None) -> str:
+    """The whole page for one view model (also used by tests without a server).
+    *leases_url*: the admins' lease page, linked from the header (None: no link)."""
     return env.get_template("dashboard.html").render(
         view=view, api_url=api_url, refresh_seconds=f"{refresh_seconds:g}",
-        xsrf_token=xsrf_token, user=user, updated_text=updated)
+        xsrf_token=xsrf_token, user=user, updated_text=_clock(view.get("timestamp")),
+        leases_url=leases_url)
+
+
+def render_leases(env: Environment, model: dict[str, Any], *, api_url: str, release_url: str,
+                  dashboard_url: str, xsrf_token: str, user: str) -> str:
+    """The admins' lease page for one :func:`gpulab.dashboard.leases.lease_model`."""
+    return env.get_template("leases.html").render(
+        model=model, api_url=api_url, release_url=release_url, dashboard_url=dashboard_url,
+        xsrf_token=xsrf_token, user=user, updated_text=_clock(model.get("timestamp")))
 
 
 class _Handler(HubOAuthenticated, web.RequestHandler):
@@ -65,13 +87,37 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
     and remembers whether someone known was refused, to tell 401 from 403."""
 
     def initialize(self, hub_auth: HubOAuth, reader: SnapshotReader, config: DashboardConfig,
-                   templates: Environment, access_scopes: frozenset[str]) -> None:
+                   templates: Environment, access_scopes: frozenset[str],
+                   leases: LeaseAdmin | None = None) -> None:
         self.hub_auth = hub_auth
         self.reader = reader
         self.config = config
         self.templates = templates
         self.access_scopes = access_scopes
+        self.leases = leases
         self.denied_user: dict[str, Any] | None = None
+        self.not_admin = False
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(self.current_user and self.current_user.get("admin") is True)
+
+    def require_admin(self) -> dict[str, Any]:
+        """The signed-in admin's model; 401/403 for anyone else."""
+        if self.current_user is None:
+            raise web.HTTPError(403 if self.denied_user is not None else 401)
+        if not self.is_admin:
+            self.not_admin = True
+            raise web.HTTPError(403)
+        return self.current_user
+
+    @property
+    def xsrf_text(self) -> str:
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else token
+
+    def url(self, path: str) -> str:
+        return url_path_join(self.hub_auth.base_url, path)
 
     @property
     def hub_scopes(self) -> set[str]:
@@ -103,6 +149,11 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
 
     def _refusal(self, status: int) -> tuple[str, str | None]:
         scope = " or ".join(sorted(self.access_scopes))
+        if status == 403 and self.not_admin:
+            name = (self.current_user or {}).get("name")
+            return (f"The GPU leases are for hub admins only, and {name!s} is not one. "
+                    "Operators see the GPU dashboard; ask an admin to release a lease.",
+                    "Hub admins are listed under hub.admins in config/gpulab.yaml.")
         if status == 403 and self.denied_user is not None:
             kind = self.denied_user.get("kind", "user")
             return (f"The {kind} {self.denied_user.get('name')!s} is signed in to the hub but "
@@ -131,11 +182,11 @@ class PageHandler(_Handler):
         view = build_view(await self.reader.read())
         self.write(render_page(
             self.templates, view,
-            api_url=url_path_join(self.hub_auth.base_url, "api/gpus"),
+            api_url=self.url("api/gpus"),
             refresh_seconds=self.config.refresh_seconds,
-            xsrf_token=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes)
-            else self.xsrf_token,
-            user=self.current_user.get("name", "")))
+            xsrf_token=self.xsrf_text,
+            user=self.current_user.get("name", ""),
+            leases_url=self.url("leases") if self.leases and self.is_admin else None))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, hint = self._refusal(status_code)
@@ -147,7 +198,72 @@ class PageHandler(_Handler):
             hub_home=url_path_join(self.hub_auth.hub_prefix, "home")))
 
 
-class ApiHandler(_Handler):
+class LeasesPageHandler(PageHandler):
+    """The admins' lease table, with a release button per lease."""
+
+    async def get(self) -> None:
+        if self.current_user is None and self.denied_user is None:
+            self.redirect(self.get_login_url())
+            return
+        admin = self.require_admin()
+        self.write(render_leases(
+            self.templates, await self.leases.model(),
+            api_url=self.url("api/leases"), release_url=self.url("api/leases/release"),
+            dashboard_url=self.hub_auth.base_url, xsrf_token=self.xsrf_text,
+            user=admin.get("name", "")))
+
+
+class _JsonErrors(_Handler):
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message, _ = self._refusal(status_code)
+        if status_code >= 500 and status_code != 503:
+            message = "the dashboard failed; the service's log says why"
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", "token")
+        self.finish({"status": status_code, "error": message})
+
+
+class LeasesApiHandler(_JsonErrors):
+    async def get(self) -> None:
+        self.require_admin()
+        self.write(await self.leases.model())
+
+
+class ReleaseHandler(_JsonErrors):
+    """Releases one stuck lease. Cookie sessions need the page's X-XSRFToken (HubAuth
+    ignores the cookie of a POST without it); token callers do not."""
+
+    async def post(self) -> None:
+        admin = self.require_admin()
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            body = None
+        fields = ("gpu_uuid", "user", "server")
+        if (not isinstance(body, dict) or not all(isinstance(body.get(f, ""), str)
+                                                  for f in fields)
+                or not body.get("gpu_uuid") or not body.get("user")):
+            self.set_status(400)
+            self.finish({"status": 400, "error": 'Send JSON {"gpu_uuid": "GPU-...", "user": '
+                                                 '"name", "server": ""} ("" = default server).'})
+            return
+        gpu, user, server = body["gpu_uuid"], body["user"], body.get("server", "")
+        try:
+            removed = await self.leases.release(gpu, user, server, admin=admin.get("name", "?"))
+        except ReleaseRefused as e:
+            log.info("admin %s: release of GPU %s of %s/%s refused (%s): %s",
+                     admin.get("name"), gpu, user, server, e.status, e.message)
+            self.set_status(e.status)
+            self.finish({"status": e.status, "error": e.message})
+            return
+        who = f"{user}/{server}" if server else user
+        self.finish({"status": 200, "released": {"gpu_uuid": gpu, "user": user,
+                                                 "server": server},
+                     "removed_containers": removed,
+                     "message": f"Released GPU {gpu} of {who}: removed {', '.join(removed)}."})
+
+
+class ApiHandler(_JsonErrors):
     """The view model as JSON, plus the raw snapshot under ``snapshot`` for scripts."""
 
     async def get(self) -> None:
@@ -159,14 +275,6 @@ class ApiHandler(_Handler):
         view["snapshot"] = snapshot
         self.write(view)
 
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message, _ = self._refusal(status_code)
-        if status_code >= 500 and status_code != 503:
-            message = "the dashboard failed; the service's log says why"
-        if status_code == 401:
-            self.set_header("WWW-Authenticate", "token")
-        self.finish({"status": status_code, "error": message})
-
 
 class CallbackHandler(HubOAuthCallbackHandler):
     def initialize(self, hub_auth: HubOAuth, **_: Any) -> None:
@@ -175,21 +283,27 @@ class CallbackHandler(HubOAuthCallbackHandler):
 
 def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
              config: DashboardConfig = DashboardConfig(),
-             cookie_secret: bytes | None = None) -> web.Application:
+             cookie_secret: bytes | None = None,
+             leases: LeaseAdmin | None = None) -> web.Application:
     """The app under ``hub_auth.base_url`` (the service prefix). ``cookie_secret`` signs
     the OAuth token cookie; a random one (the default) only means users go through the
-    hub's OAuth redirect again after a restart, without a prompt (oauth_no_confirm)."""
+    hub's OAuth redirect again after a restart, without a prompt (oauth_no_confirm).
+    *leases*: the admins' lease pages (left out when None)."""
     prefix = hub_auth.base_url.rstrip("/") + "/"
     scopes = frozenset(hub_auth.access_scopes) or frozenset(
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
-            "templates": make_templates(), "access_scopes": scopes}
-    return web.Application(
-        [
-            (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
-            (prefix, PageHandler, args),
-            (url_path_join(prefix, "api/gpus/?"), ApiHandler, args),
-            (url_path_join(prefix, "oauth_callback"), CallbackHandler, {"hub_auth": hub_auth}),
-        ],
-        cookie_secret=cookie_secret or os.urandom(32),
-    )
+            "templates": make_templates(), "access_scopes": scopes, "leases": leases}
+    routes = [
+        (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
+        (prefix, PageHandler, args),
+        (url_path_join(prefix, "api/gpus/?"), ApiHandler, args),
+        (url_path_join(prefix, "oauth_callback"), CallbackHandler, {"hub_auth": hub_auth}),
+    ]
+    if leases is not None:
+        routes += [
+            (url_path_join(prefix, "leases/?"), LeasesPageHandler, args),
+            (url_path_join(prefix, "api/leases/?"), LeasesApiHandler, args),
+            (url_path_join(prefix, "api/leases/release/?"), ReleaseHandler, args),
+        ]
+    return web.Application(routes, cookie_secret=cookie_secret or os.urandom(32))

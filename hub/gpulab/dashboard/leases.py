@@ -1,0 +1,300 @@
+"""The admins' lease page: who holds which GPU since when, and releasing a stuck lease.
+
+The table is the hub's own (:class:`gpulab.leases.LeaseBook` over the containers'
+labels, read here through the same Docker socket), with two limits: leases still
+*pending* in the hub process (a spawn whose container does not exist yet) are not
+visible to this service, and gpus.yaml is read through :mod:`gpulab.live_config`
+in this process, so a refused edit shows here as it does in the hub.
+
+A lease is *stuck* when the hub no longer runs the server that holds it (the
+container survived a crash, a failed spawn or a manual ``docker start``) or when its
+container is not running. Releasing it removes the container, which is what frees a
+lease (the labels are the lease). :func:`release_decision` is the rule, pure;
+:class:`LeaseAdmin` does the I/O around it.
+
+    ContainerStore     list / remove gpulab containers (DockerContainers: docker-py)
+    HubServers         "is this server active?" from the hub's REST API
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from gpulab import live_config
+from gpulab.allocator import Gpu
+from gpulab.containers import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from gpulab.gpus_config import GpusConfig
+from gpulab.leases import LeaseBook, LeaseView, docker_lister
+from gpulab.settings import ConfigError
+
+log = logging.getLogger("gpulab.dashboard")
+
+# The scope the service's own token needs for HubServers (GET /hub/api/users/NAME).
+HUB_SCOPE = "read:servers"
+
+# Docker states in which a container may be removed whatever the hub says: it runs
+# nothing (a dead spawn, or one the hub already lost track of).
+NOT_RUNNING = frozenset({"exited", "dead"})
+
+
+# -- pure ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    remove: bool
+    why: str
+
+
+def release_decision(container_state: str, hub_active: bool) -> Decision:
+    """Whether to remove one container of the server whose lease an admin releases.
+
+    *hub_active*: the hub lists that server as running or starting/stopping. Then only
+    a container that runs nothing (exited, dead) is removed; anything else would pull
+    a server from under the hub (or a spawn in progress: its container is ``created``),
+    so the admin must stop the server through the hub instead. When the hub does not
+    list the server, its container holds the GPU for nobody: removed in any state.
+    """
+    state = (container_state or "running").lower()
+    if not hub_active:
+        return Decision(True, f"the hub does not run this server; container {state}")
+    if state in NOT_RUNNING:
+        return Decision(True, f"container {state}")
+    return Decision(False, f"the hub runs this server; container {state}")
+
+
+def server_containers(containers: Sequence[dict[str, Any]], gpu_uuid: str, user: str,
+                      server: str) -> list[dict[str, Any]]:
+    """The gpulab containers of *user*'s *server* whose labels hold *gpu_uuid* (in any
+    state: an exited one is removed too, so that it cannot come back with the GPU)."""
+    out = []
+    for c in containers:
+        labels = c.get("Labels") or {}
+        gpus = {u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")}
+        if (labels.get(LABEL_USER) == user and (labels.get(LABEL_SERVER) or "") == server
+                and gpu_uuid in gpus):
+            out.append(c)
+    return out
+
+
+def container_name(c: dict[str, Any]) -> str:
+    names = c.get("Names") or []
+    return names[0].lstrip("/") if names else str(c.get("Id", ""))[:12]
+
+
+def lease_row(row: LeaseView, now: datetime) -> dict[str, Any]:
+    """One lease as the page and the API show it: :meth:`LeaseView.to_json` plus how
+    long it has been held (``held_seconds``) and whether it may be released from here."""
+    out = row.to_json()
+    since = row.lease.since
+    out["held_seconds"] = max(0, int((now - since).total_seconds())) if since else None
+    out["releasable"] = row.state != "pending"
+    return out
+
+
+def inventory_rows(inventory: Sequence[Gpu], rows: Sequence[LeaseView]) -> list[dict[str, Any]]:
+    """Every leasable GPU with its capacity, leases held and free slots."""
+    out = []
+    for g in inventory:
+        holders = [r.lease for r in rows if r.lease.gpu_uuid == g.uuid]
+        out.append({
+            "index": g.index, "uuid": g.uuid, "model": g.model, "pool": g.pool,
+            "mode": g.mode, "reserved": g.reserved, "capacity": g.capacity,
+            "held": len(holders), "free": max(0, g.capacity - len(holders)),
+            "holders": [f"{le.user}/{le.server}" if le.server else le.user for le in holders],
+        })
+    return out
+
+
+def lease_model(rows: Sequence[LeaseView], inventory: Sequence[Gpu],
+                config_errors: Sequence[str], now: datetime) -> dict[str, Any]:
+    """The whole page / ``api/leases`` model, plain JSON types."""
+    gpus = inventory_rows(inventory, rows)
+    held = sum(1 for g in gpus if g["held"])
+    return {
+        "timestamp": now.timestamp(),
+        "leases": [lease_row(r, now) for r in rows],
+        "gpus": gpus,
+        "summary": {"gpus": len(gpus), "held": held, "leases": len(rows),
+                    "orphaned": sum(1 for r in rows if r.state == "orphaned"),
+                    "text": f"{len(rows)} lease{'' if len(rows) == 1 else 's'} on "
+                            f"{held} of {len(gpus)} GPU{'' if len(gpus) == 1 else 's'}"},
+        "config_errors": list(config_errors),
+    }
+
+
+# -- I/O -------------------------------------------------------------------------------
+class ContainerStore:
+    """gpulab's containers: ``list()`` returns docker's ``containers(all=True)`` dicts
+    (``Id``, ``Names``, ``Labels``, ``State``, ``Created``); ``remove(id)`` removes one,
+    stopping it first, and succeeds if it is already gone."""
+
+    async def list(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def remove(self, container_id: str) -> None:
+        raise NotImplementedError
+
+
+class DockerContainers(ContainerStore):
+    """Through docker-py (DOCKER_HOST or the socket). The client is made on first use,
+    so the service starts, and its GPU page works, while Docker is unreachable."""
+
+    def __init__(self, client=None):
+        self._client = client
+        self._list = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            import docker
+
+            self._client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+        return self._client
+
+    async def list(self) -> list[dict[str, Any]]:
+        if self._list is None:
+            self._list = docker_lister(await asyncio.to_thread(lambda: self.client))
+        return await self._list()
+
+    async def remove(self, container_id: str) -> None:
+        from docker.errors import APIError
+
+        client = await asyncio.to_thread(lambda: self.client)
+        try:
+            await asyncio.to_thread(client.remove_container, container_id, force=True)
+        except APIError as e:
+            if e.status_code == 404:  # gone already: released
+                return
+            if e.status_code == 409:  # removal already in progress
+                log.info("container %s is already being removed", container_id[:12])
+                return
+            raise
+
+
+class HubUnavailable(Exception):
+    """The hub's API could not say whether a server runs; ``str(e)`` says why."""
+
+
+class HubServers:
+    """Asks the hub which of a user's servers are active, with the service's own token
+    (scope ``read:servers``)."""
+
+    def __init__(self, api_url: str, api_token: str, timeout: float = 5.0):
+        self.api_url = api_url.rstrip("/")
+        self.api_token = api_token
+        self.timeout = timeout
+
+    async def server_active(self, user: str, server: str) -> bool:
+        """True when the hub lists *user*'s *server* ("" = default) as running, starting
+        or stopping; False when it does not (or does not know the user)."""
+        url = f"{self.api_url}/users/{quote(user, safe='')}"
+        request = HTTPRequest(url, headers={"Authorization": f"token {self.api_token}",
+                                            "Accept": "application/json"},
+                              request_timeout=self.timeout, connect_timeout=self.timeout)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            if e.code == 404:
+                return False
+            if e.code == 403:
+                raise HubUnavailable(
+                    f"the hub refused GET {url} (403: {_hub_message(e)}): the service "
+                    f"'gpus' needs its JUPYTERHUB_API_TOKEN and the scope {HUB_SCOPE} "
+                    f"(load_roles in hubconfig)") from e
+            raise HubUnavailable(f"GET {url} answered {e.code}") from e
+        except OSError as e:
+            raise HubUnavailable(f"GET {url} failed: {e}") from e
+        servers = json.loads(response.body).get("servers")
+        if servers is None:
+            raise HubUnavailable(
+                f"GET {url} listed no 'servers': the service 'gpus' needs the scope {HUB_SCOPE}")
+        return server in servers
+
+
+def _hub_message(e: HTTPClientError) -> str:
+    try:
+        return str(json.loads(e.response.body)["message"])
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return e.message or "no reason given"
+
+
+class ReleaseRefused(Exception):
+    """An admin's release that is not done; ``status`` is the HTTP answer."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def default_gpus_path(environ: Mapping[str, str] | None = None) -> Path:
+    """gpus.yaml under GPULAB_CONFIG_DIR (the hub container's /srv/gpulab/config)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config")) / "gpus.yaml"
+
+
+class LeaseAdmin:
+    """The lease table and the release action, over a container store and the hub."""
+
+    def __init__(self, store: ContainerStore, hub: HubServers, gpus_path: str | Path,
+                 book: LeaseBook | None = None, now=lambda: datetime.now(UTC)):
+        self.store = store
+        self.hub = hub
+        self.gpus_path = str(gpus_path)
+        self.book = book or LeaseBook(store.list)
+        self.now = now
+
+    def config(self) -> tuple[GpusConfig, list[str]]:
+        """gpus.yaml as the hub uses it (the last good version), and the errors of the
+        edits being ignored. A file that never validated in this process gives the
+        defaults and its error."""
+        try:
+            config = live_config.gpus_file.load(self.gpus_path)
+        except ConfigError as e:
+            return GpusConfig(filename=self.gpus_path), [
+                f"{e} (no valid version was read yet: GPUs shown with the defaults)"]
+        return config, live_config.current_errors()
+
+    async def model(self) -> dict[str, Any]:
+        config, errors = self.config()
+        rows = await self.book.view(config)
+        return lease_model(rows, self.book.inventory(config), errors, self.now())
+
+    async def release(self, gpu_uuid: str, user: str, server: str, admin: str) -> list[str]:
+        """Remove the containers holding *gpu_uuid* for *user*/*server* if the lease is
+        stuck; the removed containers' names, or :class:`ReleaseRefused`."""
+        who = f"{user}/{server}" if server else user
+        found = server_containers(await self.store.list(), gpu_uuid, user, server)
+        if not found:
+            raise ReleaseRefused(404, f"No gpulab container of {who} holds GPU {gpu_uuid}: "
+                                      f"the lease is already released.")
+        try:
+            active = await self.hub.server_active(user, server)
+        except HubUnavailable as e:
+            raise ReleaseRefused(503, f"Nothing removed: cannot ask the hub whether {who} "
+                                      f"runs ({e}).") from e
+        decisions = [(c, release_decision(str(c.get("State", "running")), active))
+                     for c in found]
+        refused = [(c, d) for c, d in decisions if not d.remove]
+        if refused:
+            c, d = refused[0]
+            raise ReleaseRefused(409, (
+                f"Not released: {d.why} ({container_name(c)}). Stop the server {who} from "
+                f"the hub's admin page (/hub/admin) instead; that releases its GPUs."))
+        removed = []
+        for c, d in decisions:
+            await self.store.remove(c["Id"])
+            removed.append(container_name(c))
+            log.warning("admin %s released GPU %s of %s: removed container %s (%s)",
+                        admin, gpu_uuid, who, container_name(c), d.why)
+        return removed
