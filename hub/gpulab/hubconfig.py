@@ -120,6 +120,13 @@ def configure(c) -> None:
             "scopes": ["read:metrics"],
             "services": [METRICS_SERVICE],
         },
+        {
+            "name": "gpus-service",
+            "description": "GPU dashboard: check whether a server runs before releasing "
+                           "a stuck GPU lease",
+            "scopes": ["read:servers"],
+            "services": [DASHBOARD_SERVICE],
+        },
         *roles.load_roles,
     ]
     if settings["hub.idle_timeout"]:

@@ -73,8 +73,10 @@ def pytest_report_header(config):
     return [f"gpulab hub under test: {os.environ.get('GPULAB_URL', 'http://127.0.0.1:8000')}"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpus_yaml(hub):
+    """The stand-in inventory in the gpus.yaml the running hub reads, for one test
+    module; the admin's file is put back afterwards."""
     if host_has_nvidia_gpu():
         pytest.skip("this host has real GPUs: test_gpu_host.py covers it; stand-ins would lie")
     if not dockerd_has_nvidia_driver():

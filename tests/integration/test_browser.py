@@ -52,7 +52,7 @@ XSS_NAME = '"><script>alert(1)</script>'
 # ----------------------------------------------------------------------------- browser
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     """Headless Chromium; skipped without it unless GPULAB_REQUIRE_BROWSER=1."""
     required = os.environ.get("GPULAB_REQUIRE_BROWSER") == "1"
