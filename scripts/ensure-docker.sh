@@ -43,8 +43,10 @@ else
   log "No init system: starting dockerd in the background (log: /var/log/gpulab-dockerd.log) ..."
   # dockerd looks up nvidia-container-runtime-hook on its PATH once, at start.
   # GPULAB_DOCKERD_PATH lets a caller (the GPU-plumbing tests) prepend a folder to it.
+  # --live-restore: containers (the hub, users' servers) keep running while dockerd
+  # itself is restarted or upgraded.
   PATH="${GPULAB_DOCKERD_PATH:+$GPULAB_DOCKERD_PATH:}$PATH" \
-    nohup dockerd >/var/log/gpulab-dockerd.log 2>&1 &
+    nohup dockerd --live-restore >/var/log/gpulab-dockerd.log 2>&1 &
   echo $! >/run/gpulab-dockerd.pid
 fi
 

@@ -65,6 +65,9 @@ def container_options(
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "init": True,
+        # Keep a container that exits while starting until the spawner has read its
+        # log for the user; the spawner removes it on stop (DockerSpawner.remove).
+        "auto_remove": False,
     }
     if gpu_uuids:
         host_config["device_requests"] = [

@@ -39,14 +39,15 @@ from .naming import container_name
 from .settings import ConfigError, Settings
 
 
-class SpawnFailed(Exception):
-    """A start that cannot succeed, with a message meant for the user.
+class SpawnFailed(web.HTTPError):
+    """A start that failed in the user's container, with a message meant for the user.
 
-    JupyterHub shows ``jupyterhub_message`` on the spawn page.
+    An HTTPError so that the REST API answers with the message itself, not a bare
+    "Internal Server Error"; JupyterHub's spawn page shows ``jupyterhub_message``.
     """
 
     def __init__(self, message: str):
-        super().__init__(message)
+        super().__init__(500, "%s", message)
         self.jupyterhub_message = message
 
 
@@ -86,6 +87,12 @@ class GpulabSpawner(DockerSpawner):
     @default("prefix")
     def _default_prefix(self):
         return "gpulab"
+
+    @default("cmd")
+    def _default_cmd(self):
+        # Not the image's CMD: an image without one (or with another) still starts the
+        # single-user server, and a broken image fails with its own log, not a TypeError.
+        return ["jupyterhub-singleuser"]
 
     @default("object_name")
     def _object_name_default(self):
@@ -287,6 +294,15 @@ class GpulabSpawner(DockerSpawner):
         self._report(95, "Your server is ready")
         return ip, port
 
+    async def poll(self):
+        """DockerSpawner's poll, and an exited container is removed when it is found:
+        JupyterHub calls stop() only for servers that still run, and containers are not
+        auto-removed (so that a crash's log can be shown), so nothing else would."""
+        status = await super().poll()
+        if status is not None and self.remove and self.container_id:
+            await self.remove_object()
+        return status
+
     async def stop(self, now=False):
         await super().stop(now=now)
         # With remove=True the container is gone, and its labels with it: released.
@@ -305,11 +321,13 @@ class GpulabSpawner(DockerSpawner):
                     return
             except OSError:
                 pass  # connection refused: not listening yet
-            status = await self.poll()
-            if status is not None:
+            if await super().poll() is not None:
+                state = (await self.docker("inspect_container", self.container_id))["State"]
+                log_tail = await self._log_tail()
+                await self.remove_object()  # JupyterHub won't stop() a dead server
                 raise SpawnFailed(
-                    f"Your server exited while starting (exit status {status}). "
-                    f"Last lines of its log:\n{await self._log_tail()}"
+                    f"Your server exited while starting (exit status {state['ExitCode']}). "
+                    f"Last lines of its log:\n{log_tail}"
                 )
             if time.monotonic() > deadline:
                 return  # the hub's own start_timeout handling takes over

@@ -53,8 +53,8 @@ def lab_user(hub, request):
     """A fresh lab member with a login token; removed, with their home volume, afterwards."""
     created = []
 
-    def make(prefix: str = "test"):
-        user = hub.create_user(prefix)
+    def make(prefix: str = "test", name: str | None = None):
+        user = hub.create_user(prefix, name)
         created.append(user)
         return user
 
@@ -64,7 +64,7 @@ def lab_user(hub, request):
         if failed:
             print(f"\n----- log of {user.container} -----\n{container_logs(user.container)}")
         hub.delete_user(user.name)
-        docker("volume", "rm", "-f", f"gpulab-home-{user.name}", check=False)
+        docker("volume", "rm", "-f", user.home_volume, check=False)
     if failed:
         print("\n----- hub log -----\n" + container_logs("gpulab-hub", 80))
 
@@ -73,10 +73,42 @@ def pytest_report_header(config):
     return [f"gpulab hub under test: {os.environ.get('GPULAB_URL', 'http://127.0.0.1:8000')}"]
 
 
+class LabConfig:
+    """The config files the running hub reads (wherever its checkout is), edited the way
+    an admin edits them; every file touched is put back by the fixture."""
+
+    def __init__(self):
+        mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
+        self.dir = Path(next(m["Source"] for m in mounts
+                             if m["Destination"] == "/srv/gpulab/config"))
+        self._originals: dict[Path, str] = {}
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.dir / name
+        self._originals.setdefault(path, path.read_text())
+        path.write_text(text)
+        return path
+
+    def original(self, name: str) -> str:
+        path = self.dir / name
+        return self._originals.get(path) or path.read_text()
+
+    def restore(self) -> None:
+        for path, text in self._originals.items():
+            path.write_text(text)
+        self._originals.clear()
+
+
 @pytest.fixture(scope="module")
-def gpus_yaml(hub):
-    """The stand-in inventory in the gpus.yaml the running hub reads, for one test
-    module; the admin's file is put back afterwards."""
+def lab_config(hub):
+    config = LabConfig()
+    yield config
+    config.restore()
+
+
+@pytest.fixture(scope="module")
+def gpus_yaml(lab_config):
+    """The stand-in inventory in the gpus.yaml the running hub reads, for one test module."""
     if host_has_nvidia_gpu():
         pytest.skip("this host has real GPUs: test_gpu_host.py covers it; stand-ins would lie")
     if not dockerd_has_nvidia_driver():
@@ -86,10 +118,4 @@ def gpus_yaml(hub):
         if os.environ.get("GPULAB_REQUIRE_GPU_PLUMBING"):
             pytest.fail(reason)
         pytest.skip(reason)
-    mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
-    config_dir = next(m["Source"] for m in mounts if m["Destination"] == "/srv/gpulab/config")
-    path = Path(config_dir) / "gpus.yaml"
-    original = path.read_text()
-    path.write_text(STANDIN_GPUS)
-    yield path
-    path.write_text(original)
+    return lab_config.write("gpus.yaml", STANDIN_GPUS)

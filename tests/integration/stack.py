@@ -17,6 +17,7 @@ from pathlib import Path
 
 import requests
 import websocket
+from gpulab.naming import container_name, volume_name
 
 REPO = Path(__file__).resolve().parents[2]
 HUB_URL = os.environ.get("GPULAB_URL", "http://127.0.0.1:8000").rstrip("/")
@@ -82,8 +83,8 @@ class Hub:
         kw.setdefault("timeout", 60)
         return self.session.request(method, f"{self.api}{path}", **kw)
 
-    def create_user(self, prefix: str = "test") -> LabUser:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    def create_user(self, prefix: str = "test", name: str | None = None) -> LabUser:
+        name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
         r = self.request("POST", f"/users/{name}", json={})
         assert r.status_code == 201, r.text
         r = self.request("POST", f"/users/{name}/tokens",
@@ -113,7 +114,11 @@ class LabUser:
 
     @property
     def container(self) -> str:
-        return f"gpulab-{self.name}"
+        return container_name("gpulab", self.name)
+
+    @property
+    def home_volume(self) -> str:
+        return volume_name("gpulab-home-{username}", self.name)
 
     @property
     def server_url(self) -> str:
@@ -145,13 +150,20 @@ class LabUser:
         return requests.request(method, f"{self.server_url}/api{path}",
                                 headers=self._headers(), **kw)
 
-    def run_code(self, code: str, timeout: float = 120) -> str:
-        """Run *code* in a new kernel over the websocket; return its stdout. Errors raise."""
+    def start_kernel(self) -> str:
         r = self.api("POST", "/kernels", json={"name": "python3"})
         assert r.status_code == 201, f"kernel create failed: {r.status_code} {r.text}"
-        kernel_id = r.json()["id"]
+        return r.json()["id"]
+
+    def execute(self, kernel_id: str, code: str, timeout: float = 120) -> str:
+        """Run *code* in kernel *kernel_id* over the websocket; return its stdout."""
+        return _execute(self, kernel_id, code, timeout)
+
+    def run_code(self, code: str, timeout: float = 120) -> str:
+        """Run *code* in a new kernel over the websocket; return its stdout. Errors raise."""
+        kernel_id = self.start_kernel()
         try:
-            return _execute(self, kernel_id, code, timeout)
+            return self.execute(kernel_id, code, timeout)
         finally:
             self.api("DELETE", f"/kernels/{kernel_id}")
 

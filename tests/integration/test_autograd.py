@@ -82,7 +82,7 @@ def test_autograd_in_spawned_server_and_home_persists(hub, lab_user):
     assert info["HostConfig"]["ShmSize"] == 2 * 1024**3
     assert info["Config"]["Labels"]["org.gpulab.user"] == user.name
     mounts = {m["Destination"]: m for m in info["Mounts"]}
-    assert mounts["/home/jovyan"]["Name"] == f"gpulab-home-{user.name}"
+    assert mounts["/home/jovyan"]["Name"] == user.home_volume == f"gpulab-home-{user.name}"
     assert mounts["/datasets"]["RW"] is False
 
     result = json.loads(user.run_code(AUTOGRAD_CELL).strip().splitlines()[-1])

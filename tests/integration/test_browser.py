@@ -412,3 +412,33 @@ def test_markup_in_the_username_is_shown_escaped(hub, new_page):
     assert dialogs == []
     assert session_cookies(page) == set()
 
+
+
+def test_operator_sees_the_gpu_dashboard_and_a_member_is_refused(hub, lab_user, new_page):
+    operator, member = lab_user("ops"), lab_user("plain")
+    r = hub.request("POST", "/groups/operators/users", json={"users": [operator.name]})
+    assert r.status_code == 200, r.text
+    try:
+        page = new_page()
+        submit_login(page, operator.name, operator.token, next_url="/services/gpus/")
+        page.goto(f"{HUB_URL}/services/gpus/")
+        page.wait_for_selector("#summary", timeout=30_000)
+        assert "/services/gpus/" in page.url
+        summary = page.locator("#summary").inner_text()
+        rows = page.locator("#gpu-rows tr.gpu").count()
+        gpus_known = page.locator("#message").is_hidden()
+        assert (rows > 0) == gpus_known, summary  # GPU rows, or "No GPUs on this host"
+        before = page.locator("#updated").inner_text()
+        page.wait_for_function(  # refreshed live, without reloading the page
+            "t => document.querySelector('#updated').textContent !== t", arg=before,
+            timeout=20_000)
+        screenshot(page, "browser-gpu-dashboard.png")
+
+        other = new_page()
+        submit_login(other, member.name, member.token)
+        response = other.goto(f"{HUB_URL}/services/gpus/")
+        assert response.status == 403
+        assert "permission" in other.content().lower()
+        assert other.locator("#gpu-rows").count() == 0
+    finally:
+        hub.request("DELETE", "/groups/operators/users", json={"users": [operator.name]})

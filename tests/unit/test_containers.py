@@ -15,6 +15,7 @@ def test_cpu_only_container_matches_expected_structure():
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "init": True,
+        "auto_remove": False,
     }
     assert opts.create_kwargs == {
         "user": "1000:1000",
