@@ -102,7 +102,8 @@ def nvidia_smi(n: int) -> str:
         times.append((time.perf_counter() - t0) * 1000)
         if p.returncode != 0:
             return f"fails here: {p.stderr.decode().strip()[:120]}"
-    return f"median {statistics.median(times):.1f} ms, p99 {percentile(times, 0.99):.1f} ms ({n} runs)"
+    median, p99 = statistics.median(times), percentile(times, 0.99)
+    return f"median {median:.1f} ms, p99 {p99:.1f} ms ({n} runs)"
 
 
 def main() -> int:

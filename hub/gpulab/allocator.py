@@ -181,7 +181,8 @@ def resolve_inventory(
     """The GPUs that can be leased, and warnings for the admin (the hub logs them).
 
     *discovered* is what NVML sees: :class:`gpulab.nvml_discovery.DiscoveredGpu`
-    objects or (index, uuid, model) tuples; None = not looked (trust the file). With ``inventory: auto``
+    objects or (index, uuid, model) tuples; None = not looked (trust the file).
+    With ``inventory: auto``
     every discovered GPU goes to pool ``default``. With an explicit inventory the file
     decides; if *discovered* is given, listed GPUs that are not present are left out
     (and warned about), as are present GPUs the file does not list. Reserved GPUs are

@@ -185,7 +185,8 @@ class TokenAuthenticator(Authenticator):
         help="""File that keeps failed sign-ins and lockouts across hub restarts
         (sqlite, created mode 0600). Put it next to the hub database, on the volume.
 
-        Example: c.TokenAuthenticator.throttle_db_path = "/srv/jupyterhub/gpulab-login-throttle.sqlite"
+        Example:
+        c.TokenAuthenticator.throttle_db_path = "/srv/jupyterhub/login-throttle.sqlite"
         """,
     ).tag(config=True)
 

@@ -51,7 +51,8 @@ class HubClient:
         try:
             token = token_file.read_text().strip()
         except OSError as e:
-            raise HubError(f"cannot read the admin service token at {token_file}: {e.strerror}")
+            raise HubError(
+                f"cannot read the admin service token at {token_file}: {e.strerror}") from None
         return cls(os.environ.get("GPULAB_HUB_API", DEFAULT_API), token)
 
     def request(self, method: str, path: str, body: dict | None = None, ok=(200, 201, 204)):

@@ -197,7 +197,7 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
 
 
 def load_settings(path: str | Path) -> Settings:
-    """Read and validate a settings file. A missing file is an error: say where it was looked for."""
+    """Read and validate a settings file; a missing one is an error saying where."""
     return settings_from_yaml(read_yaml(path))
 
 

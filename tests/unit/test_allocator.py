@@ -9,7 +9,6 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from gpulab.allocator import (
     AllocationError,
     Gpu,

@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from gpulab.gpus_config import (
     ConfigError,
     GpuEntry,

@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import pytest
-
 from gpulab.cli import main
 from gpulab.settings import (
     ConfigError,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import stat
 
 import pytest
-
 from gpulab.throttle import (
     ADDRESS,
     USER,
