@@ -24,7 +24,7 @@ COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets test test-unit venv check-config bench
+.PHONY: help up down logs images docker secrets test test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -33,6 +33,7 @@ help:
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
+	@echo "make lint          ruff over the Python code"
 	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
 	@echo "make bench         spawn latency: gpulab vs vanilla DockerSpawner"
 
@@ -84,13 +85,16 @@ $(VENV)/.installed: pyproject.toml monitoring/exporter/pyproject.toml
 
 venv: $(VENV)/.installed
 
+lint: venv
+	$(VENV)/bin/ruff check hub tests bench monitoring
+
 test-unit: venv
 	$(VENV)/bin/pytest -m "not integration" tests
 
 # The test stack: on hosts without GPUs the exporter runs with two FAKE GPUs (logged and
 # labelled as fake) so that the monitoring path is exercised end to end.
 test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2)
-test: venv up
+test: venv lint up
 	$(VENV)/bin/pytest tests
 
 bench: venv up
