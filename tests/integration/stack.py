@@ -17,6 +17,7 @@ from pathlib import Path
 
 import requests
 import websocket
+
 from gpulab.naming import container_name, volume_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from gpulab.allocator import (
     AllocationError,
     Gpu,

@@ -8,9 +8,10 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import gpulab
 import pytest
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader
+
+import gpulab
 
 TEMPLATES = Path(gpulab.__file__).parent / "templates"
 JUPYTERHUB_TEMPLATES = Path(sys.prefix) / "share" / "jupyterhub" / "templates"

@@ -6,6 +6,12 @@ import logging
 from datetime import timedelta
 
 import pytest
+from jupyterhub import orm
+from jupyterhub.handlers.login import LoginHandler
+from jupyterhub.utils import utcnow
+from sqlalchemy import text
+from tornado.httputil import HTTPHeaders
+
 from gpulab.auth import (
     LOGIN_TOKEN_NOTE,
     GpulabLoginHandler,
@@ -13,11 +19,6 @@ from gpulab.auth import (
     client_address,
 )
 from gpulab.throttle import Throttle
-from jupyterhub import orm
-from jupyterhub.handlers.login import LoginHandler
-from jupyterhub.utils import utcnow
-from sqlalchemy import text
-from tornado.httputil import HTTPHeaders
 
 
 class LoginRequest:

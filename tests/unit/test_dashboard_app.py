@@ -9,14 +9,15 @@ from http.cookies import SimpleCookie
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from gpulab.dashboard.__main__ import build_parser, listen_address
-from gpulab.dashboard.app import DashboardConfig, make_app
-from gpulab.dashboard.sources import ExporterSource, SnapshotReader, Source
 from jupyterhub.services.auth import HubOAuth
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 from tornado.web import create_signed_value
+
+from gpulab.dashboard.__main__ import build_parser, listen_address
+from gpulab.dashboard.app import DashboardConfig, make_app
+from gpulab.dashboard.sources import ExporterSource, SnapshotReader, Source
 
 PREFIX = "/services/gpus/"
 SECRET = b"s" * 32

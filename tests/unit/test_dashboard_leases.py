@@ -16,6 +16,21 @@ from http.cookies import SimpleCookie
 import docker
 import pytest
 import requests
+from test_dashboard_app import (  # the same hub stand-in and fixtures as the GPU page
+    EVIL,
+    PREFIX,
+    SECRET,
+    SNAPSHOT,
+    CannedSource,
+    make_auth,
+    oauth_cookie,
+    token,
+)
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+from tornado.web import Application, RequestHandler
+
 from gpulab import live_config
 from gpulab.containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from gpulab.dashboard.app import DashboardConfig, make_app
@@ -31,20 +46,6 @@ from gpulab.dashboard.leases import (
 )
 from gpulab.dashboard.sources import SnapshotReader
 from gpulab.leases import LeaseBook
-from test_dashboard_app import (  # the same hub stand-in and fixtures as the GPU page
-    EVIL,
-    PREFIX,
-    SECRET,
-    SNAPSHOT,
-    CannedSource,
-    make_auth,
-    oauth_cookie,
-    token,
-)
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
-from tornado.web import Application, RequestHandler
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CREATED = int(datetime(2026, 1, 1, 10, 30, tzinfo=UTC).timestamp())

@@ -14,6 +14,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpulab.dashboard.sources import (
     PROMETHEUS_SCRAPED,
     PROMETHEUS_SERIES,
@@ -25,7 +27,6 @@ from gpulab.dashboard.sources import (
     snapshot_from_prometheus,
 )
 from gpulab.dashboard.view import build_view
-from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPED_AT = 1_700_000_000.0
 

@@ -5,6 +5,7 @@ import html
 import re
 
 import pytest
+
 from gpulab.dashboard.app import make_templates, render_page
 from gpulab.dashboard.view import (
     NO_GPUS,

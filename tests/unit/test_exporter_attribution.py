@@ -3,6 +3,7 @@
 import os
 
 import pytest
+
 from gpulab_exporter.attribution import (
     Container,
     DockerContainerDirectory,

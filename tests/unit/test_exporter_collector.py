@@ -5,6 +5,7 @@ import logging
 
 import pynvml
 import pytest
+
 from gpulab_exporter.attribution import Container, StaticContainerDirectory
 from gpulab_exporter.fake_nvml import FakeGpu, FakeNvml, fake_uuid
 from gpulab_exporter.nvml import GpuProcess

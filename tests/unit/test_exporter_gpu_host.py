@@ -7,6 +7,7 @@ import time
 
 import pynvml
 import pytest
+
 from gpulab_exporter.nvml import Nvml
 from gpulab_exporter.server import make_registry
 from gpulab_exporter.snapshot import Poller

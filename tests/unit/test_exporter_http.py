@@ -13,12 +13,13 @@ import urllib.request
 
 import pynvml
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpulab_exporter.attribution import Container, StaticContainerDirectory
 from gpulab_exporter.fake_nvml import FakeGpu, FakeNvml, fake_uuid
 from gpulab_exporter.nvml import GpuProcess
 from gpulab_exporter.server import make_app, make_registry, parse_listen, serve
 from gpulab_exporter.snapshot import Poller
-from prometheus_client.parser import text_string_to_metric_families
 
 ANN = "a" * 64
 

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from gpulab.gpus_config import (
     ConfigError,
     GpuEntry,

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from gpulab_exporter.attribution import Container, StaticContainerDirectory
 from gpulab_exporter.collector import build_families
 from gpulab_exporter.fake_nvml import FakeGpu, FakeNvml, fake_uuid

@@ -9,6 +9,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
+
 from gpulab.allocator import NotEnoughGpus, Request
 from gpulab.containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from gpulab.gpus_config import parse_gpus_config

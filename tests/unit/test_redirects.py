@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from gpulab.redirects import home_url, safe_next_url
 from jupyterhub.handlers.base import BaseHandler
 from tornado.httputil import HTTPHeaders
+
+from gpulab.redirects import home_url, safe_next_url
 
 HOME = "/hub/home"
 

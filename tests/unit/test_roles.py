@@ -5,6 +5,9 @@ at the next start."""
 from __future__ import annotations
 
 import pytest
+from jupyterhub import orm, scopes
+from jupyterhub.app import JupyterHub
+
 from gpulab.auth import TokenAuthenticator
 from gpulab.roles import (
     OPERATOR_SCOPES,
@@ -14,8 +17,6 @@ from gpulab.roles import (
     prune_hub_db,
     roles_from_settings,
 )
-from jupyterhub import orm, scopes
-from jupyterhub.app import JupyterHub
 
 
 def test_roles_from_settings_literal():

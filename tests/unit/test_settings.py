@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from gpulab.cli import main
 from gpulab.settings import (
     ConfigError,

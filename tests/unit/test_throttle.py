@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 
 import pytest
+
 from gpulab.throttle import (
     ADDRESS,
     USER,
