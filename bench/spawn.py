@@ -48,6 +48,13 @@ def start_vanilla_hub() -> Hub:
     return hub
 
 
+def stop_vanilla_hub() -> None:
+    """Remove the stock hub and any user container it left behind."""
+    docker("rm", "-f", VANILLA, check=False)
+    for cid in docker("ps", "-aq", "--filter", "name=bench-vanilla-").split():
+        docker("rm", "-f", cid, check=False)
+
+
 def spawn_once(hub: Hub) -> float:
     name = f"bench-{uuid.uuid4().hex[:8]}"
     assert hub.request("POST", f"/users/{name}", json={}).status_code == 201
@@ -89,9 +96,7 @@ def main() -> None:
         results = {"gpulab": measure(gpulab, args.n, args.concurrent),
                    "vanilla DockerSpawner": measure(vanilla, args.n, args.concurrent)}
     finally:
-        docker("rm", "-f", VANILLA, check=False)
-        for cid in docker("ps", "-aq", "--filter", "name=bench-vanilla-").split():
-            docker("rm", "-f", cid, check=False)
+        stop_vanilla_hub()
 
     print(f"\nspawn -> hub reports ready, seconds (n={args.n} sequential, "
           f"{args.concurrent} concurrent)")
