@@ -114,3 +114,31 @@ def test_similar_usernames_get_distinct_containers_and_volumes(hub, lab_user):
         assert labels["org.gpulab.user"] == u.name
         mounts = json.loads(docker("inspect", u.container))[0]["Mounts"]
         assert any(m.get("Name") == u.home_volume for m in mounts)
+
+
+def test_hub_reaches_docker_only_through_the_filtering_proxy(hub):
+    mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
+    assert all("docker.sock" not in m["Source"] for m in mounts)
+    # What a compromised hub would try, through the only Docker API it can reach.
+    attempt = (
+        "import docker\n"
+        "c = docker.APIClient(base_url='tcp://docker-proxy:2375', version='auto')\n"
+        "out = []\n"
+        "for call in (\n"
+        "    lambda: c.create_container('gpulab/singleuser:latest', user='1000',\n"
+        "        host_config=c.create_host_config(privileged=True, cap_drop=['ALL'],\n"
+        "            security_opt=['no-new-privileges'])),\n"
+        "    lambda: c.create_container('gpulab/singleuser:latest', user='1000',\n"
+        "        host_config=c.create_host_config(binds=['/var/run/docker.sock:/s'],\n"
+        "            cap_drop=['ALL'], security_opt=['no-new-privileges'])),\n"
+        "    lambda: c.exec_create('gpulab-hub', 'id'),\n"
+        "    lambda: c.pull('alpine'),\n"
+        "):\n"
+        "    try:\n"
+        "        call(); out.append('allowed')\n"
+        "    except docker.errors.APIError as e:\n"
+        "        out.append(e.status_code)\n"
+        "print(out, c.ping())\n"
+    )
+    out = docker("exec", "gpulab-hub", "python3", "-c", attempt)
+    assert out == "[403, 403, 403, 403] True"
