@@ -7,13 +7,16 @@ hub reads (restored afterwards); spawn settings take effect at the next spawn.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 
 import pytest
 import requests
 import yaml
 
-from .stack import docker, wait_for
+from .stack import REPO, docker, host_has_nvidia_gpu, wait_for
+from .standin import dockerd_has_nvidia_driver
 
 NEVER_READY = "gpulab-test/never-ready:1"
 EXITS_AT_ONCE = "gpulab-test/exits-at-once:1"
@@ -167,3 +170,47 @@ def test_hub_sigkill_keeps_kernels_servers_and_leases(hub, lab_user):
                  what=f"{u.name}'s server to be known ready again")
         assert u.execute(kernels[u.name], "print(state + 1)").strip() == "42"
         assert len(containers_of(u)) == 1
+
+
+def _dockerd_pid() -> str:
+    try:
+        return open("/run/gpulab-dockerd.pid").read().strip()
+    except OSError:
+        return ""
+
+
+def test_docker_engine_restart_keeps_servers_and_spawns_resume(hub, lab_user):
+    """dockerd stopped and started again (an upgrade, a crash): with --live-restore the
+    hub and users' servers keep running; spawns meanwhile fail with a readable 503, and
+    work again afterwards."""
+    pid = _dockerd_pid()
+    if not pid or docker("info", "--format", "{{.LiveRestoreEnabled}}") != "true":
+        pytest.skip("dockerd was not started by scripts/ensure-docker.sh (with --live-restore)")
+    running, waiting = lab_user("steady"), lab_user("waiting")
+    running.start_server()
+    kernel = running.start_kernel()
+    running.execute(kernel, "state = 41")
+    hub_ip = json.loads(docker("inspect", "gpulab-hub"))[0]["NetworkSettings"]["Networks"][
+        "gpulab"]["IPAddress"]
+    direct = f"http://{hub_ip}:8000"  # the published port's userland proxy dies with dockerd
+
+    # Restart it as it was: with the stand-in GPU hook if it had it (scripts/ensure-docker.sh).
+    env = dict(os.environ)
+    if dockerd_has_nvidia_driver() and not host_has_nvidia_gpu():
+        env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
+    subprocess.run(["kill", pid], check=True)
+    try:
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 90, what="dockerd to exit")
+        r = requests.post(f"{direct}/hub/api/users/{waiting.name}/server", json={},
+                          headers={"Authorization": f"token {waiting.token}"}, timeout=60)
+        assert r.status_code == 503
+        assert "Docker engine on this host is not answering" in r.json()["message"]
+        status = requests.get(f"{direct}/user/{running.name}/api/status", timeout=10,
+                              headers={"Authorization": f"token {running.token}"})
+        assert status.status_code == 200  # the running server never noticed
+    finally:
+        subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], check=True, timeout=120,
+                       env=env)
+    wait_for(hub.is_up, 60, what="the published port to answer again")
+    waiting.start_server()
+    assert running.execute(kernel, "print(state + 1)").strip() == "42"
