@@ -58,6 +58,7 @@ up: images secrets
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@$(COMPOSE) up -d --remove-orphans
+	@scripts/isolate-users.sh up $(or $(GPULAB_HUB_IP),172.30.0.2)
 	@scripts/wait-for-hub.sh $(HUB_URL)
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
@@ -69,6 +70,7 @@ down:
 	  $(COMPOSE) down --remove-orphans; \
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
+	@scripts/isolate-users.sh down
 
 logs:
 	@$(COMPOSE) logs -f hub

@@ -1,6 +1,6 @@
 """Spawn-to-ready latency: gpulab's hub vs a stock DockerSpawner hub, side by side.
 
-Both hubs run in the same run, on the same image, network and machine. The baseline is
+Both hubs run in the same run, on the same image and machine. The baseline is
 a second hub container (`gpulab-bench-vanilla`, port 8001) with DockerSpawner as its
 documentation configures it (bench/vanilla_jupyterhub_config.py). For each hub:
 
@@ -30,13 +30,18 @@ from tests.integration.stack import Hub, docker, wait_for
 
 HERE = Path(__file__).resolve().parent
 VANILLA = "gpulab-bench-vanilla"
+# The stock hub gets a plain bridge network of its own: gpulab's network lets only
+# gpulab's hub talk to user containers (scripts/isolate-users.sh).
+VANILLA_NETWORK = "gpulab-bench"
 
 
 def start_vanilla_hub() -> Hub:
     token = secrets.token_hex(32)
     docker("rm", "-f", VANILLA, check=False)
+    if not docker("network", "ls", "-q", "--filter", f"name=^{VANILLA_NETWORK}$"):
+        docker("network", "create", VANILLA_NETWORK)
     docker(
-        "run", "-d", "--name", VANILLA, "--hostname", VANILLA, "--network", "gpulab",
+        "run", "-d", "--name", VANILLA, "--hostname", VANILLA, "--network", VANILLA_NETWORK,
         "-p", "127.0.0.1:8001:8000",
         "-v", "/var/run/docker.sock:/var/run/docker.sock",
         "-v", f"{HERE / 'vanilla_jupyterhub_config.py'}:/srv/vanilla.py:ro",
@@ -53,6 +58,7 @@ def stop_vanilla_hub() -> None:
     docker("rm", "-f", VANILLA, check=False)
     for cid in docker("ps", "-aq", "--filter", "name=bench-vanilla-").split():
         docker("rm", "-f", cid, check=False)
+    docker("network", "rm", VANILLA_NETWORK, check=False)
 
 
 def spawn_once(hub: Hub) -> float:

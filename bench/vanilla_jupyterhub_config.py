@@ -1,4 +1,4 @@
-# Baseline for bench/spawn.py: a stock DockerSpawner hub on the same image and network,
+# Baseline for bench/spawn.py: a stock DockerSpawner hub on the same image (its own network),
 # configured the way DockerSpawner's documentation shows, with none of gpulab's code.
 import os
 
@@ -10,7 +10,7 @@ c.JupyterHub.db_url = "sqlite:////tmp/vanilla.sqlite"
 c.JupyterHub.authenticator_class = "null"
 c.JupyterHub.spawner_class = "dockerspawner.DockerSpawner"
 c.DockerSpawner.image = "gpulab/singleuser:latest"
-c.DockerSpawner.network_name = "gpulab"
+c.DockerSpawner.network_name = "gpulab-bench"
 c.DockerSpawner.remove = True
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.prefix = "bench-vanilla"
