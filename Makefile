@@ -15,7 +15,9 @@ EXTRA_CA_BUNDLE ?=
 # Extra pip arguments for the wheelhouse downloads (e.g. an index URL for CPU torch).
 PIP_ARGS ?=
 PYTHON ?= python3
-HUB_URL ?= http://127.0.0.1:$(or $(GPULAB_PORT),8000)
+# Where the hub answers: the published address, or loopback when it listens everywhere.
+HUB_HOST := $(if $(filter-out 0.0.0.0 127.0.0.1,$(GPULAB_BIND_ADDRESS)),$(GPULAB_BIND_ADDRESS),127.0.0.1)
+HUB_URL ?= http://$(HUB_HOST):$(or $(GPULAB_PORT),8000)
 
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab

@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers on this host, installing and starting one if needed.
 # Debian/Ubuntu hosts without an init system (containers, CI sandboxes) get dockerd
-# started in the background; its PID is written to /run/gpulab-dockerd.pid so that
-# `make down-docker` stops exactly that process and nothing else.
+# started in the background; its PID is written to /run/gpulab-dockerd.pid, so that
+# exactly that process (and nothing else) can be stopped: kill $(cat /run/gpulab-dockerd.pid)
 set -euo pipefail
 
 log() { printf '[gpulab] %s\n' "$*" >&2; }
+
+# What the Makefile itself runs on the host: python3 with venv and pip (wheelhouses, the
+# test venv), curl (readiness checks). A fresh Debian has none of python3-venv/pip.
+ensure_host_tools() {
+  local need=()
+  python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
+  python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+  command -v curl >/dev/null 2>&1 || need+=(curl)
+  [ ${#need[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    log "Missing on this host: ${need[*]}; install them (apt-get install ${need[*]}) and re-run."
+    exit 1
+  fi
+  log "Installing ${need[*]} with apt-get ..."
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+}
+ensure_host_tools
 
 ensure_compose() {
   if docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; then

@@ -96,7 +96,8 @@ class LeaseBook:
 
     def inventory(self, config: GpusConfig) -> list[Gpu]:
         """The leasable GPUs under *config*; NVML is asked once per hub process."""
-        if config.auto and self._discovered is None:
+        if config.auto and not self._discovered:
+            # An empty answer (NVML not ready, driver loading) is asked again next time.
             self._discovered = self._discover()
             log.info("GPU inventory: %d GPU(s) discovered", len(self._discovered))
         gpus, warnings = resolve_inventory(config, self._discovered if config.auto else None)

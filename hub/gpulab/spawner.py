@@ -322,7 +322,11 @@ class GpulabSpawner(DockerSpawner):
             except OSError:
                 pass  # connection refused: not listening yet
             if await super().poll() is not None:
-                state = (await self.docker("inspect_container", self.container_id))["State"]
+                try:
+                    state = (await self.docker("inspect_container", self.container_id))["State"]
+                except docker.errors.NotFound:
+                    raise SpawnFailed("Your server's container disappeared while starting "
+                                      "(removed from outside the hub). Start it again.") from None
                 log_tail = await self._log_tail()
                 await self.remove_object()  # JupyterHub won't stop() a dead server
                 raise SpawnFailed(

@@ -154,7 +154,7 @@ def test_killed_proxy_comes_back_with_its_routes(hub, lab_user):
 
 
 def test_hub_sigkill_keeps_kernels_servers_and_leases(hub, lab_user):
-    users = [lab_user("survivor") for _ in range(3)]
+    users = [lab_user("survivor") for _ in range(5)]
     for u in users:
         u.start_server()
     kernels = {u.name: u.start_kernel() for u in users}

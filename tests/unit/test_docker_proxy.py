@@ -62,17 +62,31 @@ def test_a_hardened_user_container_may_be_created():
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"Privileged": True}, "privileged"),
-    ({"CapAdd": ["SYS_ADMIN"]}, "adding capabilities"),
+    ({"Privileged": True}, "host settings the hub never uses: Privileged"),
+    ({"CapAdd": ["SYS_ADMIN"]}, "host settings the hub never uses: CapAdd"),
     ({"CapDrop": []}, "drop all capabilities"),
     ({"SecurityOpt": []}, "no-new-privileges"),
+    ({"SecurityOpt": ["no-new-privileges:false"]}, "no-new-privileges"),
+    ({"SecurityOpt": ["no-new-privileges", "seccomp=unconfined"]}, "no other security option"),
+    ({"SecurityOpt": ["no-new-privileges", "apparmor=unconfined"]}, "no other security option"),
     ({"NetworkMode": "host"}, "NetworkMode=host"),
-    ({"PidMode": "host"}, "PidMode=host"),
-    ({"IpcMode": "host"}, "IpcMode=host"),
+    ({"NetworkMode": "container:gpulab-hub"}, "NetworkMode=container:gpulab-hub"),
+    ({"PidMode": "host"}, "never uses: PidMode"),
+    ({"IpcMode": "container:gpulab-hub"}, "never uses: IpcMode"),
+    ({"VolumesFrom": ["gpulab-docker-proxy"]}, "never uses: VolumesFrom"),
+    ({"GroupAdd": ["0", "998"]}, "never uses: GroupAdd"),
+    ({"Sysctls": {"kernel.x": "1"}}, "never uses: Sysctls"),
+    ({"Runtime": "runc"}, "never uses: Runtime"),
+    ({"CgroupParent": "/"}, "never uses: CgroupParent"),
+    ({"Links": ["gpulab-hub:hub"]}, "links"),
     ({"Binds": ["/var/run/docker.sock:/var/run/docker.sock"]}, "host paths"),
     ({"Binds": ["/:/host:ro"]}, "host paths"),
-    ({"Mounts": [{"Type": "bind", "Source": "/etc", "Target": "/x"}]}, "only named volumes"),
-    ({"Devices": [{"PathOnHost": "/dev/sda"}]}, "host devices"),
+    ({"Mounts": [{"Type": "bind", "Source": "/etc", "Target": "/x"}]}, "plain named volumes"),
+    ({"Mounts": [{"Type": "volume", "Source": "x", "Target": "/h", "VolumeOptions": {
+        "DriverConfig": {"Name": "local", "Options": {"type": "none", "o": "bind",
+                                                     "device": "/var/run"}}}}]},
+     "plain named volumes"),
+    ({"Devices": [{"PathOnHost": "/dev/sda"}]}, "never uses: Devices"),
     ({"DeviceRequests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]},
      "name their devices"),
 ])
@@ -81,12 +95,36 @@ def test_unsafe_creates_are_refused(change, why):
     assert not d.allowed and why in d.reason
 
 
-@pytest.mark.parametrize("user", ["", "0", "root", "0:0", "root:root"])
+@pytest.mark.parametrize("user", ["", "0", "root", "0:0", "root:root", "00", "+0", "-0",
+                                  "1000:0", "jovyan"])
 def test_root_containers_are_refused(user):
     body = json.loads(hardened())
     body["User"] = user
     d = decide("POST", "/v1.41/containers/create", json.dumps(body).encode())
     assert not d.allowed and "non-root" in d.reason
+
+
+def test_unknown_top_level_settings_are_refused():
+    body = json.loads(hardened())
+    body["Runtime"] = "some-runtime"
+    d = decide("POST", "/v1.41/containers/create", json.dumps(body).encode())
+    assert not d.allowed and "never uses: Runtime" in d.reason
+
+
+@pytest.mark.parametrize("target, body, why", [
+    # Below 1.24 a start body replaces the checked HostConfig.
+    ("/v1.23/containers/abc/start", b'{"Privileged": true, "Binds": ["/:/host"]}', "below 1.40"),
+    ("/v1.41/containers/abc/start", b'{"Privileged": true}', "takes no request body"),
+    ("/v1.12/containers/json", b"", "below 1.40"),
+])
+def test_old_api_versions_and_bodies_outside_create_are_refused(target, body, why):
+    d = decide("POST" if "start" in target else "GET", target, body)
+    assert not d.allowed and why in d.reason
+
+
+def test_per_container_calls_name_their_container():
+    assert decide("POST", "/v1.41/containers/gpulab-alice/stop").container == "gpulab-alice"
+    assert decide("GET", "/v1.41/containers/json").container == ""
 
 
 def test_garbage_create_body_is_refused():
@@ -107,10 +145,22 @@ async def test_proxy_forwards_allowed_calls_and_answers_403_itself(tmp_path):
     in for dockerd: it records what reached it and answers 200)."""
     seen = []
 
+    labels = {"gpulab-alice": {"org.gpulab.managed": "true"}, "gpulab-hub": {}}
+
     async def upstream(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
-        seen.append(head.split(b"\r\n")[0].decode())
-        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK')
+        line = head.split(b"\r\n")[0].decode()
+        seen.append(line)
+        name = line.split("/containers/")[-1].split("/")[0]
+        if line.startswith("GET /containers/") and line.endswith("/json HTTP/1.1"):
+            if name in labels:  # the proxy's own inspect: answer chunked, as dockerd does
+                payload = json.dumps({"Config": {"Labels": labels[name]}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+            else:
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK")
         await writer.drain()
         writer.close()
 
@@ -128,6 +178,24 @@ async def test_proxy_forwards_allowed_calls_and_answers_403_itself(tmp_path):
         assert refused.startswith(b"HTTP/1.1 403")
         assert b"non-root" in refused
         assert seen == ["GET /v1.41/_ping HTTP/1.1"]  # the refused call never reached docker
+
+        stop = b"POST /v1.41/containers/%s/stop HTTP/1.1\r\nHost: docker\r\n\r\n"
+        assert (await _request(port, stop % b"gpulab-alice")).startswith(b"HTTP/1.1 200")
+        hub = await _request(port, stop % b"gpulab-hub")
+        assert hub.startswith(b"HTTP/1.1 403") and b"is not gpulab's" in hub
+        gone = await _request(port, stop % b"gpulab-gone")  # Docker's own 404 gets through
+        assert gone.startswith(b"HTTP/1.1 200")
+        assert "POST /v1.41/containers/gpulab-hub/stop HTTP/1.1" not in seen
     finally:
         proxy.close()
         up.close()
+
+
+def test_read_only_clients_may_only_list():
+    assert decide("GET", "/v1.41/containers/json?filters=x", read_only=True).allowed
+    assert decide("GET", "/v1.41/_ping", read_only=True).allowed
+    for method, target in (("POST", "/v1.41/containers/create"),
+                           ("DELETE", "/v1.41/containers/gpulab-alice"),
+                           ("GET", "/v1.41/containers/gpulab-alice/logs")):
+        d = decide(method, target, hardened() if "create" in target else b"", read_only=True)
+        assert not d.allowed and "read-only client" in d.reason
