@@ -114,22 +114,6 @@ class GpulabSpawner(DockerSpawner):
         """The hub's one lease table, shared by every spawner."""
         return lease_book()
 
-    # ------------------------------------------------------------- state
-
-    def get_state(self):
-        state = super().get_state()
-        if self.gpu_uuids:
-            state["gpu_uuids"] = list(self.gpu_uuids)
-        return state
-
-    def load_state(self, state):
-        super().load_state(state)
-        self.gpu_uuids = list(state.get("gpu_uuids", []))
-
-    def clear_state(self):
-        super().clear_state()
-        self.gpu_uuids = []
-
     # ------------------------------------------------------------- options
 
     def _request(self, count: int | None) -> Request:
@@ -275,24 +259,41 @@ class GpulabSpawner(DockerSpawner):
 
         gpus = await self._lease(gpus_config)
         try:
-            self.gpu_uuids = [g.uuid for g in gpus]
-            if gpus:
-                names = ", ".join(f"GPU {g.index} ({g.model})" for g in gpus)
-                self._report(15, f"Reserved {names} for you")
-            self.apply_settings(settings, self.gpu_uuids)
-            self._report(20, f"Creating your container from {self.image}")
-            ip, port = await super().start()
+            try:
+                self.gpu_uuids = [g.uuid for g in gpus]
+                if gpus:
+                    names = ", ".join(f"GPU {g.index} ({g.model})" for g in gpus)
+                    self._report(15, f"Reserved {names} for you")
+                self.apply_settings(settings, self.gpu_uuids)
+                self._report(20, f"Creating your container from {self.image}")
+                ip, port = await super().start()
+            finally:
+                # The container now holds the lease in its labels, or the spawn failed.
+                self.lease_book.settle(self.user.name, self.name)
+            self._report(60, "Container started; waiting for JupyterLab to answer")
+            await self._wait_until_ready(ip, port, deadline)
+        except asyncio.CancelledError:
+            # JupyterHub gave up (start_timeout). A Docker call may still be running on
+            # DockerSpawner's single worker thread and create the container after this;
+            # a removal queued behind it makes sure no container keeps the GPU label.
+            self.gpu_uuids = []
+            asyncio.ensure_future(self._remove_leftover_container())
+            raise
         except Exception:
             self.gpu_uuids = []
             raise
-        finally:
-            # The container now holds the lease in its labels, or the spawn failed.
-            self.lease_book.settle(self.user.name, self.name)
-
-        self._report(60, "Container started; waiting for JupyterLab to answer")
-        await self._wait_until_ready(ip, port, deadline)
         self._report(95, "Your server is ready")
         return ip, port
+
+    async def _remove_leftover_container(self) -> None:
+        try:
+            await self.docker("remove_container", self.object_name, force=True)
+            self.log.info("Removed %s left by a start that was given up", self.object_name)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            self.log.warning("Could not remove %s after a given-up start: %s",
+                             self.object_name, e)
 
     async def poll(self):
         """DockerSpawner's poll, and an exited container is removed when it is found:
