@@ -7,7 +7,7 @@ Each simulated user (created beforehand with a login token, not timed):
   session is then checked with GET /hub/api/user;
 * spawn: POST /hub/api/users/NAME/server with their token, then polls their own user
   model until the hub reports the server ready (what the progress page waits for);
-* execute: a new kernel runs the autograd walkthrough (tests/integration/test_autograd.py)
+* execute: a new kernel runs the autograd walkthrough (tests/integration/autograd_cell.py)
   over the websocket; wrong gradients count as a failure;
 * stop: DELETE the server, poll until the hub no longer lists it.
 
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 import requests
 
 from bench.spawn import VANILLA, start_vanilla_hub, stop_vanilla_hub
+from tests.integration.autograd_cell import AUTOGRAD_CELL, chain_grads, close
 from tests.integration.stack import Hub, LabUser, StackError, docker
-from tests.integration.test_autograd import AUTOGRAD_CELL, _chain_grads, _close
 
 PHASES = ("login", "spawn", "execute", "stop")
 PHASE_LABELS = {"login": "login", "spawn": "spawn-to-ready", "execute": "first execute",
@@ -136,9 +136,9 @@ def check_autograd(stdout: str) -> str:
     if [chain[n]["shape"] for n in ("X", "W", "B")] != [[4, 3], [3, 2], [2]]:
         wrong.append("chain grad shapes")
     else:
-        ref = _chain_grads(chain["X"]["value"], chain["W"]["value"], chain["B"]["value"])
+        ref = chain_grads(chain["X"]["value"], chain["W"]["value"], chain["B"]["value"])
         for n, expected in zip(("X", "W", "B"), ref, strict=True):
-            if not _close(chain[n]["grad"], expected):
+            if not close(chain[n]["grad"], expected):
                 wrong.append(f"chain {n}.grad")
     if wrong:
         raise PhaseError("wrong autograd result: " + ", ".join(wrong))
