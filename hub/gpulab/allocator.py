@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .containers import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from .containers import label_claims
 from .gpus_config import (
     DEFAULT_POOL,
     EXCLUSIVE,
@@ -482,17 +482,14 @@ def leases_from_labels(containers: Iterable[Mapping[str, Any]]) -> list[Lease]:
     """
     out: dict[tuple[str, str, str], Lease] = {}
     for c in containers:
-        labels = c.get("Labels") or {}
-        user = labels.get(LABEL_USER)
+        user, server, gpus = label_claims(c)
         if not user or str(c.get("State", "running")).lower() not in _HOLDING_STATES:
             continue
-        server = labels.get(LABEL_SERVER) or ""
         created = c.get("Created")
         since = datetime.fromtimestamp(
             created if isinstance(created, int | float) else 0, tz=UTC
         )
-        for uuid in (u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")):
-            if uuid:
-                out.setdefault((uuid, user, server), Lease(uuid, user, server, since))
+        for uuid in gpus:
+            out.setdefault((uuid, user, server), Lease(uuid, user, server, since))
     return sorted(out.values(), key=lambda le: (le.since, le.user, le.server))
 

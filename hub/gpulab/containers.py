@@ -23,6 +23,14 @@ LABEL_MANAGED = "org.gpulab.managed"
 CONTAINER_UID = 1000  # jovyan in images/singleuser
 
 
+def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
+    """(user, server, GPU UUIDs) a container's labels claim; the inverse of the labels
+    :func:`container_options` writes. Takes docker's ``containers()`` dicts."""
+    labels = container.get("Labels") or {}
+    gpus = [u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",") if u.strip()]
+    return labels.get(LABEL_USER) or "", labels.get(LABEL_SERVER) or "", gpus
+
+
 @dataclass(frozen=True)
 class ContainerOptions:
     image: str

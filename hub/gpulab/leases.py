@@ -29,7 +29,7 @@ from .allocator import (
     reconcile,
     resolve_inventory,
 )
-from .containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
+from .containers import LABEL_MANAGED, label_claims
 from .gpus_config import GpusConfig
 from .nvml_discovery import discover_gpus
 
@@ -75,9 +75,8 @@ def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, st
     held = {(le.gpu_uuid, le.user, le.server) for le in leases_from_labels(containers)}
     out: dict[tuple[str, str, str], dict] = {}
     for c in containers:
-        labels = c.get("Labels") or {}
-        user, server = labels.get(LABEL_USER), labels.get(LABEL_SERVER) or ""
-        for uuid in (u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")):
+        user, server, gpus = label_claims(c)
+        for uuid in gpus:
             if (uuid, user, server) in held:
                 out.setdefault((uuid, user, server), c)
     return out

@@ -1,4 +1,4 @@
-from gpulab.containers import container_options
+from gpulab.containers import container_options, label_claims
 from gpulab.settings import defaults
 
 
@@ -55,3 +55,10 @@ def test_odd_usernames_get_safe_distinct_volumes():
     b = container_options(defaults(), "zoe-k")
     assert set(a.volumes) != set(b.volumes)
     assert all(v.startswith("gpulab-home-") for v in a.volumes if "home" in v)
+
+
+def test_label_claims_read_back_what_container_options_wrote():
+    opts = container_options(defaults(), "bob", "train", ["GPU-aaaa", "GPU-bbbb"])
+    assert label_claims({"Labels": opts.labels}) == ("bob", "train", ["GPU-aaaa", "GPU-bbbb"])
+    assert label_claims({"Labels": container_options(defaults(), "eve").labels}) == ("eve", "", [])
+    assert label_claims({"Labels": None}) == ("", "", [])

@@ -33,7 +33,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab import live_config
 from gpulab.allocator import Gpu
-from gpulab.containers import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from gpulab.containers import label_claims
 from gpulab.gpus_config import GpusConfig
 from gpulab.leases import LeaseBook, LeaseView, docker_lister
 from gpulab.settings import ConfigError
@@ -76,14 +76,8 @@ def server_containers(containers: Sequence[dict[str, Any]], gpu_uuid: str, user:
                       server: str) -> list[dict[str, Any]]:
     """The gpulab containers of *user*'s *server* whose labels hold *gpu_uuid* (in any
     state: an exited one is removed too, so that it cannot come back with the GPU)."""
-    out = []
-    for c in containers:
-        labels = c.get("Labels") or {}
-        gpus = {u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",")}
-        if (labels.get(LABEL_USER) == user and (labels.get(LABEL_SERVER) or "") == server
-                and gpu_uuid in gpus):
-            out.append(c)
-    return out
+    return [c for c in containers
+            if (claims := label_claims(c))[:2] == (user, server) and gpu_uuid in claims[2]]
 
 
 def container_name(c: dict[str, Any]) -> str:
