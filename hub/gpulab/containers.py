@@ -11,14 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from .naming import volume_name
-
-# Labels recorded on every user container: who it belongs to and which GPUs it holds.
-# The lease table is rebuilt from them after a hub restart (gpulab.leases).
-LABEL_USER = "org.gpulab.user"
-LABEL_SERVER = "org.gpulab.server"
-LABEL_GPUS = "org.gpulab.gpus"
-LABEL_MANAGED = "org.gpulab.managed"
 
 CONTAINER_UID = 1000  # jovyan in images/singleuser
 

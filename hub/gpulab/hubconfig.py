@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import live_config
+from .contract import DASHBOARD_SERVICE
 from .roles import prune_hub_db, roles_from_settings
 from .settings import ConfigError
 
@@ -34,7 +35,6 @@ ADMIN_SERVICE_SCOPES = [
 # Prometheus scrapes /hub/metrics with this service's token, which may do nothing else.
 METRICS_SERVICE = "prometheus"
 # The operators' GPU dashboard (gpulab.dashboard), at /services/gpus/.
-DASHBOARD_SERVICE = "gpus"
 DASHBOARD_PORT = 9447
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]

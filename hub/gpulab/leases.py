@@ -29,7 +29,8 @@ from .allocator import (
     reconcile,
     resolve_inventory,
 )
-from .containers import LABEL_MANAGED, label_claims
+from .containers import label_claims
+from .contract import LABEL_MANAGED
 from .gpus_config import GpusConfig
 from .nvml_discovery import discover_gpus
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from .contract import USER_CONTAINER_PREFIX
+
 _PLAIN = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-))*")
 MAX_SLUG = 48  # leaves room for prefixes/suffixes within docker's and DNS's limits
 
@@ -31,9 +33,11 @@ def safe_slug(name: str, max_length: int = MAX_SLUG) -> str:
     return f"{readable}---{_hash(name)}"
 
 
-def container_name(prefix: str, username: str, servername: str = "") -> str:
-    """``gpulab-alice``, or ``gpulab-alice--train`` for alice's named server 'train'."""
-    name = f"{prefix}-{safe_slug(username)}"
+def container_name(username: str, servername: str = "") -> str:
+    """``gpulab-user-alice``, or ``gpulab-user-alice--train`` for alice's named server
+    'train'. The prefix keeps every username clear of the stack's own container names
+    (a user called ``hub`` must not become ``gpulab-hub``)."""
+    name = f"{USER_CONTAINER_PREFIX}{safe_slug(username)}"
     if servername:
         name += f"--{safe_slug(servername)}"
     return name

@@ -25,10 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from .contract import DASHBOARD_SERVICE
+
 OPERATORS_GROUP = "operators"
 OPERATORS_ROLE = "gpulab-operators"
-GPU_SERVICE = "gpus"
-OPERATOR_SCOPES = (f"access:services!service={GPU_SERVICE}", "read:metrics")
+OPERATOR_SCOPES = (f"access:services!service={DASHBOARD_SERVICE}", "read:metrics")
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,14 @@ anything wrong. No other module parses this file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contract import INFRA_VOLUMES
 from .yamlfile import ConfigError, LocatedYaml, read_yaml
 
 __all__ = ["SETTINGS", "Setting", "Settings", "load_settings", "parse_bytes", "parse_duration"]
@@ -94,7 +96,31 @@ def _volume_template(value: Any) -> str:
             f"the home volume name must contain {{username}} so that each user gets "
             f"their own volume, got {value!r}"
         )
+    # Could some username turn it into the name of one of the stack's own volumes?
+    pattern = re.escape(s).replace(r"\{username\}", "[a-z0-9].*").replace(
+        r"\{servername\}", ".*")
+    taken = [v for v in INFRA_VOLUMES if re.fullmatch(pattern, v)]
+    if taken:
+        raise ValueError(
+            f"with {value!r} a user could get the volume {taken[0]} (gpulab's own) as "
+            f"their home; give home volumes a prefix of their own, e.g. gpulab-home-{{username}}"
+        )
     return s
+
+
+def _network_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of IP addresses or networks, got {value!r}")
+    out = []
+    for item in value:
+        try:
+            out.append(str(ipaddress.ip_network(str(item).strip(), strict=False)))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or network (e.g. 10.0.0.5 "
+                             f"or 10.0.0.0/24)") from None
+    return tuple(out)
 
 
 def _optional_string(value: Any) -> str:
@@ -121,6 +147,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hub.operators", _username_list, (),
             "Usernames in the `operators` group: they may open the GPU dashboard "
             "(/services/gpus/) and read the hub's metrics. Example: [carol]"),
+    Setting("hub.trusted_proxies", _network_list, (),
+            "Reverse proxies in front of gpulab (addresses or networks) whose "
+            "X-Forwarded-For header names the real client, e.g. a TLS edge on another "
+            "host. The login throttle counts failures per client address; from anyone "
+            "else that header is ignored. gpulab's own proxy is always trusted. "
+            "Example: [10.0.0.5]"),
+    Setting("hub.member_token_max_age", parse_duration, 30 * 86400,
+            "Longest lifetime of an API token that members make for themselves (for "
+            "scripts); a request for a longer or never-expiring one is refused. Login "
+            "tokens are issued by admins (gpulab token issue) and are not affected. "
+            "0 removes the limit. Example: 7d"),
     Setting("hub.idle_timeout", parse_duration, 3600,
             "Stop servers that have been idle this long, releasing their GPUs "
             "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),

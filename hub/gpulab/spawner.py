@@ -97,7 +97,7 @@ class GpulabSpawner(DockerSpawner):
     @default("object_name")
     def _object_name_default(self):
         # DockerSpawner re-renders the name through this method when the image changes.
-        return container_name(self.prefix, self.user.name, self.name)
+        return container_name(self.user.name, self.name)
 
     @default("options_form")
     def _default_options_form(self):

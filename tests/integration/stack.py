@@ -115,7 +115,7 @@ class LabUser:
 
     @property
     def container(self) -> str:
-        return container_name("gpulab", self.name)
+        return container_name(self.name)
 
     @property
     def home_volume(self) -> str:

@@ -27,7 +27,7 @@ from gpulab.allocator import (
     resolve_inventory,
     validate_user_options,
 )
-from gpulab.containers import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from gpulab.contract import LABEL_GPUS, LABEL_SERVER, LABEL_USER
 from gpulab.gpus_config import parse_gpus_config
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

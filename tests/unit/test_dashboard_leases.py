@@ -32,7 +32,7 @@ from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 
 from gpulab import live_config
-from gpulab.containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
+from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from gpulab.dashboard.app import DashboardConfig, make_app
 from gpulab.dashboard.leases import (
     ContainerStore,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpulab.allocator import NotEnoughGpus, Request
-from gpulab.containers import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
+from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
 from gpulab.gpus_config import parse_gpus_config
 from gpulab.leases import LeaseBook, lease_containers
 

@@ -2,6 +2,7 @@ import re
 
 import pytest
 
+from gpulab.contract import INFRA_CONTAINERS
 from gpulab.naming import MAX_SLUG, container_name, safe_slug, volume_name
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
@@ -28,7 +29,7 @@ def test_other_names_get_a_readable_slug_and_hash(name):
     slug = safe_slug(name)
     assert re.fullmatch(r"[a-z0-9-]+---[0-9a-f]{8}", slug), slug
     assert len(slug) <= MAX_SLUG
-    assert DOCKER_NAME.fullmatch(container_name("gpulab", name))
+    assert DOCKER_NAME.fullmatch(container_name(name))
 
 
 def test_distinct_usernames_never_share_a_name():
@@ -48,9 +49,23 @@ def test_hashed_slug_never_equals_a_plain_one():
 
 
 def test_container_and_volume_names():
-    assert container_name("gpulab", "alice") == "gpulab-alice"
-    assert container_name("gpulab", "alice", "train") == "gpulab-alice--train"
+    assert container_name("alice") == "gpulab-user-alice"
+    assert container_name("alice", "train") == "gpulab-user-alice--train"
     assert volume_name("gpulab-home-{username}", "alice") == "gpulab-home-alice"
     assert volume_name("home-{username}-{servername}", "alice", "Big Run").startswith(
         "home-alice-big-run---"
     )
+
+
+@pytest.mark.parametrize("username", [
+    "hub", "proxy", "exporter", "prometheus", "docker-proxy", "docker-proxy-ro", "gpulab-hub",
+    "user-hub", "", "-", "datasets", "home",
+])
+@pytest.mark.parametrize("servername", ["", "x", "hub"])
+def test_no_username_takes_an_infrastructure_containers_name(username, servername):
+    name = container_name(username, servername)
+    assert name not in INFRA_CONTAINERS
+    assert name.startswith("gpulab-user-")
+    # ... nor a name that Docker would resolve as one of them on a shared network
+    assert not any(name.startswith(infra + "-") or infra.startswith(name)
+                   for infra in INFRA_CONTAINERS), name

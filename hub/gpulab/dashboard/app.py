@@ -40,13 +40,14 @@ from jupyterhub.services.auth import (
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
 from gpulab.dashboard.sources import SnapshotReader
 from gpulab.dashboard.view import build_view
 
 log = logging.getLogger("gpulab.dashboard")
 
-SERVICE_NAME = "gpus"
+SERVICE_NAME = DASHBOARD_SERVICE
 
 
 @dataclass(frozen=True)

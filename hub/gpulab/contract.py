@@ -1,0 +1,41 @@
+"""What gpulab's processes agree on, spelled once: container labels and names.
+
+The hub writes these labels on every user container (:mod:`gpulab.containers`), the
+lease table and the admins' lease page read them back, the Docker proxy refuses
+per-container calls on containers without :data:`LABEL_MANAGED` and creates whose
+name or labels break these rules, and the exporter (its own package, which cannot
+import this one) keeps a copy that ``tests/unit/test_contract.py`` compares with this.
+
+Standard library only: every gpulab process imports it.
+"""
+
+from __future__ import annotations
+
+# Labels on every user container: the lease table is rebuilt from them after a restart.
+LABEL_MANAGED = "org.gpulab.managed"  # "true" on every container the hub created
+LABEL_USER = "org.gpulab.user"  # the hub user who owns it
+LABEL_SERVER = "org.gpulab.server"  # their named server ("" for the default one)
+LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
+
+# User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
+# nothing else gpulab runs starts with it, so no username can take an infrastructure
+# container's name (or its DNS name on the users' network).
+USER_CONTAINER_PREFIX = "gpulab-user-"
+
+# The containers of the stack itself (docker-compose.yml's container_name values).
+HUB_CONTAINER = "gpulab-hub"
+PROXY_CONTAINER = "gpulab-proxy"
+INFRA_CONTAINERS = (
+    HUB_CONTAINER,
+    PROXY_CONTAINER,
+    "gpulab-docker-proxy",
+    "gpulab-docker-proxy-ro",
+    "gpulab-exporter",
+    "gpulab-prometheus",
+)
+
+# The stack's own volumes: no user's home volume may ever be given one of these names.
+INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-datasets")
+
+# JupyterHub service names.
+DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page
