@@ -23,10 +23,12 @@ HUB_URL ?= http://$(HUB_HOST):$(or $(GPULAB_PORT),8000)
 export COMPOSE_PROJECT_NAME := gpulab
 COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose) \
   -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml)
+# The Docker socket's group: the Docker API filters run as nobody in that group, not root.
+export GPULAB_DOCKER_GID = $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets test test-unit lint venv check-config bench
+.PHONY: help up down logs images docker secrets test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -44,13 +46,14 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token; do \
+	@for name in api-token metrics-token proxy-token; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
 	done
-	@# Prometheus runs as its own user and must read its token.
-	@chmod 644 secrets/metrics-token
+	@# Prometheus and the proxy run as unprivileged users and must read their token
+	@# (mounted file by file; the secrets/ folder itself stays 0700).
+	@chmod 644 secrets/metrics-token secrets/proxy-token
 
 images: docker
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
@@ -60,8 +63,8 @@ up: images secrets
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@$(COMPOSE) up -d --remove-orphans
-	@scripts/isolate-users.sh up $(or $(GPULAB_HUB_IP),172.30.0.2)
 	@scripts/wait-for-hub.sh $(HUB_URL)
+	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 
@@ -72,7 +75,12 @@ down:
 	  $(COMPOSE) down --remove-orphans; \
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
-	@scripts/isolate-users.sh down
+	@# gpulab-netguard removes its firewall rules when it stops; rules left by one that was
+	@# killed (or by gpulab before netguard) are removed here.
+	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q -e gpulab-netguard -e gpulab-isolate-users; then \
+	  iptables -S | grep -e 'comment gpulab-netguard' -e 'comment gpulab-isolate-users' | sed 's/^-A /-D /' \
+	    | while read -r rule; do iptables $$rule; done; \
+	  echo "[gpulab] removed leftover firewall rules"; fi
 
 logs:
 	@$(COMPOSE) logs -f hub
@@ -98,8 +106,13 @@ test-unit: venv
 # The test stack: on hosts without GPUs the exporter runs with two FAKE GPUs (logged and
 # labelled as fake) so that the monitoring path is exercised end to end.
 test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2)
-test: venv lint up
+test: venv lint test-host up
 	$(VENV)/bin/pytest tests
+
+# Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
+# nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh).
+test-host: docker
+	@scripts/test-host.sh
 
 bench: venv up
 	$(VENV)/bin/python -m bench.spawn

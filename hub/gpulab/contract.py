@@ -30,6 +30,7 @@ INFRA_CONTAINERS = (
     PROXY_CONTAINER,
     "gpulab-docker-proxy",
     "gpulab-docker-proxy-ro",
+    "gpulab-netguard",
     "gpulab-exporter",
     "gpulab-prometheus",
 )

@@ -6,6 +6,7 @@ is here or in the settings files, so the config file holds no logic.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,10 @@ ADMIN_SERVICE_SCOPES = [
 METRICS_SERVICE = "prometheus"
 # The operators' GPU dashboard (gpulab.dashboard), at /services/gpus/.
 DASHBOARD_PORT = 9447
+# What the dashboard service needs from the hub's environment: where Docker (the filtering
+# proxy), the config files, the exporter and Prometheus are.
+DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
+                 "GPULAB_PROMETHEUS_URL")
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
@@ -54,7 +59,24 @@ def read_secret(name: str) -> str:
     return value
 
 
+class _ToHubLog(logging.Handler):
+    """Hands gpulab's log records to JupyterHub's own logger, so that they appear in the
+    hub's log with its format (without a handler, Python prints only warnings)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("JupyterHub").handle(record)
+
+
+def route_logs_to_hub() -> None:
+    log = logging.getLogger("gpulab")
+    if not any(isinstance(h, _ToHubLog) for h in log.handlers):
+        log.addHandler(_ToHubLog())
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def configure(c) -> None:
+    route_logs_to_hub()
     settings_path = CONFIG_DIR / "gpulab.yaml"
     gpus_path = CONFIG_DIR / "gpus.yaml"
     try:  # refuse to start on a bad file, saying file:line, not with a traceback
@@ -63,8 +85,17 @@ def configure(c) -> None:
     except ConfigError as e:
         raise SystemExit(f"gpulab: {e}") from None
 
-    # The hub and proxy listen inside the hub container; compose publishes the proxy.
-    c.JupyterHub.bind_url = "http://:8000"
+    # configurable-http-proxy runs in its own container (gpulab-proxy), as in Zero to
+    # JupyterHub: a hub restart or crash never drops users' routes, and no PID file of a
+    # proxy the hub started can outlive the hub's container and stop it coming back.
+    c.JupyterHub.bind_url = "http://:8000"  # the proxy's public port (compose publishes it)
+    c.ConfigurableHTTPProxy.should_start = False
+    c.ConfigurableHTTPProxy.api_url = os.environ.get("GPULAB_PROXY_API_URL",
+                                                     "http://gpulab-proxy:8001")
+    c.ConfigurableHTTPProxy.auth_token = read_secret("proxy-token")
+    # A restarted proxy starts with no routes; the hub puts them back at every activity
+    # check (update_last_activity -> check_routes), so make that often.
+    c.JupyterHub.last_activity_interval = 15
     c.JupyterHub.hub_ip = "0.0.0.0"
     c.JupyterHub.hub_connect_ip = os.environ.get("GPULAB_HUB_HOSTNAME", "gpulab-hub")
     c.JupyterHub.db_url = f"sqlite:///{DATA_DIR}/jupyterhub.sqlite"
@@ -99,10 +130,9 @@ def configure(c) -> None:
             "name": DASHBOARD_SERVICE,
             "url": f"http://127.0.0.1:{DASHBOARD_PORT}",
             "command": [sys.executable, "-m", "gpulab.dashboard"],
-            "environment": {
-                k: os.environ[k] for k in ("GPULAB_EXPORTER_URL", "GPULAB_PROMETHEUS_URL")
-                if k in os.environ
-            },
+            # JupyterHub starts a managed service with only the environment it is given:
+            # without DOCKER_HOST the lease page would look for a Docker socket it has not.
+            "environment": {k: os.environ[k] for k in DASHBOARD_ENV if k in os.environ},
             "oauth_no_confirm": True,
             "display": True,
         },

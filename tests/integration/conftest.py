@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import REAL_GPU
 from .stack import REPO, Hub, container_logs, docker, host_has_nvidia_gpu, wait_for
 from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 
@@ -110,12 +111,11 @@ def lab_config(hub):
 def gpus_yaml(lab_config):
     """The stand-in inventory in the gpus.yaml the running hub reads, for one test module."""
     if host_has_nvidia_gpu():
-        pytest.skip("this host has real GPUs: test_gpu_host.py covers it; stand-ins would lie")
+        pytest.skip(f"{REAL_GPU}this host has real GPUs: test_gpu_host.py covers it; "
+                    f"stand-ins would lie")
     if not dockerd_has_nvidia_driver():
         reason = ("dockerd was started without nvidia-container-runtime-hook on its PATH, so "
                   "it cannot start containers with GPU requests; start it with "
-                  "GPULAB_DOCKERD_PATH=$PWD/tests/gpu_standin scripts/ensure-docker.sh")
-        if os.environ.get("GPULAB_REQUIRE_GPU_PLUMBING"):
-            pytest.fail(reason)
+                  "scripts/test-host.sh (which `make test` runs)")
         pytest.skip(reason)
     return lab_config.write("gpus.yaml", STANDIN_GPUS)

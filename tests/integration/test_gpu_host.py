@@ -14,9 +14,11 @@ import pytest
 
 from .stack import docker, host_has_nvidia_gpu
 
-pytestmark = pytest.mark.skipif(
-    not host_has_nvidia_gpu(), reason="no NVIDIA GPU on this host (nvidia-smi -L finds none)"
-)
+pytestmark = [
+    pytest.mark.gpu_host,
+    pytest.mark.skipif(not host_has_nvidia_gpu(),
+                       reason="no NVIDIA GPU on this host (nvidia-smi -L finds none)"),
+]
 
 CUDA_CELL = r'''
 import json, torch

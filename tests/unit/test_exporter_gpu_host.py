@@ -12,6 +12,8 @@ from gpulab_exporter.nvml import Nvml
 from gpulab_exporter.server import make_registry
 from gpulab_exporter.snapshot import Poller
 
+pytestmark = pytest.mark.gpu_host
+
 
 @pytest.fixture(scope="module")
 def nvml():
