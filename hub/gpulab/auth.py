@@ -1,42 +1,57 @@
 """Token login: lab members sign in with their username and a personal access token.
 
-Tokens are JupyterHub API tokens that an admin issued for the member
-(``gpulab token issue alice``), so they are stored only as salted hashes in the hub's
-database, can expire, and stop working the moment they are revoked. Only tokens
-issued for login (their note starts with :data:`LOGIN_TOKEN_NOTE`) are accepted here:
-a token a user made for a script cannot be turned into a browser session.
+Tokens are JupyterHub API tokens that an admin issued for the member through the
+admin-only REST API of :mod:`gpulab.login_tokens` (``gpulab token issue alice``), so
+they are stored only as salted hashes in the hub's database, can expire, and stop
+working the moment they are revoked. Only tokens recorded there as login tokens sign
+in: a token a member made for a script, whatever its note says, cannot be turned into
+a browser session. Once a member has no valid login token left, their hub session ends
+at its next request and their other tokens are deleted (:meth:`refresh_user`).
 
 Around that check, :class:`GpulabLoginHandler` (served at ``/hub/login``):
 
 * normalises the username (``"Alice "`` is ``alice``) and refuses invalid ones with a
   message that says what a username may contain;
-* throttles failed sign-ins per username and per client address
-  (:mod:`gpulab.throttle`), answering HTTP 429 with the time to try again; the
-  lockouts are kept in a sqlite file, so a hub restart does not lift them;
+* throttles failed sign-ins per username and per client address (:mod:`gpulab.throttle`),
+  answering HTTP 429 with the time to try again; the lockouts are kept in a sqlite
+  file, so a hub restart does not lift them. The client address is the TCP peer, or,
+  when the peer is a trusted proxy, the right-most untrusted ``X-Forwarded-For`` hop
+  (:func:`client_address`). A browser that signed in as a user before carries a
+  signed *device cookie* for that user: its attempts count against that device only,
+  so nobody can lock a member out of the browser they use;
 * sends the user after sign-in only to a path on this hub (:mod:`gpulab.redirects`);
 * refuses credentials in the URL (``?password=``/``?token=``) and keeps them out of
   the access log.
 
-Tokens never reach a log line, a URL or an error page from here.
+Tokens never reach a log line, a URL or an error page from here. :func:`configure_login`
+sets everything above on a JupyterHub config object.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import unicodedata
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.auth import Authenticator
 from jupyterhub.handlers.login import LoginHandler
 from jupyterhub.utils import utcnow
+from sqlalchemy import inspect
 from tornado import web
-from tornado.netutil import is_valid_ip
-from traitlets import Bool, Float, Instance, Integer, Unicode, default
+from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
+from . import login_tokens as lt
+from .forwarded import TrustedProxies, client_address
+from .login_tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
 from .redirects import safe_next_url
 from .throttle import Decision, Policy, Throttle
 
-LOGIN_TOKEN_NOTE = "gpulab-login"
+__all__ = ["LOGIN_TOKEN_NOTE", "GpulabLoginHandler", "TokenAuthenticator", "TrustedProxies",
+           "client_address", "configure_login"]
 
 # 1-32 characters: lowercase letters and digits, with single ".", "_" or "-" between
 # them. No leading/trailing punctuation, so "." and ".." and "-x" are impossible.
@@ -49,35 +64,12 @@ USERNAME_RULES = (
 # browser history). JupyterHub's log scrubber does not know "password".
 CREDENTIAL_PARAMS = ("password", "token")
 MAX_TOKEN_LENGTH = 256
-
-
-def client_address(request) -> str:
-    """The client's address for throttling, as JupyterHub sees it, minus ``X-Real-Ip``.
-
-    The hub runs tornado with ``xheaders=True`` and ``trusted_downstream =
-    c.JupyterHub.trusted_downstream_ips``: ``remote_ip`` is the right-most
-    ``X-Forwarded-For`` entry that is not a trusted proxy (configurable-http-proxy
-    appends the real peer there). But tornado then lets an ``X-Real-Ip`` header
-    override that, and the proxy passes a client's own ``X-Real-Ip`` through
-    unchanged, so any client could pick its address. When that header is present the
-    address is worked out again from ``X-Forwarded-For`` (or the TCP peer) alone.
-    """
-    remote_ip = request.remote_ip
-    headers = request.headers
-    if "X-Real-Ip" not in headers:
-        return remote_ip
-    context = getattr(getattr(request, "connection", None), "context", None)
-    peer = getattr(context, "_orig_remote_ip", None) or remote_ip
-    trusted = getattr(context, "trusted_downstream", None) or set()
-    forwarded = headers.get("X-Forwarded-For")
-    if not forwarded:
-        return peer
-    ip = peer
-    for candidate in reversed([c.strip() for c in forwarded.split(",")]):
-        ip = candidate
-        if candidate not in trusted:
-            break
-    return ip if is_valid_ip(ip) else peer
+# "This browser signed in as <user>": one signed cookie per username, path /hub/.
+DEVICE_COOKIE_PREFIX = "gpulab-device-"
+_DEVICE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}\Z")
+THROTTLE_FILE = "gpulab-login-throttle.sqlite"
+LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
+DEFAULT_PROXY_IP = "172.30.0.3"  # docker-compose.yml: the proxy's fixed address
 
 
 def _display_name(raw: str) -> str:
@@ -88,11 +80,23 @@ def _display_name(raw: str) -> str:
 class GpulabLoginHandler(LoginHandler):
     """JupyterHub's login page with throttling, username rules and safe redirects."""
 
+    # TokenAuthenticator.authenticate accepts tokens from handlers marked so only:
+    # JupyterHub's POST /hub/api/users/{name}/tokens {"auth": ...} would bypass the throttle.
+    accepts_token_sign_in = True
+
     @property
     def throttle(self) -> Throttle:
         return self.authenticator.throttle
 
+    @property
+    def client_address(self) -> str:
+        return self.authenticator.client_address(self.request)
+
     async def prepare(self):
+        # tornado's remote_ip follows X-Forwarded-For/X-Real-Ip from any peer; on the
+        # login page JupyterHub's access log line (and its anonymous xsrf id) get the
+        # address the throttle counts instead.
+        self.request.remote_ip = self.client_address
         leaked = [p for p in CREDENTIAL_PARAMS if p in self.request.query_arguments]
         if leaked:
             # The access log line is written from request.uri after the response:
@@ -114,6 +118,28 @@ class GpulabLoginHandler(LoginHandler):
             self.log.warning("Refusing redirect after login to a URL outside this hub")
         return safe
 
+    # ---------------------------------------------------------------- device cookies
+
+    def device_id(self, username: str) -> str | None:
+        """The id in this browser's valid device cookie for *username*, if any."""
+        raw = self.get_secure_cookie(
+            DEVICE_COOKIE_PREFIX + username,
+            max_age_days=self.authenticator.device_cookie_max_age_days, min_version=2)
+        value = raw.decode("ascii", "replace") if raw else ""
+        return value if _DEVICE_ID.match(value) else None
+
+    def has_any_device_cookie(self) -> bool:
+        return any(self.device_id(name[len(DEVICE_COOKIE_PREFIX):])
+                   for name in self.request.cookies if name.startswith(DEVICE_COOKIE_PREFIX))
+
+    def set_device_cookie(self, username: str) -> None:
+        # JupyterHub's cookie helper: httponly, secure on https, c.JupyterHub.cookie_options
+        self._set_cookie(DEVICE_COOKIE_PREFIX + username, secrets.token_urlsafe(24),
+                         encrypted=True, path=self.hub.base_url,
+                         expires_days=self.authenticator.device_cookie_max_age_days)
+
+    # ---------------------------------------------------------------- pages
+
     async def _finish_locked(self, decision: Decision, username: str = ""):
         self.set_status(decision.status)
         self.set_header("Retry-After", str(decision.retry_after))
@@ -121,8 +147,9 @@ class GpulabLoginHandler(LoginHandler):
         self.finish(html)
 
     async def get(self):
-        if self.current_user is None and not self.authenticator.auto_login:
-            decision = self.throttle.check(None, client_address(self.request))
+        if (self.current_user is None and not self.authenticator.auto_login
+                and not self.has_any_device_cookie()):
+            decision = self.throttle.check(None, self.client_address)
             if decision.locked:
                 await self._finish_locked(decision)
                 return
@@ -131,15 +158,17 @@ class GpulabLoginHandler(LoginHandler):
     async def post(self):
         raw_username = self.get_body_argument("username", default="", strip=True)
         token = self.get_body_argument("password", default="", strip=False)
-        address = client_address(self.request)
+        address = self.client_address
         username = self.authenticator.normalize_username(raw_username)
         valid = self.authenticator.validate_username(username)
+        device = self.device_id(username) if valid else None
 
-        decision = self.throttle.check(username if valid else None, address)
+        decision = self.throttle.check(username if valid else None, address, device)
         if decision.locked:
             self.log.warning(
-                "Sign-in refused for %r from %s: locked for %ss",
-                _display_name(raw_username), address, decision.retry_after,
+                "Sign-in refused for %r from %s%s: locked for %ss",
+                _display_name(raw_username), address, " (device)" if device else "",
+                decision.retry_after,
             )
             await self._finish_locked(decision, _display_name(raw_username))
             return
@@ -161,15 +190,17 @@ class GpulabLoginHandler(LoginHandler):
 
         user = await self.login_user({"username": username, "password": token})
         if user:
-            self.throttle.record_success(username)
+            self.throttle.record_success(username, device)
+            self.set_device_cookie(username)
             self._jupyterhub_user = user
             self.redirect(self.get_next_url(user))
             return
 
-        decision = self.throttle.record_failure(username, address)
+        decision = self.throttle.record_failure(username, address, device)
         if decision.locked:
             self.log.warning("Sign-in locked for %r / %s for %ss",
-                             username, address, decision.retry_after)
+                             username, "its device" if device else address,
+                             decision.retry_after)
             await self._finish_locked(decision, username)
             return
         self.set_status(403)
@@ -178,34 +209,28 @@ class GpulabLoginHandler(LoginHandler):
 
 
 class TokenAuthenticator(Authenticator):
-    """Username + personal access token, checked against the hub's hashed token table."""
+    """Username + login token, checked against the hub's hashed token table and the
+    record of login tokens (:mod:`gpulab.login_tokens`)."""
 
-    throttle_db_path = Unicode(
-        "/srv/jupyterhub/gpulab-login-throttle.sqlite",
-        help="""File that keeps failed sign-ins and lockouts across hub restarts
-        (sqlite, created mode 0600). Put it next to the hub database, on the volume.
+    device_cookie_max_age_days = Float(
+        90,
+        help="""Days a browser's device cookie ("this browser signed in as alice")
+        stays valid; renewed at each sign-in (default 90). Sign-in attempts with a
+        valid device cookie for the username count against that browser only, so
+        failures by others (on the username or a shared address) do not lock it out.
 
-        Example:
-        c.TokenAuthenticator.throttle_db_path = "/srv/jupyterhub/login-throttle.sqlite"
+        Example: c.TokenAuthenticator.device_cookie_max_age_days = 90
         """,
     ).tag(config=True)
 
-    max_failed_logins = Integer(
-        5,
-        help="""Failed sign-ins for one username within `failed_login_window` seconds
-        that lock the username (default 5).
+    end_sessions_without_token = Bool(
+        True,
+        help="""End a member's access once they have no valid login token left
+        (revoked, expired or deleted): their hub session ends at its next request,
+        their token-authenticated requests are refused, and their other API tokens and
+        OAuth tokens are deleted (default True; needs auth_refresh_age > 0).
 
-        Example: c.TokenAuthenticator.max_failed_logins = 5
-        """,
-    ).tag(config=True)
-
-    max_failed_logins_per_address = Integer(
-        20,
-        help="""Failed sign-ins from one client address (an IPv6 /64 counts as one)
-        within `failed_login_window` seconds that lock that address (default 20;
-        higher than per username because a lab may share one NAT address).
-
-        Example: c.TokenAuthenticator.max_failed_logins_per_address = 20
+        Example: c.TokenAuthenticator.end_sessions_without_token = True
         """,
     ).tag(config=True)
 
@@ -217,12 +242,50 @@ class TokenAuthenticator(Authenticator):
         """,
     ).tag(config=True)
 
+    invalid_username_message = Unicode(
+        USERNAME_RULES,
+        help="""What the login page says about a username that does not match
+        `username_pattern`. Change it together with the pattern.""",
+    ).tag(config=True)
+
     lockout_seconds = Float(
         15 * 60,
         help="""Seconds of the first lockout; each further lockout of the same
-        username or address doubles it, up to `max_lockout_seconds` (default 900).
+        username, address or device doubles it, up to `max_lockout_seconds`
+        (default 900).
 
         Example: c.TokenAuthenticator.lockout_seconds = 900
+        """,
+    ).tag(config=True)
+
+    login_tokens_db_path = Unicode(
+        f"/srv/jupyterhub/{LOGIN_TOKENS_FILE}",
+        help="""File that records which API tokens are login tokens (sqlite, created
+        mode 0600; only the admin REST API writes it). Put it next to the hub
+        database, on the same volume, and back them up together.
+
+        Example:
+        c.TokenAuthenticator.login_tokens_db_path = "/srv/jupyterhub/gpulab-login-tokens.sqlite"
+        """,
+    ).tag(config=True)
+
+    max_failed_logins = Integer(
+        5,
+        help="""Failed sign-ins for one username (or one device) within
+        `failed_login_window` seconds that lock it (default 5).
+
+        Example: c.TokenAuthenticator.max_failed_logins = 5
+        """,
+    ).tag(config=True)
+
+    max_failed_logins_per_address = Integer(
+        20,
+        help="""Failed sign-ins from one client address (an IPv6 /64 counts as one)
+        within `failed_login_window` seconds that lock that address for browsers
+        without a device cookie (default 20; higher than per username because a lab
+        may share one NAT address).
+
+        Example: c.TokenAuthenticator.max_failed_logins_per_address = 20
         """,
     ).tag(config=True)
 
@@ -235,23 +298,38 @@ class TokenAuthenticator(Authenticator):
         """,
     ).tag(config=True)
 
-    end_sessions_without_token = Bool(
-        True,
-        help="""Sign a user out of the hub (within `auth_refresh_age` seconds,
-        default 300) once they have no unexpired login token left, e.g. after
-        `gpulab token revoke`. Their API tokens are not affected.
+    throttle_db_path = Unicode(
+        f"/srv/jupyterhub/{THROTTLE_FILE}",
+        help="""File that keeps failed sign-ins and lockouts across hub restarts
+        (sqlite, created mode 0600). Put it next to the hub database, on the volume.
 
-        Example: c.TokenAuthenticator.end_sessions_without_token = True
+        Example:
+        c.TokenAuthenticator.throttle_db_path = "/srv/jupyterhub/login-throttle.sqlite"
         """,
     ).tag(config=True)
 
-    invalid_username_message = Unicode(
-        USERNAME_RULES,
-        help="""What the login page says about a username that does not match
-        `username_pattern`. Change it together with the pattern.""",
+    trusted_proxies = List(
+        Unicode(),
+        help="""Addresses or networks of the proxies in front of the hub whose
+        X-Forwarded-For entries name the client (default: none). From any other peer
+        the header is ignored and the peer is the client. configure_login() puts
+        gpulab's own proxy and settings hub.trusted_proxies here.
+
+        Example: c.TokenAuthenticator.trusted_proxies = ["172.30.0.3", "10.0.0.0/24"]
+        """,
     ).tag(config=True)
 
+    login_tokens = Instance(LoginTokenStore, help="The login-token record; from the path above.")
     throttle = Instance(Throttle, help="The failed-login store; built from the traits above.")
+    trusted = Instance(TrustedProxies, help="Parsed `trusted_proxies`.")
+
+    @default("login_tokens")
+    def _login_tokens_default(self):
+        return LoginTokenStore(self.login_tokens_db_path)
+
+    @default("trusted")
+    def _trusted_default(self):
+        return TrustedProxies(self.trusted_proxies)
 
     @default("throttle")
     def _throttle_default(self):
@@ -289,7 +367,12 @@ class TokenAuthenticator(Authenticator):
         return re.compile(self.username_pattern) if self.username_pattern else None
 
     def get_handlers(self, app):
-        return [("/login", GpulabLoginHandler)]
+        # JupyterHub adds these under /hub/, before its own; extra_handlers would do
+        # the same but is deprecated (a warning at every start).
+        return [("/login", GpulabLoginHandler), *lt.api_handlers()]
+
+    def client_address(self, request) -> str:
+        return client_address(request, self.trusted)
 
     def normalize_username(self, username):
         """``" Alice "`` -> ``alice``; full-width and other compatibility forms fold
@@ -301,6 +384,10 @@ class TokenAuthenticator(Authenticator):
         data = data or {}
         username = self.normalize_username(data.get("username") or "")
         token = (data.get("password") or "").strip()
+        if not getattr(handler, "accepts_token_sign_in", False):
+            self.log.warning("Refusing token sign-in for %r outside the login page (%s)",
+                             _display_name(username), type(handler).__name__)
+            return None
         if not username or not token or not self.validate_username(username):
             return None
         if len(token) > MAX_TOKEN_LENGTH or not token.isprintable():
@@ -314,8 +401,8 @@ class TokenAuthenticator(Authenticator):
                 reason = "expired token"
             elif orm_token.user is None or orm_token.user.name != username:
                 reason = "token of another user"
-            elif not (orm_token.note or "").startswith(LOGIN_TOKEN_NOTE):
-                reason = "not a login token"
+            elif not lt.is_login_token(self.login_tokens, orm_token):
+                reason = "not a login token (only tokens an admin issued sign in)"
             else:
                 reason = None
         if reason:
@@ -327,13 +414,69 @@ class TokenAuthenticator(Authenticator):
         return {"name": username}
 
     async def refresh_user(self, user, handler=None):
-        """False (sign in again) once the user has no unexpired login token left."""
+        """True while the user has a valid login token. Otherwise end their access
+        (:func:`gpulab.login_tokens.end_access`) and return False: JupyterHub then
+        asks a cookie session to sign in again and, with auth_refresh_strict, refuses
+        token-authenticated requests."""
         if not self.end_sessions_without_token:
             return True
         orm_user = getattr(user, "orm_user", user)
-        for token in orm_user.api_tokens:
-            if (token.note or "").startswith(LOGIN_TOKEN_NOTE) and not token.expired:
-                return True
-        self.log.info("User %s has no valid login token left: ending their hub session",
-                      orm_user.name)
+        db = inspect(orm_user).session
+        if lt.login_tokens(db, self.login_tokens, orm_user):
+            return True
+        keep = lt.running_server_tokens(db, user)
+        if lt.has_access_to_end(db, orm_user, keep):
+            ended = lt.end_access(db, self.login_tokens, orm_user, keep)
+            self.log.warning(
+                "User %s has no valid login token left: ended their hub sessions, deleted "
+                "API tokens %s and %d OAuth tokens", orm_user.name,
+                ", ".join(ended.api_tokens) or "(none)", ended.oauth_tokens)
+        else:
+            self.log.debug("User %s has no valid login token: sign-in required", orm_user.name)
+        if handler is not None and not hasattr(handler, "_token_authenticated"):
+            # JupyterHub 6.1.1 sets it only on token-authenticated requests, and its
+            # refresh_auth reads it after a failed refresh: a cookie request would end
+            # in an AttributeError (signed out all the same, with a traceback).
+            handler._token_authenticated = False
         return False
+
+
+# ---------------------------------------------------------------------- config
+
+
+def default_trusted_proxies(settings: Mapping, environ: Mapping[str, str] = os.environ
+                            ) -> list[str]:
+    """gpulab's own proxy (env GPULAB_PROXY_IP, default 172.30.0.3) and the
+    reverse proxies in settings ``hub.trusted_proxies``."""
+    proxy_ip = environ.get("GPULAB_PROXY_IP", "").strip() or DEFAULT_PROXY_IP
+    return [proxy_ip, *settings["hub.trusted_proxies"]]
+
+
+def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Sequence[str]) -> None:
+    """Everything token login needs, on JupyterHub config object *c*.
+
+    Call it after ``c.JupyterHub.db_url`` is set: it records, once, the login tokens
+    made before login tokens were recorded (:func:`gpulab.login_tokens.migrate_hub_db`).
+    """
+    from traitlets.log import get_logger
+
+    data_dir = Path(data_dir)
+    trusted = TrustedProxies(trusted_proxies)  # refuses a bad entry before anything is set
+    c.JupyterHub.authenticator_class = "gpulab-token"
+    c.TokenAuthenticator.throttle_db_path = str(data_dir / THROTTLE_FILE)
+    c.TokenAuthenticator.login_tokens_db_path = str(data_dir / LOGIN_TOKENS_FILE)
+    c.TokenAuthenticator.trusted_proxies = [str(n) for n in trusted.networks]
+    # Only for tornado's remote_ip in the hub's log lines; it believes X-Forwarded-For
+    # from any peer, so the throttle works its address out itself (client_address).
+    c.JupyterHub.trusted_downstream_ips = trusted.addresses()
+    # Tokens members make themselves: JupyterHub caps "expires_in": null at this and
+    # refuses a longer one with 400. Admin-issued login tokens are not affected.
+    c.JupyterHub.token_expires_in_max_seconds = int(settings["hub.member_token_max_age"])
+    # refresh_user at most 1 s apart: 0 would turn refreshing off (handlers/base.py
+    # refresh_auth). The admin's revoke resets it, so that one takes effect at once.
+    c.Authenticator.auth_refresh_age = 1
+    # Without a login token, token-authenticated requests are refused too: JupyterHub's
+    # default lets them through on stale auth.
+    c.Authenticator.auth_refresh_strict = True
+    db_url = c.JupyterHub.get("db_url") or f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
+    lt.migrate_hub_db(db_url, data_dir / LOGIN_TOKENS_FILE, get_logger())

@@ -7,9 +7,11 @@
     gpulab token revoke USER TOKEN_ID
     gpulab bootstrap-admin              first admin's token, once (used by `make up`)
 
-Token commands talk to the hub's REST API as the ``gpulab-admin`` service. Inside the
-hub container they work as they are (``docker exec gpulab-hub gpulab token issue
-alice``); elsewhere set GPULAB_HUB_API (e.g. http://127.0.0.1:8000/hub/api) and
+Token commands talk to the hub's REST API as the ``gpulab-admin`` service: login
+tokens through the admin-only endpoints of gpulab.login_tokens
+(/hub/api/gpulab/login-tokens/USER), users through JupyterHub's own. Inside the hub
+container they work as they are (``docker exec gpulab-hub gpulab token issue alice``);
+elsewhere set GPULAB_HUB_API (e.g. http://127.0.0.1:8000/hub/api) and
 GPULAB_API_TOKEN_FILE (e.g. secrets/api-token).
 """
 
@@ -20,10 +22,10 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from .auth import LOGIN_TOKEN_NOTE
 from .gpus_config import load_gpus_config
 from .settings import ConfigError, describe, load_settings, parse_duration
 
@@ -87,16 +89,25 @@ class HubClient:
             _, user = self.request("PATCH", f"/users/{name}", {"admin": True})
         return user
 
+    @staticmethod
+    def _login_tokens_path(name: str, token_id: str | None = None) -> str:
+        path = f"/gpulab/login-tokens/{urllib.parse.quote(name, safe='')}"
+        return f"{path}/{urllib.parse.quote(token_id, safe='')}" if token_id else path
+
     def issue_login_token(self, name: str, expires_in: int | None) -> dict:
-        body = {"note": f"{LOGIN_TOKEN_NOTE}: issued by gpulab token issue"}
-        if expires_in:
-            body["expires_in"] = expires_in
-        _, token = self.request("POST", f"/users/{name}/tokens", body)
+        """A new login token (0 or None: never expires); the model includes "token"."""
+        _, token = self.request("POST", self._login_tokens_path(name),
+                                {"expires_in": expires_in or None})
         return token
 
     def login_tokens(self, name: str) -> list[dict]:
-        _, body = self.request("GET", f"/users/{name}/tokens")
-        return [t for t in body["api_tokens"] if (t.get("note") or "").startswith(LOGIN_TOKEN_NOTE)]
+        """The user's login tokens, expired ones included (``"expired": true``)."""
+        _, body = self.request("GET", self._login_tokens_path(name))
+        return body["login_tokens"]
+
+    def revoke_login_token(self, name: str, token_id: str) -> dict:
+        _, body = self.request("DELETE", self._login_tokens_path(name, token_id))
+        return body or {}
 
 
 def _cmd_config_check(args) -> int:
@@ -139,8 +150,10 @@ def _cmd_token_issue(args) -> int:
 def _cmd_token_list(args) -> int:
     client = HubClient.from_env()
     for t in client.login_tokens(args.user.strip().lower()):
+        expires = t.get("expires_at") or "never"
         print(
-            f"{t['id']}\tcreated {t.get('created')}\texpires {t.get('expires_at') or 'never'}"
+            f"{t['id']}\tcreated {t.get('created')}\t"
+            f"{'EXPIRED' if t.get('expired') else 'expires'} {expires}"
             f"\tlast used {t.get('last_activity') or 'never'}"
         )
     return 0
@@ -148,8 +161,17 @@ def _cmd_token_list(args) -> int:
 
 def _cmd_token_revoke(args) -> int:
     client = HubClient.from_env()
-    client.request("DELETE", f"/users/{args.user.strip().lower()}/tokens/{args.token_id}")
-    print(f"revoked token {args.token_id} of {args.user}")
+    user = args.user.strip().lower()
+    result = client.revoke_login_token(user, args.token_id)
+    print(f"revoked login token {args.token_id} of {user}")
+    ended = result.get("ended_access")
+    if ended is not None:
+        api = ", ".join(ended.get("api_tokens") or []) or "none"
+        print(f"{user} has no login token left: their hub sessions end now; deleted their "
+              f"API tokens ({api}) and {ended.get('oauth_tokens', 0)} OAuth tokens")
+    else:
+        print(f"{user} still has {result.get('login_tokens_left')} login token(s): "
+              f"gpulab token list {user}")
     return 0
 
 
@@ -162,7 +184,7 @@ def _cmd_bootstrap_admin(args) -> int:
     client = HubClient.from_env()
     name = admins[0]
     client.ensure_user(name, admin=True)
-    if client.login_tokens(name):
+    if any(not t.get("expired") for t in client.login_tokens(name)):
         print(f"Admin {name!r} already has a login token. A new one: "
               f"docker exec gpulab-hub gpulab token issue {name}")
         return 0

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import live_config
+from .auth import configure_login, default_trusted_proxies
 from .contract import DASHBOARD_SERVICE
 from .roles import prune_hub_db, roles_from_settings
 from .settings import ConfigError
@@ -97,15 +98,19 @@ def configure(c) -> None:
     # check (update_last_activity -> check_routes), so make that often.
     c.JupyterHub.last_activity_interval = 15
     c.JupyterHub.hub_ip = "0.0.0.0"
-    c.JupyterHub.hub_connect_ip = os.environ.get("GPULAB_HUB_HOSTNAME", "gpulab-hub")
+    hub_host = os.environ.get("GPULAB_HUB_HOSTNAME", "gpulab-hub")
+    c.JupyterHub.hub_connect_ip = hub_host
     c.JupyterHub.db_url = f"sqlite:///{DATA_DIR}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = False  # servers keep running across hub restarts
     c.JupyterHub.template_paths = [str(TEMPLATES)]
 
-    # Token login; admins and operators come from the settings file, exactly.
-    c.JupyterHub.authenticator_class = "gpulab-token"
-    c.TokenAuthenticator.throttle_db_path = str(DATA_DIR / "gpulab-login-throttle.sqlite")
+    # Token login (admin-issued login tokens, the throttle, trusted proxies); admins and
+    # operators come from the settings file, exactly.
+    try:
+        configure_login(c, settings, DATA_DIR, default_trusted_proxies(settings))
+    except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry
+        raise SystemExit(f"gpulab: {e}") from None
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
     # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
     # so removing a name from hub.admins removes the right at the next start.
@@ -128,7 +133,9 @@ def configure(c) -> None:
         {
             # Admins and the operators group (roles.OPERATOR_SCOPES) may open it.
             "name": DASHBOARD_SERVICE,
-            "url": f"http://127.0.0.1:{DASHBOARD_PORT}",
+            # The proxy (its own container) reaches it at the hub's name; users'
+            # containers cannot (gpulab-netguard lets them reach only port 8081).
+            "url": f"http://{hub_host}:{DASHBOARD_PORT}",
             "command": [sys.executable, "-m", "gpulab.dashboard"],
             # JupyterHub starts a managed service with only the environment it is given:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.

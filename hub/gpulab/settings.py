@@ -155,7 +155,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Example: [10.0.0.5]"),
     Setting("hub.member_token_max_age", parse_duration, 30 * 86400,
             "Longest lifetime of an API token that members make for themselves (for "
-            "scripts); a request for a longer or never-expiring one is refused. Login "
+            "scripts): one asked for without an expiry gets this one, a longer one is "
+            "refused. Login "
             "tokens are issued by admins (gpulab token issue) and are not affected. "
             "0 removes the limit. Example: 7d"),
     Setting("hub.idle_timeout", parse_duration, 3600,

@@ -1,11 +1,17 @@
 """Failed-login throttling that survives a hub restart.
 
-Two counters are kept for each failed sign-in: one for the (normalised) username and
-one for the client address. Each counter follows a :class:`Policy`: after
-``max_failures`` failures within ``window`` seconds the key is locked for ``lockout``
-seconds, and every further lockout of the same key doubles that, up to
-``max_lockout``. A key with no failure for ``forget_after`` seconds starts from
-nothing again. A successful sign-in clears the username's counter.
+A failed sign-in from a browser that has no *device cookie* for the username tried
+(see :mod:`gpulab.auth`) counts twice: against the (normalised) username and against
+the client address. A failed sign-in that carries a valid device cookie for that
+username counts against that one device only, and only its own lockout stops it: so
+whoever locks alice's name or a shared address cannot lock out the browser alice
+signed in with before (OWASP's "device cookies").
+
+Each counter follows a :class:`Policy`: after ``max_failures`` failures within
+``window`` seconds the key is locked for ``lockout`` seconds, and every further
+lockout of the same key doubles that, up to ``max_lockout``. A key with no failure for
+``forget_after`` seconds starts from nothing again. A successful sign-in clears the
+counter it was checked against (the username's, or the device's).
 
 The decisions are pure functions of an :class:`Entry` and the time
 (:func:`is_locked`, :func:`after_failure`); :class:`Throttle` only stores entries in a
@@ -28,6 +34,7 @@ from pathlib import Path
 
 USER = "user"
 ADDRESS = "address"
+DEVICE = "device"  # a device cookie's random id; follows the username policy
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ CREATE TABLE IF NOT EXISTS login_failures (
 
 
 class Throttle:
-    """Username and client-address counters kept in a sqlite file.
+    """Username, client-address and device counters kept in a sqlite file.
 
     ``Throttle(path)`` opens (and creates, mode 0600) the file; a second instance on
     the same file, e.g. after a hub restart, sees the same lockouts. Each call opens
@@ -178,9 +185,11 @@ class Throttle:
         now: Callable[[], float] = time.time,
     ):
         self.path = Path(path)
+        user_policy = user_policy or Policy()
         self.policies = {
-            USER: user_policy or Policy(),
+            USER: user_policy,
             ADDRESS: address_policy or Policy(max_failures=20),
+            DEVICE: user_policy,
         }
         self.now = now
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,7 +204,12 @@ class Throttle:
         return sqlite3.connect(self.path, timeout=10)
 
     @staticmethod
-    def _keys(username: str | None, address: str | None) -> list[tuple[str, str]]:
+    def _keys(
+        username: str | None, address: str | None, device: str | None = None
+    ) -> list[tuple[str, str]]:
+        if device:
+            # a browser that signed in as this username before: its own counter only
+            return [(DEVICE, device)]
         keys = []
         if username:
             keys.append((USER, username))
@@ -216,24 +230,34 @@ class Throttle:
         locked_until = max((e.locked_until for e in entries if is_locked(e, now)), default=0.0)
         return Decision(locked=bool(locked_until), retry_at=locked_until, now=now)
 
-    def check(self, username: str | None, address: str | None) -> Decision:
-        """May *username* try to sign in from *address* now? Changes nothing."""
+    def check(
+        self, username: str | None, address: str | None, device: str | None = None
+    ) -> Decision:
+        """May *username* try to sign in from *address* now? Changes nothing.
+
+        With *device* (the id in a valid device cookie for *username*) only that
+        device's own lockout counts; the username's and the address's do not.
+        """
         now = self.now()
         with self._connect() as db:
-            entries = [self._load(db, kind, key) for kind, key in self._keys(username, address)]
+            entries = [self._load(db, kind, key)
+                       for kind, key in self._keys(username, address, device)]
         return self._decide(entries, now)
 
-    def record_failure(self, username: str | None, address: str | None) -> Decision:
+    def record_failure(
+        self, username: str | None, address: str | None, device: str | None = None
+    ) -> Decision:
         """Count one failed sign-in; the decision says whether that caused a lockout.
 
         Pass ``username=None`` for a name that is not even valid: only the address is
-        counted then, so junk names do not fill the file.
+        counted then, so junk names do not fill the file. With *device*, only that
+        device is counted (see :meth:`check`).
         """
         now = self.now()
         entries = []
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            for kind, key in self._keys(username, address):
+            for kind, key in self._keys(username, address, device):
                 entry = after_failure(self._load(db, kind, key), now, self.policies[kind])
                 db.execute(
                     "INSERT OR REPLACE INTO login_failures VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -244,10 +268,13 @@ class Throttle:
             self._prune(db, now)
         return self._decide(entries, now)
 
-    def record_success(self, username: str) -> None:
-        """A successful sign-in forgets the username's failures and lockouts."""
+    def record_success(self, username: str, device: str | None = None) -> None:
+        """A successful sign-in forgets the failures of what it was checked against:
+        the device's with a device cookie (the username's lockout, perhaps someone
+        else's doing, stays), else the username's."""
+        kind, key = (DEVICE, device) if device else (USER, username)
         with self._connect() as db:
-            db.execute("DELETE FROM login_failures WHERE kind = ? AND key = ?", (USER, username))
+            db.execute("DELETE FROM login_failures WHERE kind = ? AND key = ?", (kind, key))
 
     def entry(self, kind: str, key: str) -> Entry:
         """The stored entry of one key (for tests and `gpulab` diagnostics)."""

@@ -88,8 +88,8 @@ class Hub:
         name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
         r = self.request("POST", f"/users/{name}", json={})
         assert r.status_code == 201, r.text
-        r = self.request("POST", f"/users/{name}/tokens",
-                         json={"note": "gpulab-login: integration test", "expires_in": 3600})
+        # a login token, through the admin-only endpoint (gpulab.login_tokens)
+        r = self.request("POST", f"/gpulab/login-tokens/{name}", json={"expires_in": 3600})
         assert r.status_code == 201, r.text
         return LabUser(self, name, r.json()["token"])
 

@@ -1,4 +1,5 @@
-"""gpulab.throttle: lockout decisions, doubling, persistence across restarts, 429."""
+"""gpulab.throttle: lockout decisions, doubling, persistence across restarts, 429, and
+device cookies that keep a member's own browser out of other people's lockouts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from gpulab.throttle import (
     ADDRESS,
+    DEVICE,
     USER,
     Entry,
     Policy,
@@ -175,3 +177,58 @@ def test_stale_rows_are_pruned(throttle, clock):
     with throttle._connect() as db:
         keys = {row[0] for row in db.execute("SELECT key FROM login_failures")}
     assert keys == {"new", "192.0.2.2"}
+
+
+# ------------------------------------------------------------------ device cookies
+
+DEVICE_ID = "dev-alice-laptop-0001"
+
+
+def lock_alice_and_the_address(throttle):
+    """What an attacker sharing alice's address can do: lock her name and the address."""
+    for _ in range(5):
+        throttle.record_failure("alice", "192.0.2.1")
+    for i in range(15):
+        throttle.record_failure(f"guess{i}", "192.0.2.1")
+    assert throttle.check("alice", "192.0.2.1").locked
+    assert throttle.check("bob", "192.0.2.1").locked
+
+
+def test_a_device_is_not_locked_by_the_name_or_address_lockouts(throttle):
+    lock_alice_and_the_address(throttle)
+    assert not throttle.check("alice", "192.0.2.1", DEVICE_ID).locked
+
+
+def test_failures_with_a_device_count_against_it_only(throttle):
+    for _ in range(4):
+        assert not throttle.record_failure("alice", "192.0.2.1", DEVICE_ID).locked
+    assert throttle.entry(USER, "alice") == Entry()
+    assert throttle.entry(ADDRESS, "192.0.2.1") == Entry()
+    decision = throttle.record_failure("alice", "192.0.2.1", DEVICE_ID)
+    assert decision.locked and decision.status == 429 and decision.retry_after == 900
+    assert throttle.check("alice", "192.0.2.1", DEVICE_ID).locked
+    # the name and the address are free: another browser may still try
+    assert not throttle.check("alice", "192.0.2.1").locked
+    assert not throttle.check("alice", "192.0.2.1", "another-device-0002").locked
+
+
+def test_success_with_a_device_clears_the_device_not_the_name(throttle):
+    lock_alice_and_the_address(throttle)
+    for _ in range(3):
+        throttle.record_failure("alice", "192.0.2.1", DEVICE_ID)
+    throttle.record_success("alice", DEVICE_ID)
+    assert throttle.entry(DEVICE, DEVICE_ID) == Entry()
+    # the attacker does not get fresh guesses at alice's name from her sign-in
+    assert throttle.check("alice", "192.0.2.9").locked
+
+
+def test_device_lockout_survives_a_restart_and_expires(tmp_path, clock):
+    path = tmp_path / "throttle.sqlite"
+    first = Throttle(path, user_policy=POLICY, now=clock)
+    for _ in range(5):
+        first.record_failure("alice", "192.0.2.1", DEVICE_ID)
+    second = Throttle(path, user_policy=POLICY, now=clock)
+    assert second.check("alice", None, DEVICE_ID).locked
+    clock.advance(900)
+    assert not second.check("alice", None, DEVICE_ID).locked
+    assert second.entry(DEVICE, DEVICE_ID).lockouts == 1

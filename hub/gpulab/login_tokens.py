@@ -1,0 +1,423 @@
+"""Login tokens: the admin-issued tokens that open a browser session, and nothing else.
+
+A login token is an ordinary JupyterHub API token (a salted hash in the hub database,
+with an expiry, revocable) that an admin issued through the admin-only REST API below
+(``gpulab token issue``). What makes it a login token is a row in
+:class:`LoginTokenStore`, a small sqlite file next to the hub database that only this
+module writes, holding the token's salted ``hashed`` value, its id and its owner. A
+member cannot forge or collide with such a row: the hub picks the salt and the token,
+so no token a member makes (whatever its note says) ever matches one. The note of a
+login token (``gpulab-login: issued by ...``) is for people only.
+
+When a member has no valid login token left (revoked, expired, deleted),
+:func:`end_access` deletes their other API tokens and their OAuth tokens (the sessions
+of their servers and of services) and rotates their hub cookie id, so neither scripts
+nor open browser tabs outlive the token the admin gave them; the authenticator
+(:class:`gpulab.auth.TokenAuthenticator`) does that at the member's next request too.
+
+REST API (inside the hub, served under ``/hub/api/gpulab/``), for callers holding the
+*unfiltered* ``admin:users`` and ``tokens`` scopes (admins and the ``gpulab-admin``
+service; a member's own ``self`` scopes are all filtered to ``!user=<name>``, so they
+never pass, not even for herself):
+
+* ``POST   /hub/api/gpulab/login-tokens/{user}`` body ``{"expires_in": seconds|null}``:
+  201, the token model with ``"token"`` (shown only this once);
+* ``GET    /hub/api/gpulab/login-tokens/{user}``: 200, ``{"login_tokens": [model...]}``
+  (id, created, expires_at, last_activity, expired, note; never the token);
+* ``DELETE /hub/api/gpulab/login-tokens/{user}/{token_id}``: 200,
+  ``{"revoked": id, "login_tokens_left": n, "ended_access": {...}|null}``.
+
+Tokens made before login tokens were recorded (their note was the only mark) are
+recorded once, at the first start with this module (:func:`migrate_hub_db`): those
+whose note is exactly the one ``gpulab token issue`` wrote, each logged with a warning
+to review.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jupyterhub import orm
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.utils import isoformat, new_token
+from tornado import web
+
+LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
+# The note `gpulab token issue` wrote before login tokens were recorded.
+LEGACY_CLI_NOTE = f"{LOGIN_TOKEN_NOTE}: issued by gpulab token issue"
+JUPYTERHUB_CLIENT = "jupyterhub"  # client_id of API tokens; anything else is an OAuth token
+# Unfiltered scopes a caller of the REST API must hold (the admin role and the
+# gpulab-admin service do).
+ADMIN_SCOPES = ("admin:users", "tokens")
+MIGRATION_KEY = "legacy_note_migration"
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS login_tokens (
+        hashed TEXT PRIMARY KEY,   -- api_tokens.hashed: salted by the hub, unique
+        token_id INTEGER NOT NULL, -- api_tokens.id (sqlite may reuse it: not enough alone)
+        username TEXT NOT NULL,
+        issued_by TEXT NOT NULL,
+        issued_at REAL NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS login_tokens_user ON login_tokens (username)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+
+
+class LoginTokenStore:
+    """Which API tokens are login tokens: a sqlite file only the admin path writes.
+
+    ``LoginTokenStore(path)`` opens (and creates, mode 0600) the file. A row matches an
+    ``orm.APIToken`` only when its hashed value, id and owner's name all match.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, now: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.now = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            # which tokens open a session: readable and writable by the hub only
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        with self._connect() as db:
+            for statement in _SCHEMA:
+                db.execute(statement)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10)
+
+    def record(self, orm_token: orm.APIToken, issued_by: str) -> None:
+        if orm_token.user is None:
+            raise ValueError("only a user's token can be a login token")
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO login_tokens VALUES (?, ?, ?, ?, ?)",
+                (orm_token.hashed, orm_token.id, orm_token.user.name, issued_by, self.now()),
+            )
+
+    def recorded(self, username: str) -> dict[str, int]:
+        """``{hashed: token_id}`` of the rows for *username*."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT hashed, token_id FROM login_tokens WHERE username = ?", (username,))
+            return dict(rows.fetchall())
+
+    def is_recorded(self, orm_token: orm.APIToken) -> bool:
+        if orm_token.user is None or not orm_token.hashed:
+            return False
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT 1 FROM login_tokens WHERE hashed = ? AND token_id = ? AND username = ?",
+                (orm_token.hashed, orm_token.id, orm_token.user.name),
+            ).fetchone()
+        return row is not None
+
+    def forget(self, hashed: Iterable[str]) -> None:
+        with self._connect() as db:
+            db.executemany("DELETE FROM login_tokens WHERE hashed = ?", [(h,) for h in hashed])
+
+    def forget_user(self, username: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM login_tokens WHERE username = ?", (username,))
+
+    def get_meta(self, key: str) -> str | None:
+        with self._connect() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+# ------------------------------------------------------------------ on the hub's ORM
+
+
+def issue(db, store: LoginTokenStore, orm_user: orm.User, *, expires_in: int | None,
+          issued_by: str) -> tuple[str, orm.APIToken]:
+    """Create a login token for *orm_user* and record it; ``(token, orm_token)``."""
+    token = orm_user.new_api_token(
+        note=f"{LOGIN_TOKEN_NOTE}: issued by {issued_by}", expires_in=expires_in)
+    orm_token = orm.APIToken.find(db, token, kind="user")
+    store.record(orm_token, issued_by)
+    return token, orm_token
+
+
+def user_tokens(db, orm_user: orm.User) -> list[orm.APIToken]:
+    """All API and OAuth tokens of *orm_user*, read from the database.
+
+    Not ``orm_user.api_tokens``: the hub's session does not expire objects on commit,
+    so that collection can still hold a token deleted since it was loaded.
+    """
+    return db.query(orm.APIToken).filter(orm.APIToken.user_id == orm_user.id).all()
+
+
+def login_tokens(db, store: LoginTokenStore, orm_user: orm.User, *,
+                 include_expired: bool = False) -> list[orm.APIToken]:
+    """The user's recorded login tokens that still exist in the hub database.
+
+    Rows whose token is gone (revoked through JupyterHub's own API, purged after
+    expiry, or the user deleted) are forgotten on the way.
+    """
+    recorded = store.recorded(orm_user.name)
+    if not recorded:
+        return []
+    found = [t for t in user_tokens(db, orm_user) if recorded.get(t.hashed) == t.id]
+    gone = set(recorded) - {t.hashed for t in found}
+    if gone:
+        store.forget(gone)
+    if not include_expired:
+        found = [t for t in found if not t.expired]
+    return sorted(found, key=lambda t: t.id)
+
+
+def is_login_token(store: LoginTokenStore, orm_token: orm.APIToken) -> bool:
+    """Is this an unexpired token the admin path issued to its owner?"""
+    return (orm_token.user is not None and orm_token.client_id == JUPYTERHUB_CLIENT
+            and not orm_token.expired and store.is_recorded(orm_token))
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What :func:`end_access` removed."""
+
+    api_tokens: list[str] = field(default_factory=list)  # api ids such as "a12"
+    oauth_tokens: int = 0
+    kept_server_tokens: int = 0
+
+
+def running_server_tokens(db, user) -> set[int]:
+    """Ids of the API tokens the hub gave *user*'s servers (a JupyterHub ``User``; an
+    ``orm.User`` has none). Known only for servers started since the hub itself
+    started: the hub does not keep them across its own restarts."""
+    spawners = getattr(user, "spawners", None) or {}
+    ids = set()
+    for spawner in spawners.values():
+        if spawner.api_token:
+            found = orm.APIToken.find(db, spawner.api_token, kind="user")
+            if found is not None:
+                ids.add(found.id)
+    return ids
+
+
+def has_access_to_end(db, orm_user: orm.User, keep: set[int]) -> bool:
+    return any(t.id not in keep for t in user_tokens(db, orm_user))
+
+
+def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int]) -> Ended:
+    """Delete every API and OAuth token of *orm_user* except the ids in *keep* (their
+    running servers' own tokens), and rotate their hub cookie id so that every browser
+    session on the hub ends at its next request. For a user with no login token left."""
+    api_ids, oauth = [], 0
+    for token in user_tokens(db, orm_user):
+        if token.id in keep:
+            continue
+        if token.client_id and token.client_id != JUPYTERHUB_CLIENT:
+            oauth += 1
+        else:
+            api_ids.append(token.api_id)
+        db.delete(token)
+    orm_user.cookie_id = new_token()
+    db.commit()
+    db.expire(orm_user, ["api_tokens"])  # reload the collection at its next use
+    store.forget_user(orm_user.name)
+    return Ended(sorted(api_ids), oauth, len(keep))
+
+
+# ------------------------------------------------------------------ migration
+
+
+def migrate_legacy_tokens(db, store: LoginTokenStore, logger: logging.Logger = log) -> list[str]:
+    """Record, once, the tokens that were login tokens by their note alone.
+
+    Only unexpired API tokens of users whose note is exactly :data:`LEGACY_CLI_NOTE`
+    (what ``gpulab token issue`` and ``make up`` wrote) count; each one is logged, since
+    before this change a member could have written that note too. Returns their ids;
+    an empty list when the migration ran before.
+    """
+    if store.get_meta(MIGRATION_KEY) is not None:
+        return []
+    query = db.query(orm.APIToken).filter(
+        orm.APIToken.note == LEGACY_CLI_NOTE,
+        orm.APIToken.user_id.isnot(None),
+        orm.APIToken.client_id == JUPYTERHUB_CLIENT,
+    )
+    migrated = []
+    for token in query.order_by(orm.APIToken.id):
+        if token.expired:
+            continue
+        store.record(token, "gpulab token issue (before login tokens were recorded)")
+        migrated.append(token.api_id)
+        logger.warning(
+            "gpulab: token %s of %s (created %s, expires %s) was issued before login "
+            "tokens were recorded; it stays a login token. Members could write that note "
+            "themselves then: review with `gpulab token list %s` and revoke what no admin "
+            "issued.",
+            token.api_id, token.user.name, isoformat(token.created),
+            isoformat(token.expires_at) or "never", token.user.name,
+        )
+    store.set_meta(MIGRATION_KEY, json.dumps({"at": store.now(), "recorded": migrated}))
+    return migrated
+
+
+def migrate_hub_db(db_url: str, store_path: str | os.PathLike,
+                   logger: logging.Logger = log) -> list[str]:
+    """:func:`migrate_legacy_tokens` on the hub database, before the hub opens it.
+
+    A sqlite database that does not exist yet (a new install) has nothing to migrate:
+    the migration is marked done, so tokens made later never qualify. A database that
+    needs ``jupyterhub upgrade-db`` is left for the next start (JupyterHub refuses to
+    start with the same advice).
+    """
+    store = LoginTokenStore(store_path)
+    if store.get_meta(MIGRATION_KEY) is not None:
+        return []
+    match = re.match(r"sqlite:///(.+)", db_url)
+    if match and match.group(1) != ":memory:" and not Path(match.group(1)).exists():
+        store.set_meta(MIGRATION_KEY, json.dumps({"at": store.now(), "recorded": [],
+                                                  "new_install": True}))
+        return []
+    try:
+        session_factory = orm.new_session_factory(db_url)
+    except orm.DatabaseSchemaMismatch as e:
+        logger.warning("gpulab: login tokens not migrated yet, the hub database needs "
+                       "upgrading: %s", e)
+        return []
+    db = session_factory()
+    try:
+        return migrate_legacy_tokens(db, store, logger)
+    finally:
+        db.close()
+        db.get_bind().dispose()
+
+
+# ------------------------------------------------------------------ REST API
+
+
+def token_model(token: orm.APIToken) -> dict:
+    """What the API shows of a login token: never the token or its hash."""
+    return {
+        "id": token.api_id,
+        "user": token.user.name,
+        "created": isoformat(token.created),
+        "expires_at": isoformat(token.expires_at),
+        "expired": token.expired,
+        "last_activity": isoformat(token.last_activity),
+        "note": token.note,
+    }
+
+
+class _AdminOnly(APIHandler):
+    """Base of the login-token endpoints: admins only, JSON, the authenticator's store."""
+
+    @property
+    def store(self) -> LoginTokenStore:
+        store = getattr(self.authenticator, "login_tokens", None)
+        if not isinstance(store, LoginTokenStore):
+            raise web.HTTPError(500, "login tokens need c.JupyterHub.authenticator_class = "
+                                     "'gpulab-token'")
+        return store
+
+    def require_admin(self) -> None:
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        # unfiltered only: a member's "tokens!user=alice" does not pass
+        missing = [s for s in ADMIN_SCOPES if not self.has_scope(s)]
+        if missing:
+            self.log.warning("%s may not manage login tokens (lacks %s)",
+                             self.current_user.name, ", ".join(missing))
+            raise web.HTTPError(
+                403, "Only admins may issue, list or revoke login tokens (requires the "
+                     f"unfiltered scopes {', '.join(ADMIN_SCOPES)}).")
+
+    def user_or_404(self, name: str):
+        user = self.find_user(name)
+        if user is None:
+            raise web.HTTPError(404, f"No such user: {name}. Create it first "
+                                     f"(gpulab token issue {name} does).")
+        return user
+
+    @property
+    def requester(self) -> str:
+        """``service gpulab-admin`` or ``user alice``, for the note and the log."""
+        return f"{getattr(self.current_user, 'kind', 'user')} {self.current_user.name}"
+
+
+class LoginTokensAPIHandler(_AdminOnly):
+    """``GET`` (list) and ``POST`` (issue) ``/hub/api/gpulab/login-tokens/{user}``."""
+
+    def get(self, user_name):
+        self.require_admin()
+        user = self.user_or_404(user_name)
+        tokens = login_tokens(self.db, self.store, user.orm_user, include_expired=True)
+        self.write(json.dumps({"login_tokens": [token_model(t) for t in tokens]}))
+
+    def post(self, user_name):
+        self.require_admin()
+        user = self.user_or_404(user_name)
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict) or set(body) - {"expires_in"}:
+            raise web.HTTPError(400, 'Body must be {"expires_in": seconds or null}')
+        expires_in = body.get("expires_in")
+        if expires_in is not None and (
+                isinstance(expires_in, bool) or not isinstance(expires_in, int)
+                or expires_in <= 0):
+            raise web.HTTPError(
+                400, f"expires_in must be a positive number of seconds or null (never), "
+                     f"not {expires_in!r}")
+        token, orm_token = issue(self.db, self.store, user.orm_user,
+                                 expires_in=expires_in, issued_by=self.requester)
+        self.log.info("%s issued login token %s for %s (expires %s)", self.requester,
+                      orm_token.api_id, user.name, isoformat(orm_token.expires_at) or "never")
+        self.set_status(201)
+        self.write(json.dumps({**token_model(orm_token), "token": token}))
+
+
+class LoginTokenAPIHandler(_AdminOnly):
+    """``DELETE /hub/api/gpulab/login-tokens/{user}/{token_id}``: revoke one."""
+
+    def delete(self, user_name, token_id):
+        self.require_admin()
+        user = self.user_or_404(user_name)
+        orm_user = user.orm_user
+        tokens = login_tokens(self.db, self.store, orm_user, include_expired=True)
+        target = next((t for t in tokens if t.api_id == token_id), None)
+        if target is None:
+            raise web.HTTPError(404, f"{user.name} has no login token {token_id} "
+                                     f"(see gpulab token list {user.name})")
+        hashed = target.hashed
+        self.db.delete(target)
+        self.db.commit()
+        self.db.expire(orm_user, ["api_tokens"])
+        self.store.forget([hashed])
+        left = login_tokens(self.db, self.store, orm_user)
+        ended = None
+        if not left:
+            ended = end_access(self.db, self.store, orm_user,
+                               running_server_tokens(self.db, user))
+            # refresh at this user's next request, whatever auth_refresh_age says
+            user._auth_refreshed = None
+        self.log.info("%s revoked login token %s of %s%s", self.requester, token_id,
+                      user.name, "; no login token left: access ended" if ended else "")
+        self.write(json.dumps({
+            "revoked": token_id,
+            "login_tokens_left": len(left),
+            "ended_access": asdict(ended) if ended else None,
+        }))
+
+
+def api_handlers() -> list[tuple[str, type]]:
+    """For ``Authenticator.get_handlers`` (JupyterHub puts them under /hub/)."""
+    return [
+        (r"/api/gpulab/login-tokens/([^/]+)", LoginTokensAPIHandler),
+        (r"/api/gpulab/login-tokens/([^/]+)/([^/]+)", LoginTokenAPIHandler),
+    ]
