@@ -4,13 +4,26 @@ Whoever holds the Docker socket is root on the host. The hub needs only a handfu
 Docker API calls (create, start, inspect, stop, remove and list its user containers;
 inspect images and volumes; read a crashed container's log), so it talks to this proxy
 instead (``DOCKER_HOST=tcp://docker-proxy:2375`` on an internal network) and the proxy
-alone mounts the socket. Anything else is refused with 403, and a container create is
-refused unless it is a hardened user container: non-root, no added capabilities,
-``no-new-privileges``, not privileged, no host namespaces, no host devices, and named
-volumes only (no bind mounts, so no Docker socket or host path inside). A compromised
-hub can start user containers; it cannot start a root shell on the host.
+alone mounts the socket. What may pass is decided by :mod:`gpulab.docker_policy` (a
+hardened user container of this lab, and nothing else); this module is the I/O around
+it, and refuses on its own account:
 
-:func:`decide` is the policy, a pure function; :class:`Proxy` is the thin I/O shell.
+* a request head that two HTTP parsers could read differently (400): a bare LF or CR,
+  an obs-fold line, a duplicate or non-numeric Content-Length, a request line that is
+  not ``METHOD SP /path SP HTTP/1.x``; and any Transfer-Encoding (411);
+* a per-container call (start, stop, kill, remove, inspect, logs) on a container that
+  is not gpulab's. The reference is resolved to the full container ID once, the managed
+  label of *that* container is checked, and the call is forwarded with the full ID, so
+  no other container can take the name in between. A reference Docker does not know is
+  answered with Docker's 404 (DockerSpawner reads 404 as "gone").
+
+Forwarded requests carry the checked body re-serialized and fresh headers (Host,
+Content-Type, Content-Length, Connection: close), never the client's bytes.
+
+With ``--exit-when-socket-gone`` the proxy exits (status 1) when the socket has refused
+connections for 3 s: a restarted dockerd makes a new socket, and a socket file mounted
+into this container stays the old, dead one until Docker's restart policy restarts it.
+With ``--read-only`` only ping, version and the container list pass (the exporter).
 """
 
 from __future__ import annotations
@@ -20,259 +33,294 @@ import asyncio
 import json
 import logging
 import re
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import docker_policy
+from .contract import LABEL_MANAGED
+from .docker_policy import Decision
+
 log = logging.getLogger("gpulab.docker_proxy")
-
-_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-ALLOWED: tuple[tuple[str, re.Pattern], ...] = tuple(
-    (method, re.compile(path))
-    for method, path in (
-        ("GET", r"/_ping"), ("HEAD", r"/_ping"), ("GET", r"/version"),
-        ("GET", r"/containers/json"),
-        ("POST", r"/containers/create"),
-        ("GET", rf"/containers/{_ID}/json"),
-        ("GET", rf"/containers/{_ID}/logs"),
-        ("POST", rf"/containers/{_ID}/(start|stop|kill)"),
-        ("DELETE", rf"/containers/{_ID}"),
-        ("GET", r"/images/[^?]+/json"),
-        ("GET", rf"/volumes/{_ID}"),
-    )
-)
-_VERSION_PREFIX = re.compile(r"^/v(\d+)\.(\d+)(?=/)")
-# API versions below 1.24 let a start request carry a HostConfig that replaces the
-# checked one; DeviceRequests need 1.40. Older clients are refused.
-MIN_API_VERSION = (1, 40)
-# A per-container call (start, stop, kill, remove, inspect, logs) names its container.
-_PER_CONTAINER = re.compile(rf"/containers/(?!json$|create$)({_ID})(/.*)?")
-MANAGED_LABEL = "org.gpulab.managed"
-
-# Exactly what DockerSpawner sends for a gpulab user container (docker-py's spelling).
-# Any other key with a non-empty value is refused: an allow-list, so that keys this
-# module never heard of (VolumesFrom, GroupAdd, Sysctls, Runtime, ...) cannot slip by.
-_CREATE_KEYS = {
-    "Hostname", "Domainname", "ExposedPorts", "User", "Tty", "OpenStdin", "StdinOnce",
-    "AttachStdin", "AttachStdout", "AttachStderr", "Env", "Cmd", "Image", "Volumes",
-    "NetworkDisabled", "Entrypoint", "WorkingDir", "NetworkingConfig", "MacAddress",
-    "Labels", "StopSignal", "Healthcheck", "StopTimeout", "HostConfig",
-}
-_HOST_CONFIG_KEYS = {
-    "Binds", "CapDrop", "CpuPeriod", "CpuQuota", "NanoCpus", "DeviceRequests", "Init",
-    "Memory", "MemorySwap", "Mounts", "NetworkMode", "PidsLimit", "SecurityOpt", "ShmSize",
-    "AutoRemove", "PortBindings", "Links",
-}
-_NO_NEW_PRIVILEGES = {"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"}
-_USER = re.compile(r"[1-9][0-9]*(:[1-9][0-9]*)?")
-
-
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool
-    reason: str = ""
-    container: str = ""  # a per-container call: the container it names
-
-
-def _bad_create(body: dict[str, Any]) -> str:
-    """Why a container create is not a hardened user container ('' when it is)."""
-    extra = sorted(k for k, v in body.items() if k not in _CREATE_KEYS and v)
-    if extra:
-        return f"container settings the hub never uses: {', '.join(extra)}"
-    if not _USER.fullmatch(str(body.get("User") or "")):
-        return "containers must run as a non-root numeric user (uid[:gid], not 0)"
-    hc = body.get("HostConfig") or {}
-    extra = sorted(k for k, v in hc.items() if k not in _HOST_CONFIG_KEYS and v)
-    if extra:
-        return f"host settings the hub never uses: {', '.join(extra)}"
-    if hc.get("CapDrop") != ["ALL"]:
-        return "containers must drop all capabilities"
-    security = hc.get("SecurityOpt") or []
-    if not security or any(opt not in _NO_NEW_PRIVILEGES for opt in security):
-        return "containers must run with no-new-privileges and no other security option"
-    network = str(hc.get("NetworkMode") or "")
-    if network == "host" or network.startswith("container:"):
-        return f"NetworkMode={network} is not allowed"
-    if hc.get("Links"):
-        return "links are not allowed"
-    for bind in hc.get("Binds") or []:
-        if bind.split(":")[0].startswith("/"):
-            return f"bind mounts of host paths are not allowed ({bind.split(':')[0]})"
-    for mount in hc.get("Mounts") or []:
-        if mount.get("Type", "volume") != "volume" or set(mount) - {
-                "Type", "Source", "Target", "ReadOnly"}:
-            return "only plain named volumes may be mounted"
-    for req in hc.get("DeviceRequests") or []:
-        if req.get("Driver") not in ("nvidia", "") or req.get("Count") not in (None, 0):
-            return "GPU requests must name their devices (DeviceIDs), not a count"
-    return ""
-
-
-# The exporter only lists containers (their labels name the GPU holders).
-READ_ONLY: tuple[tuple[str, re.Pattern], ...] = tuple(
-    (m, p) for m, p in ALLOWED if m in ("GET", "HEAD") and p.pattern in (
-        r"/_ping", r"/version", r"/containers/json"))
-
-
-def decide(method: str, target: str, body: bytes = b"", read_only: bool = False) -> Decision:
-    """May the hub make this Docker API call? (method, request target, body).
-
-    Per-container calls are allowed here only provisionally: the caller must also check
-    that the named container is one of gpulab's (:data:`MANAGED_LABEL`).
-    """
-    raw_path = target.split("?", 1)[0]
-    version = _VERSION_PREFIX.match(raw_path)
-    if version and (int(version.group(1)), int(version.group(2))) < MIN_API_VERSION:
-        return Decision(False, f"Docker API versions below {'.'.join(map(str, MIN_API_VERSION))}"
-                               f" are refused")
-    path = _VERSION_PREFIX.sub("", raw_path)
-    if not any(m == method and p.fullmatch(path) for m, p in (READ_ONLY if read_only else ALLOWED)):
-        who = "a read-only client" if read_only else "the hub"
-        return Decision(False, f"{method} {path} is not among the calls {who} needs")
-    if path == "/containers/create":
-        try:
-            spec = json.loads(body or b"{}")
-        except ValueError:
-            return Decision(False, "container create body is not JSON")
-        why = _bad_create(spec if isinstance(spec, dict) else {})
-        return Decision(not why, why)
-    if body:
-        return Decision(False, f"{method} {path} takes no request body")
-    per_container = _PER_CONTAINER.fullmatch(path)
-    return Decision(True, container=per_container.group(1) if per_container else "")
-
-
-# ---------------------------------------------------------------- the I/O shell
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024
+MAX_INSPECT = 16 * 1024 * 1024
+HEAD_TIMEOUT = 30.0  # seconds for a client to send its request
+
+_REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.[01]")
+_HEADER = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
+_FULL_ID = re.compile(r"[0-9a-f]{64}")
+_REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 411: "Length Required",
+            413: "Payload Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str
+    content_length: int
+
+
+def parse_head(head: bytes) -> Request:
+    """The request line and Content-Length of a head ending in CRLF CRLF, read strictly;
+    raises :class:`Refusal` for anything two parsers could read differently."""
+    lines = head.removesuffix(b"\r\n\r\n").split(b"\r\n")
+    for line in lines:
+        if b"\n" in line or b"\r" in line:
+            raise Refusal(400, "bare LF or CR in the request head (lines end with CRLF)")
+    text = [line.decode("latin-1") for line in lines]
+    request_line = _REQUEST_LINE.fullmatch(text[0])
+    if not request_line:
+        raise Refusal(400, f"request line {text[0][:200]!r} is not 'METHOD /path HTTP/1.1'")
+    lengths = []
+    for line in text[1:]:
+        if line[:1] in (" ", "\t"):
+            raise Refusal(400, "folded header line (obs-fold) in the request head")
+        header = _HEADER.fullmatch(line.rstrip(" \t"))
+        if not header:
+            raise Refusal(400, f"malformed header line {line[:200]!r}")
+        name, value = header.group(1).lower(), header.group(2).rstrip(" \t")
+        if name == "transfer-encoding":
+            raise Refusal(411, "send a Content-Length, not a Transfer-Encoding")
+        if name == "content-length":
+            lengths.append(value)
+    if len(lengths) > 1:
+        raise Refusal(400, "more than one Content-Length")
+    if lengths and not re.fullmatch(r"[0-9]{1,12}", lengths[0]):
+        raise Refusal(400, f"Content-Length {lengths[0][:50]!r} is not a number")
+    length = int(lengths[0]) if lengths else 0
+    if length > MAX_BODY:
+        raise Refusal(413, "request body too large")
+    return Request(request_line.group(1), request_line.group(2), length)
+
+
+def parse_response(raw: bytes) -> tuple[int, bytes]:
+    """(status, body) of a whole HTTP/1.1 response (read until the server closed)."""
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status_line, *headers = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP response: {status_line[:100]!r}")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in headers)}
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        payload = _unchunk(payload)
+    elif fields.get("content-length", "").isdigit():
+        payload = payload[:int(fields["content-length"])]
+    return int(parts[1]), payload
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = []
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            break
+        out.append(rest[:size])
+        data = rest[size + 2:]
+    return b"".join(out)
 
 
 class Proxy:
-    def __init__(self, socket_path: str = "/var/run/docker.sock", read_only: bool = False):
+    def __init__(self, socket_path: str = "/var/run/docker.sock", read_only: bool = False,
+                 settings_path: str | None = None):
         self.socket_path = socket_path
         self.read_only = read_only
+        self.settings_path = settings_path
+        # Python 3.11's start_server keeps no reference to a connection's task; one whose
+        # client half-closed could be garbage-collected mid-request without this.
+        self._tasks: set[asyncio.Task] = set()
+
+    def settings(self) -> Mapping[str, Any]:
+        """The lab's settings, read again at every create (an admin's edit applies; an
+        invalid edit keeps the last good version, see :mod:`gpulab.live_config`)."""
+        if not self.settings_path:
+            from .settings import defaults
+            return defaults()
+        from .live_config import settings_file
+        return settings_file.load(self.settings_path)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        request = None
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            if len(head) > MAX_HEAD:
-                raise ValueError("request head too large")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            method, target, _version = request_line.split(" ", 2)
-            headers = [h for h in header_lines if h]
-            length = next((int(h.split(":", 1)[1]) for h in headers
-                           if h.lower().startswith("content-length:")), 0)
-            if any(h.lower().startswith("transfer-encoding:") for h in headers):
-                await self._refuse(writer, 411, "send a Content-Length, not a chunked body")
-                return
-            if length > MAX_BODY:
-                await self._refuse(writer, 413, "request body too large")
-                return
-            body = await reader.readexactly(length) if length else b""
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            await self._refuse(writer, 400, f"bad request: {e}")
-            return
-
-        decision = decide(method, target, body, self.read_only)
-        if decision.allowed and decision.container and not await self._managed(
-                decision.container):
-            decision = Decision(False, f"container {decision.container} is not gpulab's")
-        if not decision.allowed:
-            log.warning("refused %s %s: %s", method, target.split("?")[0], decision.reason)
-            await self._refuse(writer, 403, decision.reason)
-            return
-        await self._forward(method, target, headers, body, writer)
-
-    async def _managed(self, container: str) -> bool:
-        """Is *container* one of gpulab's user containers (or absent: Docker says 404)?"""
-        try:
-            reader, writer = await asyncio.open_unix_connection(self.socket_path)
-        except OSError:
-            return True  # _forward answers 502 with the reason
-        try:
-            writer.write(f"GET /containers/{container}/json HTTP/1.1\r\nHost: docker\r\n"
-                         f"Connection: close\r\n\r\n".encode("latin-1"))
-            await writer.drain()
-            raw = await reader.read()
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+                request = parse_head(head)
+                body = await asyncio.wait_for(reader.readexactly(request.content_length),
+                                              HEAD_TIMEOUT)
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                raise Refusal(400, f"incomplete or oversized request ({type(e).__name__})"
+                              ) from None
+            await self._answer(request, body, writer)
+        except Refusal as e:
+            call = (f"{request.method} {request.target.split('?')[0][:200]}" if request
+                    else "a request")
+            if e.status == 404:  # not a refusal: Docker does not know the container
+                log.info("%s: %s", call, e)
+            else:
+                log.warning("refused %s (%d): %s", call, e.status, e)
+            await self._reply(writer, e.status, str(e))
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            log.info("client went away: %s", e)
         finally:
             writer.close()
-        head, _, payload = raw.partition(b"\r\n\r\n")
-        status = head.split(b" ", 2)[1] if b" " in head else b""
-        if status == b"404":
-            return True
-        if b"chunked" in head.lower():
-            payload = _unchunk(payload)
-        try:
-            labels = json.loads(payload)["Config"]["Labels"] or {}
-        except (ValueError, KeyError, TypeError):
-            return False
-        return labels.get(MANAGED_LABEL) == "true"
+            self._tasks.discard(task)
 
-    async def _forward(self, method, target, headers, body, writer):
+    async def _answer(self, request: Request, body: bytes, writer: asyncio.StreamWriter):
+        method, target = request.method, request.target
+        settings = None
+        if docker_policy.is_create(method, target):
+            try:
+                settings = self.settings()
+            except Exception as e:  # ConfigError, and the file never validated
+                raise Refusal(503, f"the lab's settings cannot be read: {e}") from None
+        decision: Decision = docker_policy.decide(method, target, body, settings=settings,
+                                                  read_only=self.read_only)
+        if not decision.allowed:
+            raise Refusal(decision.status, decision.reason)
+        container_id = await self._resolve(decision.container) if decision.container else ""
+        await self._forward(method, decision.target(container_id), decision.body, writer)
+
+    async def _call(self, method: str, target: str) -> tuple[int, bytes]:
+        """One whole request to Docker, for the proxy itself."""
+        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        try:
+            writer.write(f"{method} {target} HTTP/1.1\r\nHost: docker\r\n"
+                         f"Connection: close\r\n\r\n".encode("latin-1"))
+            await writer.drain()
+            raw = b""
+            while len(raw) <= MAX_INSPECT and (chunk := await reader.read(65536)):
+                raw += chunk
+        finally:
+            writer.close()
+        return parse_response(raw)
+
+    async def _resolve(self, ref: str) -> str:
+        """The full ID of the container *ref* names, when it is gpulab's."""
+        try:
+            status, payload = await self._call("GET", f"/containers/{ref}/json")
+        except (OSError, ValueError) as e:
+            raise Refusal(502, f"Docker engine unreachable: {e}") from None
+        try:
+            info = json.loads(payload)
+        except ValueError:
+            info = {}
+        if status == 404:
+            message = info.get("message") if isinstance(info, dict) else None
+            raise Refusal(404, message or f"No such container: {ref}")
+        if status != 200 or not isinstance(info, dict):
+            raise Refusal(502, f"Docker answered {status} to inspecting container {ref}")
+        full_id = info.get("Id")
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if not isinstance(full_id, str) or not _FULL_ID.fullmatch(full_id):
+            raise Refusal(502, f"Docker gave no container ID for {ref}")
+        if labels.get(LABEL_MANAGED) != "true":
+            raise Refusal(403, f"container {ref} is not gpulab's")
+        return full_id
+
+    async def _forward(self, method: str, target: str, body: bytes,
+                       writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
         except OSError as e:
-            await self._refuse(writer, 502, f"Docker engine unreachable: {e}")
-            return
-        kept = [h for h in headers if not h.lower().startswith(("connection:", "keep-alive:"))]
-        up_writer.write(("\r\n".join([f"{method} {target} HTTP/1.1", *kept,
-                                      "Connection: close"]) + "\r\n\r\n").encode("latin-1"))
-        up_writer.write(body)
-        await up_writer.drain()
+            raise Refusal(502, f"Docker engine unreachable: {e}") from None
+        head = [f"{method} {target} HTTP/1.1", "Host: docker"]
+        if body:
+            head.append("Content-Type: application/json")
+        if body or method in ("POST", "PUT"):
+            head.append(f"Content-Length: {len(body)}")
+        head.append("Connection: close")
         try:
+            up_writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+            await up_writer.drain()
             while chunk := await up_reader.read(65536):
                 writer.write(chunk)
                 await writer.drain()
         finally:
             up_writer.close()
-            writer.close()
 
     @staticmethod
-    async def _refuse(writer, status: int, message: str) -> None:
-        payload = json.dumps({"message": f"gpulab docker-proxy: {message}"}).encode()
-        reason = {400: "Bad Request", 403: "Forbidden", 411: "Length Required",
-                  413: "Payload Too Large", 502: "Bad Gateway"}[status]
-        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode())
-        writer.write(payload)
+    async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+        prefix = "" if status == 404 else "gpulab docker-proxy: "
+        payload = json.dumps({"message": f"{prefix}{message}"}).encode()
+        writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json"
+                     f"\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                     .encode() + payload)
         try:
             await writer.drain()
-        finally:
+        except ConnectionError:
+            pass
+
+
+async def watch_socket(socket_path: str, interval: float = 1.0, failures: int = 3) -> str:
+    """Return why, once *failures* connections to *socket_path* in a row (one every
+    *interval* seconds) have failed."""
+    failed = 0
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(socket_path), interval)
             writer.close()
+            failed = 0
+        except (TimeoutError, OSError) as e:
+            failed += 1
+            if failed >= failures:
+                return f"{failed} connections in a row failed, the last with: {e!r}"
 
 
-def _unchunk(data: bytes) -> bytes:
-    out = b""
-    while data:
-        size_line, _, rest = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0] or b"0", 16)
-        if size == 0:
-            break
-        out += rest[:size]
-        data = rest[size + 2:]
-    return out
-
-
-async def serve(host: str, port: int, socket_path: str, read_only: bool = False) -> None:
-    proxy = Proxy(socket_path, read_only)
+async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
+                settings_path: str | None = None, exit_when_socket_gone: bool = False,
+                watch_interval: float = 1.0) -> int:
+    """Serve until cancelled, or (with *exit_when_socket_gone*) until the socket is dead;
+    returns the exit status."""
+    proxy = Proxy(socket_path, read_only, settings_path)
     server = await asyncio.start_server(proxy.handle, host, port, limit=MAX_HEAD)
     log.info("gpulab docker-proxy on %s:%d -> %s%s", host, port, socket_path,
              " (read-only: ping, version, container list)" if read_only else "")
     async with server:
-        await server.serve_forever()
+        if not exit_when_socket_gone:
+            await server.serve_forever()
+            return 0
+        why = await watch_socket(socket_path, watch_interval)
+        log.error("Docker socket %s is gone (%s); exiting so that the restart policy starts "
+                  "the proxy again with the new socket", socket_path, why)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="gpulab-docker-proxy", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="gpulab-docker-proxy",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", default="0.0.0.0:2375", help="host:port (default 0.0.0.0:2375)")
-    ap.add_argument("--docker-socket", default="/var/run/docker.sock")
+    ap.add_argument("--docker-socket", default="/var/run/docker.sock",
+                    help="Docker's socket (default /var/run/docker.sock)")
+    ap.add_argument("--settings", metavar="PATH",
+                    help="the lab's settings file (config/gpulab.yaml), read again at every "
+                         "create for spawn.image, spawn.network and spawn.datasets_volume; "
+                         "default: the built-in defaults. "
+                         "Example: --settings /srv/gpulab/config/gpulab.yaml")
     ap.add_argument("--read-only", action="store_true",
                     help="allow only ping, version and the container list (the exporter)")
+    ap.add_argument("--exit-when-socket-gone", action="store_true",
+                    help="exit with status 1 when the socket has refused connections 3 s in "
+                         "a row (a restarted dockerd; the restart policy brings the proxy "
+                         "back with the new socket)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
-    asyncio.run(serve(host or "0.0.0.0", int(port), args.docker_socket, args.read_only))
+    sys.exit(asyncio.run(serve(host or "0.0.0.0", int(port), args.docker_socket,
+                               args.read_only, args.settings, args.exit_when_socket_gone)))
 
 
 if __name__ == "__main__":
