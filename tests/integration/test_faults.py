@@ -8,15 +8,13 @@ hub reads (restored afterwards); spawn settings take effect at the next spawn.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 import requests
 import yaml
 
-from .stack import REPO, docker, host_has_nvidia_gpu, wait_for
-from .standin import dockerd_has_nvidia_driver
+from .stack import docker, wait_for
 
 NEVER_READY = "gpulab-test/never-ready:1"
 EXITS_AT_ONCE = "gpulab-test/exits-at-once:1"
@@ -55,6 +53,14 @@ def spawn_settings(lab_config):
 def post_spawn(user, options=None) -> requests.Response:
     return requests.post(f"{user.hub.api}/users/{user.name}/server", json=options or {},
                          headers={"Authorization": f"token {user.token}"}, timeout=120)
+
+
+def spawn_progress(user, timeout: float = 30) -> list[dict]:
+    """The events of the hub's spawn progress stream, as the spawn page reads them."""
+    r = requests.get(f"{user.hub.api}/users/{user.name}/server/progress", stream=True,
+                     headers={"Authorization": f"token {user.token}"}, timeout=timeout)
+    return [json.loads(line[len(b"data:"):]) for line in r.iter_lines()
+            if line.startswith(b"data:")]
 
 
 def containers_of(user) -> list[str]:
@@ -100,117 +106,35 @@ def test_server_that_exits_at_once_fails_with_its_log(hub, lab_user, spawn_setti
 def test_server_that_never_answers_times_out_and_is_cleaned_up(hub, lab_user, spawn_settings,
                                                               broken_images):
     user = lab_user("slow")
-    spawn_settings(image=NEVER_READY, start_timeout="12s")
+    spawn_settings(image=NEVER_READY, start_timeout="25s")
     r = post_spawn(user)
-    assert r.status_code in (202, 500), r.text  # pending after the hub's 10 s, or failed
-    wait_for(lambda: hub.server_model(user.name) is None, 60, interval=1,
+    # The hub answers 202 (still starting) after its slow_spawn_timeout of 10 s.
+    assert r.status_code == 202, r.text
+    wait_for(lambda: hub.server_model(user.name) is None, 90, interval=1,
              what="the hub to give up on the server")
     wait_for(lambda: not containers_of(user), 30, what="the container to be removed")
-    # The user's next look at the hub says what happened.
-    model = hub.user_model(user.name)
-    assert model["pending"] is None
+    assert hub.user_model(user.name)["pending"] is None
+    # The progress stream (what the spawn page shows) says the start failed and why.
+    events = spawn_progress(user)
+    assert events and events[-1].get("failed") is True, events
+    assert "start" in events[-1]["message"].lower(), events[-1]
 
 
 def test_start_stop_races_leave_one_container_at_most(hub, lab_user):
     user = lab_user("racer")
     headers = {"Authorization": f"token {user.token}"}
     url = f"{user.hub.api}/users/{user.name}/server"
-    seen = 0
+    seen, answers = 0, []
     for _ in range(4):
-        requests.post(url, json={}, headers=headers, timeout=120)
-        requests.delete(url, headers=headers, timeout=120)
+        started = requests.post(url, json={}, headers=headers, timeout=120)
+        stopped = requests.delete(url, headers=headers, timeout=120)
+        answers.append((started.status_code, stopped.status_code))
         seen = max(seen, len(containers_of(user)))
+    # Start: created or still starting; stop: done or under way. Never an error.
+    assert all(a in (201, 202) and b in (202, 204) for a, b in answers), answers
     assert seen <= 1
     wait_for(lambda: hub.server_model(user.name) is None, 60, interval=0.5,
              what="the last stop to finish")
     wait_for(lambda: not containers_of(user), 30, what="no container left")
     user.start_server()
     assert len(containers_of(user)) == 1
-
-
-def _proxy_pid() -> str:
-    """PID of configurable-http-proxy (node) inside the hub container; the image has no
-    procps, so /proc is read directly."""
-    return docker("exec", "gpulab-hub", "sh", "-c",
-                  "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline)\" in "
-                  "node*configurable-http-proxy*) echo ${p#/proc/};; esac; done")
-
-
-def test_killed_proxy_comes_back_with_its_routes(hub, lab_user):
-    user = lab_user("routes")
-    user.start_server()
-    pid = _proxy_pid()
-    assert pid.isdigit(), pid
-    docker("exec", "gpulab-hub", "sh", "-c", f"kill -9 {pid}")
-
-    def routed():
-        try:
-            return user.api("GET", "/status", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    wait_for(routed, 90, interval=1, what="the proxy and the user's route to come back")
-    assert _proxy_pid() not in ("", pid)
-
-
-def test_hub_sigkill_keeps_kernels_servers_and_leases(hub, lab_user):
-    users = [lab_user("survivor") for _ in range(5)]
-    for u in users:
-        u.start_server()
-    kernels = {u.name: u.start_kernel() for u in users}
-    for u in users:
-        u.execute(kernels[u.name], "state = 41")
-
-    docker("kill", "--signal", "KILL", "gpulab-hub")
-    docker("start", "gpulab-hub")  # what the restart policy or an admin does
-    wait_for(hub.is_up, 90, what="the hub to come back")
-
-    for u in users:
-        wait_for(lambda u=u: (hub.server_model(u.name) or {}).get("ready"), 60,
-                 what=f"{u.name}'s server to be known ready again")
-        assert u.execute(kernels[u.name], "print(state + 1)").strip() == "42"
-        assert len(containers_of(u)) == 1
-
-
-def _dockerd_pid() -> str:
-    try:
-        return open("/run/gpulab-dockerd.pid").read().strip()
-    except OSError:
-        return ""
-
-
-def test_docker_engine_restart_keeps_servers_and_spawns_resume(hub, lab_user):
-    """dockerd stopped and started again (an upgrade, a crash): with --live-restore the
-    hub and users' servers keep running; spawns meanwhile fail with a readable 503, and
-    work again afterwards."""
-    pid = _dockerd_pid()
-    if not pid or docker("info", "--format", "{{.LiveRestoreEnabled}}") != "true":
-        pytest.skip("dockerd was not started by scripts/ensure-docker.sh (with --live-restore)")
-    running, waiting = lab_user("steady"), lab_user("waiting")
-    running.start_server()
-    kernel = running.start_kernel()
-    running.execute(kernel, "state = 41")
-    hub_ip = json.loads(docker("inspect", "gpulab-hub"))[0]["NetworkSettings"]["Networks"][
-        "gpulab"]["IPAddress"]
-    direct = f"http://{hub_ip}:8000"  # the published port's userland proxy dies with dockerd
-
-    # Restart it as it was: with the stand-in GPU hook if it had it (scripts/ensure-docker.sh).
-    env = dict(os.environ)
-    if dockerd_has_nvidia_driver() and not host_has_nvidia_gpu():
-        env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
-    subprocess.run(["kill", pid], check=True)
-    try:
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 90, what="dockerd to exit")
-        r = requests.post(f"{direct}/hub/api/users/{waiting.name}/server", json={},
-                          headers={"Authorization": f"token {waiting.token}"}, timeout=60)
-        assert r.status_code == 503
-        assert "Docker engine on this host is not answering" in r.json()["message"]
-        status = requests.get(f"{direct}/user/{running.name}/api/status", timeout=10,
-                              headers={"Authorization": f"token {running.token}"})
-        assert status.status_code == 200  # the running server never noticed
-    finally:
-        subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], check=True, timeout=120,
-                       env=env)
-    wait_for(hub.is_up, 60, what="the published port to answer again")
-    waiting.start_server()
-    assert running.execute(kernel, "print(state + 1)").strip() == "42"

@@ -1,53 +1,33 @@
-"""Containers and network, hardened by default: checked with `docker inspect` and from
-inside a user's own container, as a curious student would try."""
+"""Containers hardened by default: checked with `docker inspect` and from inside a user's
+own container, as a curious student would try; the infrastructure containers with least
+privilege; what a compromised hub can still do through the Docker API filter. (The
+network is tests/integration/test_isolation.py.)"""
 
 from __future__ import annotations
 
 import json
 import uuid
 
+import pytest
 import requests
+
+from gpulab.contract import INFRA_CONTAINERS
 
 from .stack import docker
 
-TCP = r'''
-import socket
-def tcp(host, port):
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-        return "open"
-    except socket.gaierror:
-        return "no such host"
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError as e:
-        return "unreachable" if "timed out" in str(e) or "unreachable" in str(e) else repr(e)
-'''
-
-PROBE = TCP + r'''
-import json, os, urllib.request
+PROBE = r'''
+import json, os
 lines = open("/proc/self/status").read().splitlines()
 status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
-hub_api = urllib.request.urlopen("http://gpulab-hub:8081/hub/api", timeout=5).status
 print(json.dumps({
     "uid": os.getuid(), "euid": os.geteuid(),
     "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
-    "hub_api": hub_api,
-    "proxy_api": tcp("gpulab-hub", 8001),
-    "exporter_by_name": tcp("exporter", 9445),
-    "exporter_by_ip": tcp(EXPORTER_IP, 9445),
-    "prometheus_by_ip": tcp(PROMETHEUS_IP, 9090),
     "docker_socket": os.path.exists("/var/run/docker.sock"),
 }))
 '''
 
 
-def monitoring_ip(container: str) -> str:
-    nets = json.loads(docker("inspect", container))[0]["NetworkSettings"]["Networks"]
-    return nets["gpulab-monitoring"]["IPAddress"]
-
-
-def test_user_container_is_hardened_and_cannot_reach_what_is_not_theirs(hub, lab_user):
+def test_user_container_is_hardened(hub, lab_user):
     user, other = lab_user("student"), lab_user("neighbour")
     user.start_server()
     other.start_server()
@@ -57,48 +37,77 @@ def test_user_container_is_hardened_and_cannot_reach_what_is_not_theirs(hub, lab
     assert hc["CapDrop"] == ["ALL"] and not hc["CapAdd"]
     assert hc["SecurityOpt"] == ["no-new-privileges"]
     assert hc["Privileged"] is False
-    assert hc["PidsLimit"] == 1024 and hc["Memory"] > 0 and hc["NanoCpus"] + hc["CpuQuota"] > 0
+    # the limits gpulab.yaml sets (config/gpulab.yaml: 8g, 2 CPUs, 1024 processes, 2g shm)
+    assert hc["PidsLimit"] == 1024
+    assert hc["Memory"] == 8 * 1024**3
+    assert hc["CpuQuota"] == 200_000 and hc["CpuPeriod"] == 100_000
+    assert hc["ShmSize"] == 2 * 1024**3
     assert hc["IpcMode"] != "host" and hc["PidMode"] == "" and hc["NetworkMode"] == "gpulab"
     assert not hc["PortBindings"]  # publishes nothing on the host
     assert all("docker.sock" not in m["Source"] for m in info["Mounts"])
 
-    code = PROBE.replace("EXPORTER_IP", repr(monitoring_ip("gpulab-exporter"))) \
-                .replace("PROMETHEUS_IP", repr(monitoring_ip("gpulab-prometheus")))
-    seen = json.loads(user.run_code(code).strip().splitlines()[-1])
+    # What the member's own code sees inside it.
+    seen = json.loads(user.run_code(PROBE).strip().splitlines()[-1])
     assert (seen["uid"], seen["euid"]) == (1000, 1000)
     assert seen["cap_eff"] == "0000000000000000" and seen["no_new_privs"] == "1"
-    assert seen["hub_api"] == 200  # the hub API (and DNS) work
-    assert seen["proxy_api"] == "refused"  # the proxy's REST API listens on loopback only
-    assert seen["exporter_by_name"] == "no such host"
-    assert seen["exporter_by_ip"] == "unreachable"
-    assert seen["prometheus_by_ip"] == "unreachable"
     assert seen["docker_socket"] is False
-
-    # The neighbour's server is on the same network, but no packet passes between two
-    # users' containers (scripts/isolate-users.sh); through the proxy, the user's own
-    # token is refused there.
-    ip = json.loads(docker("inspect", other.container))[0]["NetworkSettings"]["Networks"][
-        "gpulab"]["IPAddress"]
-    neighbour = user.run_code(TCP + f"print(tcp({ip!r}, 8888))\n")
-    assert neighbour.strip() == "unreachable"
+    # Through the proxy, the user's own token is refused at the neighbour's server.
     through_proxy = requests.get(f"{hub.url}/user/{other.name}/api/contents",
                                  headers={"Authorization": f"token {user.token}"}, timeout=30)
     assert through_proxy.status_code == 403
 
 
-def test_published_ports_are_loopback_only(hub):
-    assert docker("port", "gpulab-hub") == "8000/tcp -> 127.0.0.1:8000"
-    assert docker("port", "gpulab-exporter") == ""
-    assert docker("port", "gpulab-prometheus") == ""
+def test_only_the_proxy_publishes_a_port_and_on_loopback(hub):
+    assert docker("port", "gpulab-proxy") == "8000/tcp -> 127.0.0.1:8000"
+    for name in INFRA_CONTAINERS:
+        if name != "gpulab-proxy":
+            assert docker("port", name) == "", name
 
 
-def test_proxy_api_requires_its_generated_token(hub):
-    out = docker("exec", "gpulab-hub", "python3", "-c",
-                 "import urllib.request, urllib.error\n"
-                 "try:\n    urllib.request.urlopen('http://127.0.0.1:8001/api/routes', timeout=5)\n"
-                 "    print('open')\n"
-                 "except urllib.error.HTTPError as e:\n    print(e.code)\n")
-    assert out == "403"
+def test_proxy_api_answers_only_with_its_token(hub):
+    """The hub reaches configurable-http-proxy's REST API with a generated token; without
+    it, or with another, the proxy refuses (users cannot even connect: test_isolation)."""
+    out = docker("exec", "gpulab-hub", "python3", "-c", (
+        "import urllib.request, urllib.error\n"
+        "token = open('/srv/gpulab/secrets/proxy-token').read().strip()\n"
+        "def get(t):\n"
+        "    r = urllib.request.Request('http://gpulab-proxy:8001/api/routes',"
+        " headers={'Authorization': 'token ' + t} if t else {})\n"
+        "    try:\n"
+        "        return urllib.request.urlopen(r, timeout=5).status\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        return e.code\n"
+        "print(get(''), get('0' * 64), get(token))\n"))
+    assert out == "403 403 200"
+
+
+@pytest.mark.parametrize("name", INFRA_CONTAINERS)
+def test_infrastructure_containers_run_with_least_privilege(hub, name):
+    info = json.loads(docker("inspect", name))[0]
+    hc = info["HostConfig"]
+    assert hc["ReadonlyRootfs"] is True, name
+    assert hc["CapDrop"] == ["ALL"], name
+    assert (hc["CapAdd"] or []) == (["NET_ADMIN"] if name == "gpulab-netguard" else []), name
+    assert hc["SecurityOpt"] == ["no-new-privileges:true"], name
+    assert hc["Privileged"] is False and not hc["Devices"], name
+    user = info["Config"]["User"]
+    if name in ("gpulab-hub", "gpulab-netguard"):
+        # root without capabilities (the hub owns its volume and secrets) / NET_ADMIN only
+        assert user in ("", "0", "root"), (name, user)
+    else:
+        assert user not in ("", "0", "root") and not user.startswith("0:"), (name, user)
+    mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in info["Mounts"]}
+    sockets = {d: v for d, v in mounts.items() if v[0].endswith(".sock")}
+    if name.startswith("gpulab-docker-proxy"):
+        # the socket file alone, read-only: not the host's /run
+        assert sockets == {"/run/docker.sock": ("/var/run/docker.sock", False)}, mounts
+    else:
+        assert sockets == {}, (name, mounts)
+    assert not any(src in ("/", "/run", "/var/run") for src, _ in mounts.values()), mounts
+    # Host paths are mounted read-only; only named volumes (the hub's database,
+    # Prometheus' data) are writable.
+    assert all(not rw for src, rw in mounts.values() if src.startswith("/")
+               and "/volumes/" not in src), (name, mounts)
 
 
 def test_similar_usernames_get_distinct_containers_and_volumes(hub, lab_user):

@@ -1,0 +1,204 @@
+"""The users' network, attacked from inside a user's own container.
+
+A member's code can open any TCP connection it likes. From their server it must reach
+the hub's API and the outside world, and nothing else: not another member's server,
+not the proxy's REST API or the hub's other ports, not any service on the host, not a
+link-local (cloud metadata) address. Each "blocked" is paired with a control that shows
+the same target answering from somewhere else, so a dead listener cannot pass for a
+firewall. The link-local target is a listener in a network namespace this test makes
+(never a real metadata service).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from .stack import docker, wait_for
+
+TCP = r'''
+import socket
+def tcp(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "open"
+    except socket.gaierror:
+        return "no such host"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as e:
+        return "unreachable" if "timed out" in str(e) or "unreachable" in str(e) else repr(e)
+'''
+
+
+def probe(user, targets: dict[str, tuple[str, int]]) -> dict[str, str]:
+    code = TCP + f"import json\nprint(json.dumps({{k: tcp(*v) for k, v in {targets!r}.items()}}))\n"
+    return json.loads(user.run_code(code).strip().splitlines()[-1])
+
+
+def probe_from_default_bridge(host: str, port: int) -> str:
+    """The same probe from a throwaway container on Docker's default bridge (not gpulab's)."""
+    code = TCP + f"print(tcp({host!r}, {port}))"
+    return docker("run", "--rm", "gpulab/base:bookworm", "python3", "-c", code)
+
+
+def ip_on(container: str, network: str) -> str:
+    return json.loads(docker("inspect", container))[0]["NetworkSettings"]["Networks"][
+        network]["IPAddress"]
+
+
+class Listener:
+    """A TCP listener that accepts and closes, in the host's namespace or a netns."""
+
+    def __init__(self, address: str = "0.0.0.0"):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def host_listener():
+    listener = Listener("0.0.0.0")
+    yield listener
+    listener.close()
+
+
+@pytest.fixture
+def link_local_listener():
+    """A listener at 169.254.77.2 inside a network namespace made here, routed from the
+    host through a veth pair (169.254.77.1 on the host's side)."""
+    tag = uuid.uuid4().hex[:6]
+    ns, veth, peer = f"gpulab-test-{tag}", f"gl{tag}h", f"gl{tag}n"
+    port = 18080
+
+    def sh(*cmd):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+    sh("ip", "netns", "add", ns)
+    server = None
+    try:
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+        sh("ip", "link", "set", peer, "netns", ns)
+        sh("ip", "addr", "add", "169.254.77.1/30", "dev", veth)
+        sh("ip", "link", "set", veth, "up")
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", "169.254.77.2/30", "dev", peer)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        sh("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", "169.254.77.1")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "python3", "-c",
+             "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+             f"socket.SO_REUSEADDR, 1); s.bind(('169.254.77.2', {port})); s.listen(16)\n"
+             "while True: s.accept()[0].close()"])
+        wait_for(lambda: _connects("169.254.77.2", port), 10, what="the netns listener")
+        yield "169.254.77.2", port
+    finally:
+        if server:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
+    user, other = lab_user("student"), lab_user("neighbour")
+    user.start_server()
+    other.start_server()
+    seen = probe(user, {
+        "hub_api": ("gpulab-hub", 8081),
+        "hub_dashboard_port": ("gpulab-hub", 9447),
+        "proxy_api": ("gpulab-proxy", 8001),
+        "proxy_public": ("gpulab-proxy", 8000),
+        "neighbour": (ip_on(other.container, "gpulab"), 8888),
+        "exporter": ("exporter", 9445),
+        "docker_proxy": ("docker-proxy", 2375),
+        "prometheus_by_ip": (ip_on("gpulab-prometheus", "gpulab-monitoring"), 9090),
+    })
+    assert seen == {
+        "hub_api": "open",
+        "hub_dashboard_port": "unreachable",
+        "proxy_api": "unreachable",
+        "proxy_public": "unreachable",
+        "neighbour": "unreachable",
+        "exporter": "no such host",
+        "docker_proxy": "no such host",
+        "prometheus_by_ip": "unreachable",
+    }
+    # Controls: those ports do answer, to whom they are for.
+    hub_side = docker("exec", "gpulab-hub", "python3", "-c", TCP + (
+        f"print(tcp('gpulab-proxy', 8001), tcp('127.0.0.1', 9447), "
+        f"tcp({ip_on(other.container, 'gpulab')!r}, 8888))"))
+    assert hub_side == "open open open"
+
+
+def test_users_cannot_reach_the_host(hub, lab_user, host_listener):
+    user = lab_user("prober")
+    user.start_server()
+    gateway = json.loads(docker("network", "inspect", "gpulab"))[0]["IPAM"]["Config"][0].get(
+        "Gateway") or "172.30.0.1"
+    assert _connects("127.0.0.1", host_listener.port)  # control: it listens
+    default_bridge = json.loads(docker("network", "inspect", "bridge"))[0]["IPAM"]["Config"][0][
+        "Gateway"]
+    assert probe_from_default_bridge(default_bridge, host_listener.port) == "open"  # control
+    seen = probe(user, {"gateway": (gateway, host_listener.port),
+                        "docker0": (default_bridge, host_listener.port)})
+    assert seen == {"gateway": "unreachable", "docker0": "unreachable"}
+
+
+def test_users_cannot_reach_link_local_addresses(hub, lab_user, link_local_listener):
+    host, port = link_local_listener
+    user = lab_user("metadata")
+    user.start_server()
+    assert probe_from_default_bridge(host, port) == "open"  # control: routed and answering
+    assert probe(user, {"link_local": (host, port)}) == {"link_local": "unreachable"}
+
+
+def test_the_network_refuses_container_to_container_traffic_at_the_docker_level(hub):
+    options = json.loads(docker("network", "inspect", "gpulab"))[0]["Options"]
+    assert options["com.docker.network.bridge.enable_icc"] == "false"
+    status = docker("exec", "gpulab-netguard", "gpulab-netguard", "status")
+    assert status.startswith("users' network isolated"), status
+
+
+def test_a_lost_rule_is_put_back(hub):
+    """A firewall reload that drops one of the rules: netguard restores it, and says so."""
+    rule = ["DOCKER-USER", "-i", "gpulab0", "-o", "gpulab0", "-m", "comment", "--comment",
+            "gpulab-netguard", "-j", "DROP"]
+    subprocess.run(["iptables", "-C", *rule], check=True)
+    subprocess.run(["iptables", "-D", *rule], check=True)
+    wait_for(lambda: subprocess.run(["iptables", "-C", *rule]).returncode == 0, 30,
+             interval=0.5, what="netguard to put the rule back")
+    time.sleep(0.5)
+    assert "had disappeared" in subprocess.run(
+        ["docker", "logs", "--tail", "20", "gpulab-netguard"], capture_output=True,
+        text=True).stdout

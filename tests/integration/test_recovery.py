@@ -1,0 +1,240 @@
+"""Unclean exits, for real: the lab comes back by itself, every time.
+
+Each fault is made the way it happens on a lab's server, from the host: the hub's or the
+proxy's PID 1 killed with SIGKILL (what the OOM killer does; Docker's restart policy then
+applies), `docker kill` + `docker start`, dockerd stopped and started (an upgrade), and a
+reboot simulated as dockerd stopped, every container process killed, dockerd started.
+Faults are repeated (five hub kills in a row), so that luck (PID numbers, timing) cannot
+pass them. Nothing is repaired by hand in between: only waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+
+from .stack import HUB_URL, REPO, container_logs, docker, host_has_nvidia_gpu, wait_for
+from .standin import GPU0, GPU1, dockerd_has_nvidia_driver, gpus_of
+
+HUB, PROXY = "gpulab-hub", "gpulab-proxy"
+
+
+def state(container: str) -> dict:
+    return json.loads(docker("inspect", container))[0]["State"]
+
+
+def kill_from_host(container: str) -> str:
+    """SIGKILL the container's PID 1 from the host; returns the StartedAt it had."""
+    s = state(container)
+    assert s["Running"], f"{container} is not running: {s['Status']}"
+    os.kill(s["Pid"], signal.SIGKILL)
+    return s["StartedAt"]
+
+
+def wait_restarted(container: str, started_before: str, timeout: float = 90) -> None:
+    def again():
+        s = state(container)
+        return s["Running"] and not s["Restarting"] and s["StartedAt"] != started_before
+    try:
+        wait_for(again, timeout, interval=0.2, what=f"{container} to be restarted by Docker")
+    except AssertionError:
+        print(container_logs(container, 40))
+        raise
+
+
+def proxy_routes() -> set[str]:
+    """The routes configurable-http-proxy holds, asked from inside its own container."""
+    out = docker("exec", PROXY, "python3", "-c", (
+        "import json, urllib.request\n"
+        "token = open('/run/secrets/proxy-token').read().strip()\n"
+        "r = urllib.request.Request('http://127.0.0.1:8001/api/routes',"
+        " headers={'Authorization': 'token ' + token})\n"
+        "print(json.dumps(sorted(json.load(urllib.request.urlopen(r, timeout=5)))))\n"))
+    return set(json.loads(out))
+
+
+def routed(user) -> bool:
+    """Does the user's server answer through the published port (proxy and route)?"""
+    try:
+        return user.api("GET", "/status", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def spawn_status(user, options) -> int:
+    return requests.post(f"{user.hub.api}/users/{user.name}/server", json=options,
+                         headers={"Authorization": f"token {user.token}"}, timeout=60).status_code
+
+
+def test_hub_killed_from_the_host_five_times_keeps_servers_kernels_routes_and_leases(
+        hub, lab_user, gpus_yaml):
+    alice, bob, carol, dave = (lab_user(n) for n in ("alice", "bob", "carol", "dave"))
+    alice.start_server({"gpus": 1})
+    bob.start_server({"gpus": 1})
+    carol.start_server({"gpus": 0})
+    users = (alice, bob, carol)
+    kernels = {u.name: u.start_kernel() for u in users}
+    for u in users:
+        u.execute(kernels[u.name], "state = 0")
+    held = {u.name: gpus_of(u.container)["device_ids"] for u in (alice, bob)}
+    assert sorted(sum(held.values(), [])) == [GPU0, GPU1]
+    restarts = state(HUB).get("RestartCount", 0)
+
+    for round_ in range(1, 6):
+        before = kill_from_host(HUB)
+        # While the hub is down, the proxy (its own container) keeps every route.
+        assert {f"/user/{u.name}" for u in users} <= proxy_routes()
+        wait_restarted(HUB, before)
+        wait_for(hub.is_up, 90, what=f"the hub to answer again (kill {round_})")
+        for u in users:
+            wait_for(lambda u=u: (hub.server_model(u.name) or {}).get("ready"), 60,
+                     what=f"{u.name}'s server to be known ready (kill {round_})")
+            assert routed(u)
+            assert u.execute(kernels[u.name], "state += 1; print(state)").strip() == str(round_)
+        # The leases are where they were: nothing double-booked, nothing lost.
+        assert {u.name: gpus_of(u.container)["device_ids"] for u in (alice, bob)} == held
+        assert spawn_status(dave, {"gpus": 1}) == 409
+    assert state(HUB)["RestartCount"] == restarts + 5  # Docker's restart policy, alone
+
+
+def test_docker_kill_then_start_five_times_never_crash_loops(hub, lab_user):
+    """The sequence of the original report: `docker kill -s KILL` and `docker start`."""
+    user = lab_user("steady")
+    user.start_server()
+    for round_ in range(1, 6):
+        docker("kill", "--signal", "KILL", HUB)
+        docker("start", HUB)
+        wait_for(hub.is_up, 90, what=f"the hub to answer after docker start ({round_})")
+        s = state(HUB)
+        assert s["Running"] and not s["Restarting"], s
+        wait_for(lambda: (hub.server_model(user.name) or {}).get("ready"), 60,
+                 what=f"{user.name}'s server to be known ready ({round_})")
+    assert routed(user)
+
+
+def test_killed_proxy_is_restarted_and_gets_its_routes_back(hub, lab_user):
+    user = lab_user("routes")
+    user.start_server()
+    for round_ in range(1, 3):
+        before = kill_from_host(PROXY)
+        wait_restarted(PROXY, before)
+        # The hub re-adds missing routes at its next activity check (15 s apart).
+        wait_for(lambda: routed(user), 60, interval=1,
+                 what=f"{user.name}'s route to come back after proxy kill {round_}")
+        assert f"/user/{user.name}" in proxy_routes()
+
+
+# ----------------------------------------------------------------- the Docker engine
+
+def _dockerd_pid() -> int:
+    try:
+        pid = int(open("/run/gpulab-dockerd.pid").read().strip())
+    except (OSError, ValueError):
+        return 0
+    try:
+        return pid if open(f"/proc/{pid}/comm").read().strip() == "dockerd" else 0
+    except OSError:
+        return 0
+
+
+@pytest.fixture
+def gpulab_dockerd():
+    """The dockerd gpulab started (scripts/ensure-docker.sh: --live-restore, PID file);
+    yields a function that stops it, runs a callback while it is down, and starts it again
+    as it was (with the stand-in GPU hook on hosts without a GPU)."""
+    if not _dockerd_pid() or docker("info", "--format", "{{.LiveRestoreEnabled}}") != "true":
+        pytest.skip("dockerd was not started by scripts/ensure-docker.sh (with --live-restore)")
+    env = dict(os.environ)
+    if not host_has_nvidia_gpu() and dockerd_has_nvidia_driver():
+        env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
+
+    def restart(while_down=lambda: None):
+        pid = _dockerd_pid()
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 90, what="dockerd to exit")
+            while_down()
+        finally:
+            subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], check=True,
+                           timeout=120, env=env)
+
+    yield restart
+    if not _dockerd_pid():  # a failure above: never leave the host without Docker
+        subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], timeout=120, env=env)
+
+
+def proxy_ip() -> str:
+    nets = json.loads(docker("inspect", PROXY))[0]["NetworkSettings"]["Networks"]
+    return nets["gpulab"]["IPAddress"]
+
+
+def test_docker_engine_restart_keeps_servers_and_spawns_resume(hub, lab_user, gpulab_dockerd):
+    """dockerd stopped and started again (an upgrade, a crash): with --live-restore the
+    hub and users' servers keep running; spawns meanwhile fail with a readable 503, and
+    work again afterwards: the Docker API filter, whose socket mount went stale, exits and
+    is restarted by Docker on the new socket."""
+    running, waiting = lab_user("steady"), lab_user("waiting")
+    running.start_server()
+    kernel = running.start_kernel()
+    running.execute(kernel, "state = 41")
+    direct = f"http://{proxy_ip()}:8000"  # the published port's userland proxy dies with dockerd
+    seen = {}
+
+    def while_down():
+        r = requests.post(f"{direct}/hub/api/users/{waiting.name}/server", json={},
+                          headers={"Authorization": f"token {waiting.token}"}, timeout=60)
+        seen["spawn"] = (r.status_code, r.json().get("message", ""))
+        seen["server"] = requests.get(f"{direct}/user/{running.name}/api/status", timeout=10,
+                                      headers={"Authorization": f"token {running.token}"}
+                                      ).status_code
+
+    proxy_started = state("gpulab-docker-proxy")["StartedAt"]
+    gpulab_dockerd(while_down)
+    assert seen["spawn"][0] == 503, seen
+    assert "Docker engine on this host is not answering" in seen["spawn"][1]
+    assert seen["server"] == 200  # the running server never noticed
+    wait_for(hub.is_up, 60, what="the published port to answer again")
+    wait_restarted("gpulab-docker-proxy", proxy_started)
+    waiting.start_server()
+    assert running.execute(kernel, "print(state + 1)").strip() == "42"
+
+
+def test_reboot_brings_the_lab_back_without_a_manual_step(hub, lab_user, gpus_yaml,
+                                                          gpulab_dockerd):
+    """A power cut, simulated: dockerd stopped, every gpulab container's processes killed,
+    dockerd started. The stack comes back by its restart policies; the servers that died
+    are reported stopped and their GPUs are free for the next spawn."""
+    alice, bob = lab_user("alice"), lab_user("bob")
+    alice.start_server({"gpus": 1})
+    bob.start_server({"gpus": 1})
+    containers = docker("ps", "-q", "--filter", "name=^/gpulab-").split()
+    pids = [state(c)["Pid"] for c in containers]
+
+    def power_cut():
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
+
+    gpulab_dockerd(power_cut)
+    wait_for(hub.is_up, 120, what="the hub to come back after the reboot")
+    assert "isolated (rules in place" in docker("exec", "gpulab-netguard",
+                                                "gpulab-netguard", "status")
+    for u in (alice, bob):
+        wait_for(lambda u=u: hub.server_model(u.name) is None, 120, interval=1,
+                 what=f"{u.name}'s dead server to be reported stopped")
+    wait_for(lambda: docker("ps", "-aq", "--filter", f"name=^/{alice.container}$") == "", 60,
+             what="the dead container to be removed")
+    # Its GPU is free again, and the users get a server back by asking for one.
+    bob.start_server({"gpus": 1})
+    alice.start_server({"gpus": 1})
+    assert sorted(gpus_of(u.container)["device_ids"][0] for u in (alice, bob)) == [GPU0, GPU1]
+    assert requests.get(f"{HUB_URL}/hub/api/", timeout=10).status_code == 200
