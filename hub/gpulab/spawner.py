@@ -254,7 +254,9 @@ class GpulabSpawner(DockerSpawner):
         self._progress_events = []
         self._report(5, "Checking the lab's settings")
         settings, gpus_config = self._lab_config
-        deadline = time.monotonic() + self.start_timeout
+        # A little before JupyterHub's own start_timeout, which would only say "Spawn
+        # failed" (its TimeoutError carries no message): this one says why, with the log.
+        deadline = time.monotonic() + self.start_timeout - min(2.0, self.start_timeout / 10)
         await self._preflight(settings)
 
         gpus = await self._lease(gpus_config)
@@ -335,7 +337,17 @@ class GpulabSpawner(DockerSpawner):
                     f"Last lines of its log:\n{log_tail}"
                 )
             if time.monotonic() > deadline:
-                return  # the hub's own start_timeout handling takes over
+                log_tail = await self._log_tail()
+                self.log.warning("%s did not answer within %ss; stopping it",
+                                 self._log_name, self.start_timeout)
+                await self.stop_object()  # JupyterHub won't stop() a failed start
+                await self.remove_object()
+                raise SpawnFailed(
+                    f"Your server did not answer within {self.start_timeout} seconds, so it "
+                    f"was stopped. Try again; if it happens again, tell an admin (the "
+                    f"image may be broken, or spawn.start_timeout too short). Last lines "
+                    f"of its log:\n{log_tail}"
+                )
             await asyncio.sleep(self.ready_poll_interval)
 
     async def _log_tail(self, lines: int = 20) -> str:

@@ -93,7 +93,7 @@ def test_server_that_exits_at_once_fails_with_its_log(hub, lab_user, spawn_setti
     user = lab_user("crash")
     spawn_settings(image=EXITS_AT_ONCE)
     r = post_spawn(user)
-    assert r.status_code >= 400
+    assert r.status_code == 500  # the server failed, not the request
     message = r.json()["message"]
     assert "exited while starting (exit status 3)" in message
     assert "config file is broken" in message  # the end of its log, for the user
@@ -117,7 +117,7 @@ def test_server_that_never_answers_times_out_and_is_cleaned_up(hub, lab_user, sp
     # The progress stream (what the spawn page shows) says the start failed and why.
     events = spawn_progress(user)
     assert events and events[-1].get("failed") is True, events
-    assert "start" in events[-1]["message"].lower(), events[-1]
+    assert "did not answer within 25 seconds, so it was stopped" in events[-1]["message"]
 
 
 def test_start_stop_races_leave_one_container_at_most(hub, lab_user):

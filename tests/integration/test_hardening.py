@@ -88,7 +88,11 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     assert hc["ReadonlyRootfs"] is True, name
     assert hc["CapDrop"] == ["ALL"], name
     assert (hc["CapAdd"] or []) == (["NET_ADMIN"] if name == "gpulab-netguard" else []), name
-    assert hc["SecurityOpt"] == ["no-new-privileges:true"], name
+    # Docker adds label=disable (no SELinux label) to the exporter, which needs the host's
+    # PID namespace to map NVML's host PIDs to containers.
+    expected = ["no-new-privileges:true"] + (["label=disable"] if hc["PidMode"] == "host" else [])
+    assert hc["SecurityOpt"] == expected, name
+    assert hc["PidMode"] == ("host" if name == "gpulab-exporter" else ""), name
     assert hc["Privileged"] is False and not hc["Devices"], name
     user = info["Config"]["User"]
     if name in ("gpulab-hub", "gpulab-netguard"):
