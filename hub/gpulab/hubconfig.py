@@ -92,13 +92,14 @@ def configure(c) -> None:
     c.JupyterHub.bind_url = "http://:8000"  # the proxy's public port (compose publishes it)
     c.ConfigurableHTTPProxy.should_start = False
     c.ConfigurableHTTPProxy.api_url = os.environ.get("GPULAB_PROXY_API_URL",
-                                                     "http://gpulab-proxy:8001")
+                                                     "http://172.30.0.3:8001")
     c.ConfigurableHTTPProxy.auth_token = read_secret("proxy-token")
     # A restarted proxy starts with no routes; the hub puts them back at every activity
     # check (update_last_activity -> check_routes), so make that often.
     c.JupyterHub.last_activity_interval = 15
     c.JupyterHub.hub_ip = "0.0.0.0"
-    hub_host = os.environ.get("GPULAB_HUB_HOSTNAME", "gpulab-hub")
+    # Where the proxy and users' servers reach the hub (its fixed address in the stack).
+    hub_host = os.environ.get("GPULAB_HUB_ADDRESS", "gpulab-hub")
     c.JupyterHub.hub_connect_ip = hub_host
     c.JupyterHub.db_url = f"sqlite:///{DATA_DIR}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
