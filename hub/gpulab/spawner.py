@@ -287,6 +287,24 @@ class GpulabSpawner(DockerSpawner):
         self._report(95, "Your server is ready")
         return ip, port
 
+    # ------------------------------------------------------------- state
+
+    def get_state(self):
+        """DockerSpawner's state plus the leased GPUs, so that a server that outlives a
+        hub restart still knows them (admins see them in the server's ``state``)."""
+        state = super().get_state()
+        if self.gpu_uuids:
+            state["gpu_uuids"] = list(self.gpu_uuids)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpu_uuids = list(state.get("gpu_uuids") or [])
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_uuids = []
+
     async def _remove_leftover_container(self) -> None:
         try:
             await self.docker("remove_container", self.object_name, force=True)

@@ -28,6 +28,11 @@ def spawn_refused(user, options) -> tuple[int, str]:
     return r.status_code, r.json().get("message", "")
 
 
+def server_state(hub, user) -> dict:
+    """The spawner's saved state of the user's server, as admins see it in the REST API."""
+    return hub.server_model(user.name)["state"]
+
+
 def no_container(user) -> bool:
     return docker("ps", "-aq", "--filter", f"name=^/{user.container}$") == ""
 
@@ -93,11 +98,15 @@ def test_leases_survive_hub_restart_and_a_dead_container_frees_its_gpu(hub, lab_
     alice.start_server({"gpus": 1})
     bob.start_server({"gpus": 1})
 
+    assert server_state(hub, alice)["gpu_uuids"] == [GPU0]
+
     docker("restart", "--time", "10", "gpulab-hub")  # SIGTERM, then start again
     wait_for(lambda: hub.is_up(), 90, what="the hub to come back")
     assert spawn_refused(carol, {"gpus": 1})[0] == 409  # nothing double-booked
     assert gpus_of(alice.container)["device_ids"] == [GPU0]
     assert hub.server_model(alice.name)["ready"]
+    # The spawner of a server that outlived the restart still knows its GPUs.
+    assert server_state(hub, alice)["gpu_uuids"] == [GPU0]
 
     docker("kill", bob.container)  # died on its own: its GPU is free again
     carol.start_server({"gpus": 1})
