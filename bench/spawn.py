@@ -31,7 +31,7 @@ from tests.integration.stack import Hub, docker, wait_for
 HERE = Path(__file__).resolve().parent
 VANILLA = "gpulab-bench-vanilla"
 # The stock hub gets a plain bridge network of its own: gpulab's network lets only
-# gpulab's hub talk to user containers (scripts/isolate-users.sh).
+# gpulab's hub talk to user containers (gpulab-netguard).
 VANILLA_NETWORK = "gpulab-bench"
 
 

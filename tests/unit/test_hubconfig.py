@@ -1,0 +1,85 @@
+"""hubconfig.configure on a real traitlets Config, as jupyterhub_config.py calls it: the
+settings a deployment depends on, checked where they are decided (the lease page once
+answered 500 because its service was started without DOCKER_HOST)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from gpulab import hubconfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def configured(tmp_path, monkeypatch):
+    config_dir, secrets, data = tmp_path / "config", tmp_path / "secrets", tmp_path / "data"
+    shutil.copytree(REPO / "config", config_dir)
+    secrets.mkdir()
+    data.mkdir()
+    for name in ("api-token", "metrics-token", "proxy-token"):
+        (secrets / name).write_text(name[0] * 64)
+    monkeypatch.setattr(hubconfig, "CONFIG_DIR", config_dir)
+    monkeypatch.setattr(hubconfig, "SECRETS_DIR", secrets)
+    monkeypatch.setattr(hubconfig, "DATA_DIR", data)
+    for key, value in {
+        "DOCKER_HOST": "tcp://docker-proxy:2375", "GPULAB_CONFIG_DIR": str(config_dir),
+        "GPULAB_EXPORTER_URL": "http://exporter:9445",
+        "GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
+        "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
+        "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001",
+    }.items():
+        monkeypatch.setenv(key, value)
+    c = Config()
+    hubconfig.configure(c)
+    yield c
+    gpulab_log = logging.getLogger("gpulab")
+    gpulab_log.handlers = [h for h in gpulab_log.handlers
+                           if not isinstance(h, hubconfig._ToHubLog)]
+    gpulab_log.propagate = True
+
+
+def test_the_proxy_is_external_and_reached_by_address(configured):
+    c = configured
+    assert c.ConfigurableHTTPProxy.should_start is False
+    assert c.ConfigurableHTTPProxy.api_url == "http://172.30.0.3:8001"
+    assert c.ConfigurableHTTPProxy.auth_token == "p" * 64
+    assert c.JupyterHub.hub_connect_ip == "172.30.0.2"
+    assert c.JupyterHub.last_activity_interval <= 30  # routes re-synced after a proxy restart
+
+
+def test_the_dashboard_service_gets_docker_and_sits_where_the_proxy_reaches_it(configured):
+    service = next(s for s in configured.JupyterHub.services if s["name"] == "gpus")
+    assert service["environment"]["DOCKER_HOST"] == "tcp://docker-proxy:2375"
+    assert set(service["environment"]) == set(hubconfig.DASHBOARD_ENV)
+    assert service["url"] == f"http://172.30.0.2:{hubconfig.DASHBOARD_PORT}"
+
+
+def test_login_trusts_only_gpulabs_proxy(configured):
+    c = configured
+    assert c.JupyterHub.authenticator_class == "gpulab-token"
+    assert c.TokenAuthenticator.trusted_proxies == ["172.30.0.3/32"]
+    assert c.JupyterHub.token_expires_in_max_seconds == 30 * 86400
+
+
+def test_gpulab_info_lines_reach_the_hubs_log(configured, caplog):
+    hub_log = logging.getLogger("JupyterHub")
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append((record.name, record.getMessage()))
+
+    catch = Catch()
+    hub_log.addHandler(catch)
+    hub_log.setLevel(logging.INFO)
+    try:
+        logging.getLogger("gpulab.leases").info("GPU inventory: %d GPU(s)", 2)
+    finally:
+        hub_log.removeHandler(catch)
+    assert ("gpulab.leases", "GPU inventory: 2 GPU(s)") in seen
