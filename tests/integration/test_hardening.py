@@ -6,6 +6,7 @@ network is tests/integration/test_isolation.py.)"""
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 
 import pytest
@@ -155,3 +156,36 @@ def test_hub_reaches_docker_only_through_the_filtering_proxy(hub):
     )
     out = docker("exec", "gpulab-hub", "python3", "-c", attempt)
     assert out == "[403, 403, 403, 403] True"
+
+
+RAW_CREATE = r'''
+import socket, sys
+body = sys.stdin.buffer.read()
+s = socket.create_connection(("docker-proxy", 2375), timeout=10)
+s.sendall(b"POST /v1.41/containers/create?name=gpulab-user-rooted HTTP/1.1\r\nHost: docker\r\n"
+          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+out = b""
+while chunk := s.recv(65536):
+    out += chunk
+print(out.split(b"\r\n", 1)[0].decode())
+'''
+
+
+def test_the_reported_root_container_request_is_refused_by_the_deployed_proxy(hub):
+    """The request of the original finding, byte for byte (a duplicate HostConfig and
+    lower-case keys that dockerd reads and Python's json ignored), sent from inside the
+    hub container to the proxy the stack runs."""
+    body = (b'{"Image":"gpulab/singleuser:latest","User":"1000:1000","user":"",'
+            b'"Cmd":["sleep","120"],"Labels":{"org.gpulab.managed":"true"},'
+            b'"HostConfig":{"Binds":["/:/host"]},'
+            b'"HostConfig":{"CapDrop":["ALL"],"SecurityOpt":["no-new-privileges"],'
+            b'"capdrop":null,"securityopt":null}}')
+    out = subprocess.run(["docker", "exec", "-i", "gpulab-hub", "python3", "-c", RAW_CREATE],
+                         input=body, capture_output=True, timeout=60)
+    status = out.stdout.decode().strip()
+    try:
+        assert status in ("HTTP/1.1 400 Bad Request", "HTTP/1.1 403 Forbidden"), status
+    finally:
+        created = docker("ps", "-aq", "--filter", "name=^/gpulab-user-rooted$")
+        docker("rm", "-f", created, check=False) if created else None
+    assert created == ""
