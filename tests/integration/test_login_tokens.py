@@ -264,3 +264,30 @@ def test_forwarded_headers_from_a_user_container_choose_nothing(hub, lab_user):
     finally:
         names = result["names"] if result else []
         throttle("forget", addresses=[ip], users=names)
+
+
+def test_someone_elses_failures_never_lock_a_member_out_of_her_own_browser(hub, lab_user,
+                                                                           new_page):
+    """Through the published port, in Chromium: a browser that signed in as alice before
+    carries her device cookie; five wrong tokens for her username from elsewhere lock the
+    username for everyone else, not for that browser."""
+    alice = lab_user("device")
+    FAILED_USERNAMES.append(alice.name)
+    mine = new_page()
+    submit_login(mine, alice.name, alice.token, next_url="/hub/home")
+    assert urlsplit(mine.url).path == "/hub/home", mine.url
+    mine.goto(f"{HUB_URL}/hub/logout")
+    assert not session_cookies(mine)
+    assert any(c["name"] == f"gpulab-device-{alice.name}" for c in mine.context.cookies())
+
+    for _ in range(5):  # an attacker guessing her token
+        assert form_login(alice.name, secrets.token_hex(16)).status_code in (403, 429)
+    assert form_login(alice.name, alice.token).status_code == 429  # locked for them...
+
+    fresh = new_page()
+    response = submit_login(fresh, alice.name, alice.token)
+    assert response.status == 429  # ... and for a browser she never used
+
+    response = submit_login(mine, alice.name, alice.token, next_url="/hub/home")
+    assert response.status == 200 and urlsplit(mine.url).path == "/hub/home", mine.url
+    assert session_cookies(mine)
