@@ -29,6 +29,7 @@ from gpulab.auth import (
 from gpulab.login_tokens import LEGACY_CLI_NOTE
 from gpulab.settings import defaults
 from gpulab.throttle import Throttle
+from tests.unit.hub_orm import add_user
 
 
 class LoginRequest:
@@ -53,27 +54,6 @@ class TokenListHandler(LoginFormHandler):
     """Stands in for JupyterHub's POST /users/NAME/tokens {"auth": ...}: not the form."""
 
     accepts_token_sign_in = False
-
-
-@pytest.fixture
-def db():
-    session = orm.new_session_factory("sqlite:///:memory:")()
-    session.add(orm.OAuthClient(identifier="jupyterhub"))
-    session.commit()
-    yield session
-    session.close()
-
-
-def add_user(db, name: str) -> orm.User:
-    user = orm.User(name=name)
-    db.add(user)
-    db.commit()
-    return user
-
-
-@pytest.fixture
-def alice(db):
-    return add_user(db, "alice")
 
 
 @pytest.fixture

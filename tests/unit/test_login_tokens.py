@@ -16,34 +16,14 @@ from gpulab import login_tokens as lt
 from gpulab.auth import configure_login
 from gpulab.login_tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
 from gpulab.settings import defaults
+from tests.unit.hub_orm import add_user
 
 ADMIN = "service gpulab-admin"
 
 
 @pytest.fixture
-def db():
-    session = orm.new_session_factory("sqlite:///:memory:")()
-    session.add(orm.OAuthClient(identifier="jupyterhub"))
-    session.commit()
-    yield session
-    session.close()
-
-
-@pytest.fixture
 def store(tmp_path):
     return LoginTokenStore(tmp_path / "data" / "gpulab-login-tokens.sqlite")
-
-
-def add_user(db, name: str) -> orm.User:
-    user = orm.User(name=name)
-    db.add(user)
-    db.commit()
-    return user
-
-
-@pytest.fixture
-def alice(db):
-    return add_user(db, "alice")
 
 
 def test_store_is_private_to_the_hub(store):
