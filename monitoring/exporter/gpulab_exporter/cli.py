@@ -14,6 +14,10 @@ from gpulab_exporter.snapshot import Poller
 
 log = logging.getLogger("gpulab_exporter")
 
+# Where --fake-gpus looks for its control file unless told otherwise: the container's
+# own /dev/shm, the one place a read-only container can be written to (docker exec).
+FAKE_CONTROL = "/dev/shm/gpulab-fake-nvml.json"
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -41,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                    help="simulate N GPUs instead of NVML, for demos and CPU-only stacks "
                         "(reported as backend=\"fake\" in gpulab_exporter_info)")
+    p.add_argument("--fake-control", default=FAKE_CONTROL, metavar="FILE",
+                   help="with --fake-gpus: a JSON file, re-read at every poll, that puts "
+                        "host processes on the fake GPUs and marks fake GPUs lost, e.g. "
+                        "{\"processes\": {\"0\": [[PID, BYTES]]}, \"lost\": [1]} "
+                        "(the integration tests write it with docker exec); '' for none "
+                        "(default: %(default)s, inside the exporter's container)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="(default: %(default)s)")
@@ -58,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.fake_gpus:
         from gpulab_exporter.fake_nvml import FakeNvml
 
-        nvml = FakeNvml.demo(args.fake_gpus, animate=True)
+        nvml = FakeNvml.demo(args.fake_gpus, animate=True, control=args.fake_control or None)
         log.warning("FAKE NVML: serving %d simulated GPUs (--fake-gpus); these numbers "
-                    "are not real hardware", args.fake_gpus)
+                    "are not real hardware%s", args.fake_gpus,
+                    f"; processes and lost GPUs from {args.fake_control}"
+                    if args.fake_control else "")
     else:
         from gpulab_exporter.nvml import Nvml
 

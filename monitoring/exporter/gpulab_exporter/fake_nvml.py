@@ -9,20 +9,35 @@ so the code under test sorts errors exactly as it does against a driver.
     nvml.gpus[0].lost_after = 2                   # GpuIsLost after two more reads
     nvml.gpus[0].processes = [GpuProcess(4242, 1 << 30)]
     FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound)  # no driver at all
+
+A running exporter's fake GPUs are steered from outside through a *control file*
+(``--fake-control``), re-read at every poll, so that an integration test can put a real
+process (by its host PID) on a fake GPU and lose a fake GPU while the exporter runs:
+
+    {"processes": {"0": [[12345, 1073741824]]}, "lost": [1]}
+
+Fake GPU 0 then lists host process 12345 using 1 GiB (its memory.used is the sum of
+its processes), and every read of fake GPU 1 raises GpuIsLost. GPUs the file does not
+mention run no process and are healthy; a missing file means exactly that. The
+exporter still attributes the PID through the host's real ``/proc/<pid>/cgroup``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml
 
 from gpulab_exporter.nvml import GpuProcess, MemoryInfo
 
 GiB = 1 << 30
+log = logging.getLogger(__name__)
 
 # Field names accepted in FakeGpu.unsupported (one per read method).
 FIELDS = (
@@ -81,7 +96,9 @@ class FakeGpu:
 class FakeNvml:
     """Fake NVML with ``Nvml``'s interface. ``init_error`` (a pynvml error class or
     instance) makes ``init()`` fail until it is set back to None. ``on_read`` lets a
-    demo vary values over time (called with the GPU before each read)."""
+    demo vary values over time (called with the GPU before each read). ``control``: the
+    path of a control file (see the module's doc), applied at every ``device_count()``,
+    which the exporter calls once per poll."""
 
     is_fake = True
 
@@ -91,6 +108,7 @@ class FakeNvml:
         init_error: type[pynvml.NVMLError] | pynvml.NVMLError | None = None,
         driver: str = "000.00 (fake)",
         on_read: Callable[[FakeGpu], None] | None = None,
+        control: str | None = None,
     ) -> None:
         self.gpus = gpus
         self.init_error = init_error
@@ -99,13 +117,46 @@ class FakeNvml:
         self.initialised = False
         self.init_calls = 0
         self.reads = 0
+        self.control = control
+        self._control_error: str | None = None
 
     @classmethod
-    def demo(cls, count: int, animate: bool = False) -> FakeNvml:
+    def demo(cls, count: int, animate: bool = False, control: str | None = None) -> FakeNvml:
         """``count`` healthy fake H200s; with ``animate`` their load drifts over time so
-        a dashboard fed by them shows movement."""
+        a dashboard fed by them shows movement; *control*: a control file's path."""
         gpus = [FakeGpu(index=i) for i in range(count)]
-        return cls(gpus, on_read=_animate if animate else None)
+        return cls(gpus, on_read=_animate if animate else None, control=control)
+
+    # -- the control file ------------------------------------------------------------
+    def apply_control(self) -> None:
+        """Read the control file and set every fake GPU's processes, memory used and
+        lost state from it. A file that cannot be read or parsed changes nothing (the
+        last good control stays) and is logged once."""
+        if not self.control:
+            return
+        try:
+            with open(self.control, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = "{}"
+        except OSError as e:
+            self._control_failed(f"cannot read {self.control}: {e}")
+            return
+        try:
+            processes, lost = parse_control(json.loads(text), len(self.gpus))
+        except ValueError as e:  # json.JSONDecodeError is one
+            self._control_failed(f"{self.control}: {e}")
+            return
+        self._control_error = None
+        for gpu in self.gpus:
+            gpu.processes = processes.get(gpu.index, [])
+            gpu.memory_used = sum(p.used_memory or 0 for p in gpu.processes)
+            gpu.lost_after = 0 if gpu.index in lost else None
+
+    def _control_failed(self, why: str) -> None:
+        if why != self._control_error:
+            log.warning("FAKE NVML control file ignored, the last one stays: %s", why)
+        self._control_error = why
 
     # -- lifecycle -------------------------------------------------------------------
     def init(self) -> None:
@@ -128,6 +179,7 @@ class FakeNvml:
 
     def device_count(self) -> int:
         self._check()
+        self.apply_control()  # once per poll cycle
         return len(self.gpus)
 
     def device(self, index: int) -> FakeGpu:
@@ -188,6 +240,40 @@ class FakeNvml:
 
     def processes(self, handle: FakeGpu) -> list[GpuProcess]:
         return list(self._read(handle, "processes").processes)
+
+
+def parse_control(data: Any, count: int) -> tuple[dict[int, list[GpuProcess]], set[int]]:
+    """A control file's JSON -> (GPU index -> its processes, indices of lost GPUs), for
+    *count* fake GPUs; ValueError saying what is wrong."""
+    if not isinstance(data, dict) or set(data) - {"processes", "lost"}:
+        raise ValueError('expected {"processes": {"INDEX": [[PID, BYTES], ...]}, '
+                         f'"lost": [INDEX, ...]}}, got {data!r}')
+
+    def index(value: Any) -> int:
+        try:
+            i = int(value)
+        except (TypeError, ValueError):
+            i = -1
+        if isinstance(value, bool) or not 0 <= i < count:
+            raise ValueError(f"no fake GPU {value!r} (there are {count})")
+        return i
+
+    given = data.get("processes") or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"processes: expected {{\"INDEX\": [[PID, BYTES], ...]}}, got {given!r}")
+    processes: dict[int, list[GpuProcess]] = {}
+    for key, rows in given.items():
+        if not isinstance(rows, list) or not all(
+                isinstance(r, list) and len(r) == 2 and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r)
+                for r in rows):
+            raise ValueError(f"processes of GPU {key}: expected [[PID, BYTES], ...], "
+                             f"got {rows!r}")
+        processes[index(key)] = [GpuProcess(pid, used) for pid, used in rows]
+    lost = data.get("lost") or []
+    if not isinstance(lost, list):
+        raise ValueError(f"lost: expected a list of GPU indices, got {lost!r}")
+    return processes, {index(i) for i in lost}
 
 
 def _animate(gpu: FakeGpu, clock: Callable[[], float] = time.time) -> None:
