@@ -82,11 +82,18 @@ class HubClient:
             raise HubError(f"cannot reach the hub at {self.api_url}: {e.reason}") from None
 
     def ensure_user(self, name: str, admin: bool = False) -> dict:
+        """The user *name*, created if needed. *admin*: the user must be a hub admin
+        already. Admins are exactly the users in hub.admins, applied at every hub start
+        (JupyterHub refuses to let this service grant the right, and a start would take
+        it back), so this only checks and says how, before anything is created."""
         status, user = self.request("GET", f"/users/{name}", ok=(200, 404))
+        if admin and not (status == 200 and user.get("admin")):
+            raise HubError(
+                f"{name} is not a hub admin. Admins are the users listed under hub.admins "
+                f"in config/gpulab.yaml: add {name} there, restart the hub (docker restart "
+                f"gpulab-hub), then issue the token again.")
         if status == 404:
-            _, user = self.request("POST", f"/users/{name}", {"admin": admin})
-        elif admin and not user.get("admin"):
-            _, user = self.request("PATCH", f"/users/{name}", {"admin": True})
+            _, user = self.request("POST", f"/users/{name}", {})
         return user
 
     @staticmethod
@@ -208,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     issue = tsub.add_parser("issue", help="issue a login token (creates the user if needed)")
     issue.add_argument("user")
     issue.add_argument("--expires", default="90d", help="lifetime such as 90d or 12h; 0 = never")
-    issue.add_argument("--admin", action="store_true", help="make the user a hub admin")
+    issue.add_argument("--admin", action="store_true",
+                       help="only if the user is a hub admin (listed in hub.admins; made at "
+                            "hub start): refuse otherwise, and say how to make one")
     issue.set_defaults(func=_cmd_token_issue)
     lst = tsub.add_parser("list", help="list a user's login tokens")
     lst.add_argument("user")

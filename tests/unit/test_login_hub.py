@@ -511,6 +511,26 @@ def test_cli_issues_lists_and_revokes_through_the_admin_api(hub, hub_log, cli_en
     assert Client(hub).login(name, token).status == 403
 
 
+def test_cli_admin_flag_issues_for_admins_only_and_says_how(hub, hub_log, cli_env, capsys):
+    """JupyterHub lets only admins grant admin, and hub.admins is applied at every start:
+    `--admin` checks, and a member gets no token and no admin right, but the way there."""
+    name = new_name("cli")
+    rc, out, err = gpulab(capsys, "token", "issue", name, "--admin")
+    assert rc == 1 and out == ""
+    assert f"{name} is not a hub admin" in err and "hub.admins" in err, err
+    assert hub.api("GET", f"/users/{name}").status == 404  # nothing created
+    hub.api("POST", f"/users/{name}", {})
+    rc, out, err = gpulab(capsys, "token", "issue", name, "--admin")
+    assert rc == 1 and "is not a hub admin" in err
+    assert hub.api("GET", f"/users/{name}").json()["admin"] is False
+
+    admin = "rootadmin"  # in the hub's admin role, as hub.admins puts it there
+    rc, out, err = gpulab(capsys, "token", "issue", admin, "--admin", "--expires", "1h")
+    assert rc == 0 and f"Login token for {admin}" in out, err
+    token_id = re.search(r"\(id (a\d+), expires ", out).group(1)
+    assert gpulab(capsys, "token", "revoke", admin, token_id)[0] == 0  # as bootstrap expects
+
+
 def test_cli_bootstrap_admin_issues_once(hub, hub_log, cli_env, capsys):
     name = "rootadmin"  # in the hub's admin role, as hub.admins puts it there
     config = cli_env / "gpulab.yaml"
