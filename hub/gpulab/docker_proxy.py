@@ -285,6 +285,15 @@ async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
     """Serve until cancelled, or (with *exit_when_socket_gone*) until the socket is dead;
     returns the exit status."""
     proxy = Proxy(socket_path, read_only, settings_path)
+    if settings_path:
+        # Read the settings now, not at the first create: a proxy restarted (by a dockerd
+        # restart, say) after an admin's invalid edit then still has the last good
+        # version, as the hub has, instead of refusing every spawn.
+        try:
+            proxy.settings()
+        except Exception as e:  # ConfigError: creates are refused until it is fixed
+            log.error("the lab's settings cannot be read; container creates are refused "
+                      "until they can: %s", e)
     server = await asyncio.start_server(proxy.handle, host, port, limit=MAX_HEAD)
     log.info("gpulab docker-proxy on %s:%d -> %s%s", host, port, socket_path,
              " (read-only: ping, version, container list)" if read_only else "")

@@ -699,6 +699,23 @@ async def test_creates_use_the_settings_file_and_keep_the_last_good_one(tmp_path
     assert Proxy("/nonexistent.sock").settings()["spawn.image"] == defaults()["spawn.image"]
 
 
+async def test_serve_reads_the_settings_at_start_so_a_later_bad_edit_keeps_them(tmp_path):
+    """A proxy restarted after the last spawn (dockerd restarted) and before an admin's
+    invalid edit still creates with the last good settings, as the hub does."""
+    config = tmp_path / "gpulab.yaml"
+    config.write_text("spawn:\n  image: lab/nb:v3\n")
+    status = await asyncio.wait_for(
+        serve("127.0.0.1", 0, str(tmp_path / "never.sock"), settings_path=str(config),
+              exit_when_socket_gone=True, watch_interval=0.02), 5)
+    assert status == 1
+    config.write_text("spawn:\n  mem_limit: plenty\n")
+    try:
+        assert Proxy("/nonexistent.sock", settings_path=str(config)).settings()[
+            "spawn.image"] == "lab/nb:v3"
+    finally:
+        live_config.settings_file.errors.clear()
+
+
 async def test_a_create_is_refused_while_the_settings_never_validated(tmp_path):
     config = tmp_path / "broken.yaml"
     config.write_text("spawn: [\n")
