@@ -215,6 +215,25 @@ async def test_refused_gpus_yaml_edit_is_reported_and_last_good_stays(gpus_path)
         live_config.gpus_file.errors.pop(str(gpus_path), None)
 
 
+async def test_refused_gpulab_yaml_edit_is_reported_too(gpus_path):
+    settings = gpus_path.with_name("gpulab.yaml")
+    settings.write_text("spawn:\n  mem_limit: 3g\n")
+    admin = LeaseAdmin(FakeContainers([]), HubServers("http://x", "t"), gpus_path,
+                       book=LeaseBook(FakeContainers([]).list, discover=lambda: []),
+                       now=lambda: NOW, settings_path=settings)
+    assert (await admin.model())["config_errors"] == []
+    settings.write_text("spawn:\n  mem_limit: plenty\n")
+    try:
+        assert (await admin.model())["config_errors"] == [
+            f"{settings}:2: spawn.mem_limit: expected a size such as 2g or 512m, got 'plenty'"]
+        never = LeaseAdmin(FakeContainers([]), HubServers("http://x", "t"), gpus_path,
+                           settings_path=settings.with_name("never.yaml"))
+        never.book = admin.book
+        assert "no valid version was read yet" in (await never.model())["config_errors"][-1]
+    finally:
+        live_config.settings_file.errors.pop(str(settings), None)
+
+
 async def test_never_valid_gpus_yaml_gives_defaults_and_says_so(tmp_path):
     bad = tmp_path / "gpus.yaml"
     bad.write_text("inventory: [{index: zero}]\n")

@@ -25,6 +25,7 @@ from gpulab.dashboard.leases import (
     HubServers,
     LeaseAdmin,
     default_gpus_path,
+    default_settings_path,
 )
 from gpulab.dashboard.sources import (
     DEFAULT_EXPORTER_URL,
@@ -79,6 +80,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     p.add_argument("--gpus-file", default=str(default_gpus_path(env)), metavar="PATH",
                    help="gpus.yaml, for the admins' lease page (default: from "
                         "GPULAB_CONFIG_DIR: %(default)s)")
+    p.add_argument("--settings-file", default=str(default_settings_path(env)), metavar="PATH",
+                   help="gpulab.yaml, whose refused edits the lease page shows (default: "
+                        "from GPULAB_CONFIG_DIR: %(default)s)")
     p.add_argument("--no-leases", action="store_true",
                    help="leave out the admins' lease page (no Docker socket here)")
     p.add_argument("--refresh-seconds", type=float, default=5.0, metavar="SECONDS",
@@ -103,7 +107,7 @@ async def serve(args: argparse.Namespace) -> None:
     leases = None
     if not args.no_leases:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
-                            args.gpus_file)
+                            args.gpus_file, settings_path=args.settings_file)
     app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
                    leases=leases)
     server = app.listen(args.port, address=args.ip, xheaders=True)

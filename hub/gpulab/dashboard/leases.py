@@ -237,27 +237,41 @@ def default_gpus_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config")) / "gpus.yaml"
 
 
+def default_settings_path(environ: Mapping[str, str] | None = None) -> Path:
+    """gpulab.yaml under GPULAB_CONFIG_DIR, next to gpus.yaml."""
+    return default_gpus_path(environ).with_name("gpulab.yaml")
+
+
 class LeaseAdmin:
     """The lease table and the release action, over a container store and the hub."""
 
     def __init__(self, store: ContainerStore, hub: HubServers, gpus_path: str | Path,
-                 book: LeaseBook | None = None, now=lambda: datetime.now(UTC)):
+                 book: LeaseBook | None = None, now=lambda: datetime.now(UTC),
+                 settings_path: str | Path | None = None):
         self.store = store
         self.hub = hub
         self.gpus_path = str(gpus_path)
+        # gpulab.yaml: read only to report an invalid edit, as the hub's log does
+        self.settings_path = str(settings_path) if settings_path else None
         self.book = book or LeaseBook(store.list)
         self.now = now
 
     def config(self) -> tuple[GpusConfig, list[str]]:
         """gpus.yaml as the hub uses it (the last good version), and the errors of the
-        edits being ignored. A file that never validated in this process gives the
-        defaults and its error."""
+        edits of gpus.yaml and gpulab.yaml being ignored. A file that never validated in
+        this process gives its error (and, for gpus.yaml, the defaults)."""
+        never = []
+        if self.settings_path:
+            try:
+                live_config.settings_file.load(self.settings_path)
+            except ConfigError as e:
+                never.append(f"{e} (no valid version was read yet)")
         try:
             config = live_config.gpus_file.load(self.gpus_path)
         except ConfigError as e:
             return GpusConfig(filename=self.gpus_path), [
-                f"{e} (no valid version was read yet: GPUs shown with the defaults)"]
-        return config, live_config.current_errors()
+                f"{e} (no valid version was read yet: GPUs shown with the defaults)", *never]
+        return config, live_config.current_errors() + never
 
     async def model(self) -> dict[str, Any]:
         config, errors = self.config()
