@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from ..conftest import REAL_GPU
-from .stack import REPO, Hub, container_logs, docker, host_has_nvidia_gpu, wait_for
+from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
+from .stack import REPO, Hub, LabUser, container_logs, docker, host_has_nvidia_gpu, wait_for
 from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 
 
@@ -25,6 +26,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+    # Tests that take the whole stack down and up again run after everything else, so
+    # that no other test sees the stack coming back.
+    items.sort(key=lambda item: item.get_closest_marker("stack_restart") is not None)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -68,6 +72,21 @@ def lab_user(hub, request):
         docker("volume", "rm", "-f", user.home_volume, check=False)
     if failed:
         print("\n----- hub log -----\n" + container_logs("gpulab-hub", 80))
+
+
+@pytest.fixture(scope="session")
+def hub_admin(hub) -> LabUser:
+    """The lab's admin (the first of hub.admins in the gpulab.yaml the hub reads) with a
+    login token of their own for this session, issued as `gpulab token issue` does and
+    revoked at the end. Admins are made only by hub.admins at hub start (gpulab.roles)."""
+    from gpulab.settings import load_settings
+
+    name = load_settings(LabConfig().dir / "gpulab.yaml")["hub.admins"][0]
+    r = hub.request("POST", f"/gpulab/login-tokens/{name}", json={"expires_in": 3600})
+    assert r.status_code == 201, r.text
+    assert hub.user_model(name)["admin"] is True, f"{name} is in hub.admins but not an admin"
+    yield LabUser(hub, name, r.json()["token"])
+    hub.request("DELETE", f"/gpulab/login-tokens/{name}/{r.json()['id']}")
 
 
 def pytest_report_header(config):

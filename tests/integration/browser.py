@@ -1,0 +1,108 @@
+"""Headless Chromium for the integration tests: Debian's chromium driven by Playwright.
+
+The fixtures ``browser`` (one Chromium per test module) and ``new_page`` (a page in its
+own context, i.e. its own cookies; screenshots of every page of a failed test go to
+``artifacts/``) are made available to every module by tests/integration/conftest.py.
+Needs ``/usr/bin/chromium`` and the ``playwright`` package (never ``playwright install``:
+the system Chromium is used); without them the tests skip, and under CI=true a skip
+fails the run (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+
+from .stack import HUB_URL, REPO
+
+CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # the tests run as root
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = REPO / "artifacts"
+SESSION_COOKIES = {"jupyterhub-session-id", "jupyterhub-hub-login"}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (`make test` installs it: scripts/test-host.sh)."""
+    missing = None
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        missing = f"{CHROMIUM} not found: apt-get install -y chromium"
+    else:
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            missing = "python package playwright not installed: pip install playwright"
+    if missing:
+        pytest.skip(missing)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def new_page(browser, request):
+    """Factory: a page in its own browser context (its own cookies).
+
+    When the test fails, every page it opened is saved to artifacts/ as a screenshot.
+    """
+    contexts, pages = [], []
+
+    def make():
+        context = browser.new_context(viewport={"width": 1280, "height": 860})
+        context.set_default_timeout(30_000)
+        page = context.new_page()
+        contexts.append(context)
+        pages.append(page)
+        return page
+
+    yield make
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for i, page in enumerate(pages):
+            path = ARTIFACTS / f"browser-FAILED-{request.node.name}-{i}.png"
+            try:
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(path), full_page=True)
+                print(f"\nscreenshot of {page.url}: {path}")
+            except Exception as e:  # a crashed page must not hide the test's own error
+                print(f"\nno screenshot of page {i}: {e}")
+    for context in contexts:
+        context.close()
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def session_cookies(page) -> set[str]:
+    return {c["name"] for c in page.context.cookies()} & SESSION_COOKIES
+
+
+def submit_login(page, username: str, token: str, next_url: str | None = None):
+    """Open the login page, fill the form like a person would, submit; the response."""
+    url = f"{HUB_URL}/hub/login"
+    if next_url is not None:
+        url += "?" + requests.compat.urlencode({"next": next_url})
+    page.goto(url)
+    page.fill("#username_input", username)
+    page.fill("#password_input", token)
+    with page.expect_navigation() as nav:
+        page.click("#login_submit")
+    return nav.value
+
+
+def login_error(page) -> str:
+    return page.locator("#login-error-area").inner_text().strip()
