@@ -46,6 +46,13 @@ DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
 
+def cull_every(idle_timeout: int) -> int:
+    """Seconds between the idle culler's checks for *idle_timeout*: 60, or half the
+    timeout when that is shorter, so that a server is stopped at most 1.5 timeouts after
+    its last activity."""
+    return max(1, min(60, idle_timeout // 2))
+
+
 def read_secret(name: str) -> str:
     path = SECRETS_DIR / name
     try:
@@ -168,11 +175,13 @@ def configure(c) -> None:
         *roles.load_roles,
     ]
     if settings["hub.idle_timeout"]:
-        # An idle server must not hold a GPU forever.
+        # An idle server must not hold a GPU forever. Checked every minute, or every half
+        # timeout when that is shorter (the culler's own default is timeout/2).
+        timeout = settings["hub.idle_timeout"]
         services.append({
             "name": "idle-culler",
             "command": [sys.executable, "-m", "jupyterhub_idle_culler",
-                        f"--timeout={settings['hub.idle_timeout']}", "--cull-every=60"],
+                        f"--timeout={timeout}", f"--cull-every={cull_every(timeout)}"],
         })
         load_roles.append({
             "name": "idle-culler",

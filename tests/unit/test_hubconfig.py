@@ -83,3 +83,10 @@ def test_gpulab_info_lines_reach_the_hubs_log(configured, caplog):
     finally:
         hub_log.removeHandler(catch)
     assert ("gpulab.leases", "GPU inventory: 2 GPU(s)") in seen
+
+
+@pytest.mark.parametrize("idle_timeout, every", [
+    (3600, 60), (120, 60), (119, 59), (30, 15), (10, 5), (3, 1), (1, 1),
+])
+def test_the_culler_checks_every_minute_or_every_half_timeout(idle_timeout, every):
+    assert hubconfig.cull_every(idle_timeout) == every
