@@ -248,14 +248,17 @@ async def test_never_valid_gpus_yaml_gives_defaults_and_says_so(tmp_path):
 # -- the hub client, against a real HTTP server --------------------------------------
 async def test_hub_servers_reads_active_servers(hub_api):
     url, servers, seen = hub_api
-    servers.update({"alice": [""], "bob": ["big"], "a/b": []})
+    servers.update({"alice": [""], "bob": ["big"], "a/b": [""]})
     hub = HubServers(url, HUB_TOKEN)
     assert await hub.server_active("alice", "") is True
     assert await hub.server_active("bob", "") is False
     assert await hub.server_active("bob", "big") is True
     assert await hub.server_active("nobody", "") is False      # 404: the hub has no such user
-    assert await hub.server_active("a/b", "") is False          # name quoted into one segment
+    # the name is quoted into one path segment: /users/a%2Fb is "a/b", not /users/a + /b
+    # (which the hub would answer with 404, i.e. "not running": a wrong release)
+    assert await hub.server_active("a/b", "") is True
     assert seen[0] == ("alice", f"token {HUB_TOKEN}")
+    assert seen[-1] == ("a/b", f"token {HUB_TOKEN}")
 
 
 async def test_hub_servers_without_the_scope_or_hub_says_why(hub_api):
