@@ -1,6 +1,7 @@
 """PID -> container from /proc/PID/cgroup text, and container labels -> hub user."""
 
 import os
+import uuid
 
 import pytest
 
@@ -63,12 +64,6 @@ def test_container_of_reads_injected_proc(tmp_path):
     assert container_of(300, proc=str(tmp_path)) is None  # exited between NVML and us
 
 
-def test_container_of_own_process_on_this_host():
-    # The real /proc: our own PID resolves to a container ID or to None, never raises.
-    got = container_of(os.getpid())
-    assert got is None or len(got) == 64
-
-
 @pytest.mark.parametrize(
     "labels, expected",
     [
@@ -85,16 +80,33 @@ def test_container_from_labels(labels, expected):
     assert container_from_labels(CID, "gpulab-ann", labels) == expected
 
 
-def test_docker_directory_against_the_local_daemon():
-    """The real directory against this host's dockerd (read-only: one list call)."""
+def test_docker_directory_and_proc_find_a_real_labelled_container():
+    """The real directory against this host's dockerd, and the real /proc: a container
+    labelled as the hub labels users' containers is listed with its user, server and
+    GPUs, and the cgroup file of its process (by host PID) names it."""
     if not os.path.exists("/var/run/docker.sock"):
         pytest.skip("no Docker socket at /var/run/docker.sock on this host")
+    docker = pytest.importorskip("docker")
+    client = docker.from_env()
+    image = "gpulab/base:bookworm"  # `make images` builds it; any local image would do
+    name = f"gpulab-test-attribution-{uuid.uuid4().hex[:8]}"
+    labels = {"org.gpulab.managed": "true", "org.gpulab.user": "ann",
+              "org.gpulab.server": "big", "org.gpulab.gpus": "GPU-a,GPU-b"}
+    container = client.containers.run(image, ["sleep", "120"], name=name, labels=labels,
+                                      detach=True, network_mode="none")
     directory = DockerContainerDirectory()
     try:
-        found = directory.containers()
-    except Exception as e:  # daemon not running
-        pytest.skip(f"Docker daemon not answering: {e}")
+        container.reload()
+        pid = container.attrs["State"]["Pid"]
+        found = {c.id: c for c in directory.containers()}
+        assert found.get(container.id) == Container(container.id, name, "ann", "big",
+                                                    ("GPU-a", "GPU-b"))
+        assert container_of(pid) == container.id
+        container.kill()
+        container.wait(timeout=30)
+        assert container.id not in {c.id for c in directory.containers()}  # running only
+        assert container_of(pid) != container.id
     finally:
         directory.close()
-    for c in found:
-        assert len(c.id) == 64 and c.user and c.name
+        container.remove(force=True)
+        client.close()
