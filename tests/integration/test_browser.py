@@ -330,10 +330,17 @@ def test_operator_sees_the_gpu_dashboard_and_a_member_is_refused(hub, lab_user, 
         page.goto(f"{HUB_URL}/services/gpus/")
         page.wait_for_selector("#summary", timeout=30_000)
         assert "/services/gpus/" in page.url
-        summary = page.locator("#summary").inner_text()
-        rows = page.locator("#gpu-rows tr.gpu").count()
-        gpus_known = page.locator("#message").is_hidden()
-        assert (rows > 0) == gpus_known, summary  # GPU rows, or "No GPUs on this host"
+        # One row per GPU the dashboard's own API reports, and there are GPUs: `make test`
+        # runs the exporter with fake ones on hosts without (a page that lost its rows
+        # must fail here, not pass as "No GPUs on this host").
+        api = requests.get(f"{HUB_URL}/services/gpus/api/gpus", timeout=30,
+                           headers={"Authorization": f"token {operator.token}"}).json()
+        assert api["gpus"], "the exporter reports no GPU (stack not started by `make test`?)"
+        rows = page.locator("#gpu-rows tr.gpu")
+        assert rows.count() == len(api["gpus"]), page.locator("#summary").inner_text()
+        assert page.locator("#message").is_hidden()
+        assert rows.first.locator("td").nth(1).inner_text().split("\n")[0] == api["gpus"][0]["model"]
+        assert page.locator("#summary").inner_text().startswith(f"{len(api['gpus'])} GPU")
         before = page.locator("#updated").inner_text()
         page.wait_for_function(  # refreshed live, without reloading the page
             "t => document.querySelector('#updated').textContent !== t", arg=before,
