@@ -6,6 +6,12 @@ dashboard service at /services/gpus/ is open to admins and the `operators` group
 refused to everyone else. On hosts without GPUs `make test` runs the exporter with two
 FAKE GPUs (it says so in its data) whose UUIDs match the stand-in inventory, so a lease
 taken through the hub must show up as that user's in the exporter and the dashboard.
+
+Those fake GPUs are steered through the exporter's fake-NVML control file
+(``--fake-control``, by default /dev/shm/gpulab-fake-nvml.json inside the exporter's
+container): a test puts a REAL process of a user's container (its host PID) on fake
+GPU 0, which the exporter attributes through the host's /proc/<pid>/cgroup and the
+container's labels, and marks fake GPU 1 lost.
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ import json
 import pytest
 import requests
 
-from .stack import docker, wait_for
-from .standin import GPU0
+from .browser import screenshot, submit_login
+from .stack import HUB_URL, docker, wait_for
+from .standin import GPU0, GPU1
+
+GiB = 1 << 30
+FAKE_CONTROL = "/dev/shm/gpulab-fake-nvml.json"  # the exporter's --fake-control default
 
 
 def prometheus_query(expr: str) -> str:
@@ -90,3 +100,78 @@ def test_lease_is_attributed_to_its_user(hub, lab_user, gpus_yaml):
     wait_for(prometheus_has_lease, 60, interval=3, what="Prometheus to scrape the lease")
     r = dashboard_json(user)  # a plain user: refused, even for the GPU they hold
     assert r.status_code == 403
+
+
+def write_fake_control(data: dict | None) -> None:
+    """Steer the exporter's FAKE GPUs (None: back to healthy fakes with no processes)."""
+    script = ("import os, sys; path = sys.argv[1]\n"
+              "if sys.argv[2] == 'null': os.path.exists(path) and os.remove(path)\n"
+              "else: open(path + '.tmp', 'w').write(sys.argv[2]); os.replace(path + '.tmp', path)")
+    docker("exec", "gpulab-exporter", "python3", "-c", script, FAKE_CONTROL, json.dumps(data))
+
+
+@pytest.fixture
+def fake_control():
+    snapshot = exporter_snapshot()
+    if not snapshot["fake"] or len(snapshot["gpus"]) != 2:
+        pytest.skip("the exporter does not run with --fake-gpus 2 (start the stack with "
+                    "`make test`, or GPULAB_EXPORTER_FLAGS='--fake-gpus 2' make up)")
+    yield write_fake_control
+    write_fake_control(None)
+
+
+def test_users_gpu_memory_and_a_lost_gpu_reach_the_dashboard(hub, lab_user, gpus_yaml,
+                                                             fake_control, new_page):
+    operator, trainer = lab_user("oper"), lab_user("trainer")
+    r = hub.request("POST", "/groups/operators/users", json={"users": [operator.name]})
+    assert r.status_code == 200, r.text
+    try:
+        trainer.start_server({"gpus": 1})
+        # a real process of trainer's container: its init, by host PID
+        pid = int(docker("inspect", "-f", "{{.State.Pid}}", trainer.container))
+        fake_control({"processes": {"0": [[pid, 3 * GiB]]}, "lost": [1]})
+
+        def exporter_sees_both():
+            gpus = {g["uuid"]: g for g in exporter_snapshot()["gpus"]}
+            procs = gpus[GPU0]["processes"] or []
+            return (not gpus[GPU1]["up"] and [(p["pid"], p["user"]) for p in procs]
+                    == [(pid, trainer.name)]) and gpus
+        # the exporter lists processes and containers every 15 s
+        gpus = wait_for(exporter_sees_both, 45, interval=1,
+                        what="the exporter to attribute the process and lose fake GPU 1")
+        assert gpus[GPU0]["user_memory_bytes"] == {trainer.name: 3 * GiB}
+        assert gpus[GPU1]["error"].startswith("NVMLError_GpuIsLost")
+
+        # the dashboard's JSON, through the published port, as the operator
+        r = dashboard_json(operator)
+        assert r.status_code == 200, r.text
+        view = {g["uuid"]: g for g in r.json()["gpus"]}
+        ok, lost = view[GPU0], view[GPU1]
+        assert (ok["state"], lost["state"]) == ("ok", "lost")
+        assert [(h["user"], h["memory_text"]) for h in ok["holders"]] == [(trainer.name,
+                                                                          "3.0 GiB")]
+        assert [(p["pid"], p["user"], p["memory_text"]) for p in ok["processes"]] == [
+            (pid, trainer.name, "3.0 GiB")]
+        assert ok["memory_text"] == "3.0 GiB / 141.0 GiB"
+        assert ok["temperature_text"] != "N/A"  # the other GPU keeps reporting
+        assert lost["temperature_text"] == "N/A" and "GpuIsLost" in lost["error"]
+        assert r.json()["summary"]["lost"] == 1
+
+        # and the page, in Chromium, as the operator reads it
+        page = new_page()
+        submit_login(page, operator.name, operator.token, next_url="/hub/home")
+        page.goto(f"{HUB_URL}/services/gpus/")
+        rows = page.locator("#gpu-rows tr.gpu")
+        details = page.locator("#gpu-rows tr.detail")
+        assert rows.count() == 2
+        assert rows.nth(0).locator("td").last.inner_text().startswith("OK")
+        assert rows.nth(1).locator("td").last.inner_text() == "LOST"
+        assert page.locator("#gpu-rows tr.gpu.lost").count() == 1
+        held = details.nth(0).inner_text()
+        assert f"Held by: {trainer.name} (3.0 GiB)" in held, held
+        assert f"Processes: {pid} {trainer.name} 3.0 GiB" in held, held
+        assert "GpuIsLost" in details.nth(1).inner_text()
+        assert page.locator("#summary").inner_text().endswith(", 1 lost")
+        screenshot(page, "dashboard-user-memory-and-lost-gpu.png")
+    finally:
+        hub.request("DELETE", "/groups/operators/users", json={"users": [operator.name]})
