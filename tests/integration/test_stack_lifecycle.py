@@ -1,0 +1,87 @@
+"""`make down && make up`: users, login tokens and homes are kept; `make down` takes the
+firewall rules away and `make up` puts them back.
+
+This takes the whole stack down (about a minute with the way back), so it is marked
+``stack_restart`` and runs after every other test (tests/integration/conftest.py), and
+it brings the stack up again whatever happens, with the exporter flags it found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+
+from .browser import submit_login
+from .stack import REPO, container_logs, docker, wait_for
+
+pytestmark = pytest.mark.stack_restart
+
+EXPORTER_COMMAND = ["--listen", "0.0.0.0:9445", "--docker-url", "tcp://docker-proxy-ro:2375"]
+STACK = ("gpulab-hub", "gpulab-proxy", "gpulab-docker-proxy", "gpulab-docker-proxy-ro",
+         "gpulab-netguard", "gpulab-exporter", "gpulab-prometheus")
+
+
+def exporter_flags() -> str:
+    """GPULAB_EXPORTER_FLAGS the running exporter was started with (`make test`: fake GPUs
+    on hosts without), so that `make up` here starts the same stack again."""
+    args = json.loads(docker("inspect", "gpulab-exporter"))[0]["Args"]
+    assert args[:len(EXPORTER_COMMAND)] == EXPORTER_COMMAND, args
+    return " ".join(args[len(EXPORTER_COMMAND):])
+
+
+def make(target: str, flags: str) -> str:
+    out = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "GPULAB_EXPORTER_FLAGS": flags})
+    assert out.returncode == 0, f"make {target} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+def firewall_rules() -> list[str]:
+    out = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [line for line in out.stdout.splitlines() if "gpulab-netguard" in line]
+
+
+def running(name: str) -> bool:
+    return docker("ps", "-q", "--filter", f"name=^/{name}$") != ""
+
+
+def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hub, lab_user,
+                                                                             new_page):
+    user = lab_user("keeper")
+    user.start_server()
+    note = f"written before make down by {user.name}\n"
+    r = user.api("PUT", "/contents/kept.txt",
+                 json={"type": "file", "format": "text", "content": note})
+    assert r.status_code in (200, 201), r.text
+    flags = exporter_flags()
+    assert firewall_rules(), "no gpulab-netguard rules while the stack is up"
+
+    try:
+        make("down", flags)
+        assert [name for name in STACK if running(name)] == []
+        assert not running(user.container)
+        assert firewall_rules() == []
+        assert not hub.is_up()
+    finally:
+        out = make("up", flags)  # on failure too: the stack is up again for whoever is next
+        wait_for(hub.is_up, 120, what="the hub to answer after make up")
+    assert "JupyterHub is up" in out
+    assert wait_for(firewall_rules, 30, what="gpulab-netguard to put its rules back")
+    assert exporter_flags() == flags
+
+    # the user and their login token: signing in works as before
+    page = new_page()
+    response = submit_login(page, user.name, user.token, next_url="/hub/home")
+    assert response.status == 200 and urlsplit(page.url).path == "/hub/home", page.url
+    assert hub.server_model(user.name) is None  # make down stopped every server
+
+    # the home: the file is there in the new container
+    user.start_server()
+    r = user.api("GET", "/contents/kept.txt", params={"content": "1", "format": "text"})
+    assert r.status_code == 200, (r.text, container_logs(user.container))
+    assert r.json()["content"] == note
