@@ -134,28 +134,31 @@ def test_admin_releases_a_stuck_lease_and_the_gpu_is_spawnable_again(hub, hub_ad
                                                                     new_page):
     lab_config.write("gpus.yaml", ONE_GPU)  # one GPU: whoever holds it blocks everyone
     admin, alice, bob = hub_admin, lab_user("alice"), lab_user("bob")
-    backup_hub_db()
-    alice.start_server({"gpus": 1})
-    restore_hub_db(hub)  # the hub forgets alice's server; her container runs on
+    try:
+        backup_hub_db()
+        alice.start_server({"gpus": 1})
+        restore_hub_db(hub)  # the hub forgets alice's server; her container runs on
 
-    assert hub.server_model(alice.name) is None
-    assert gpus_of(alice.container)["device_ids"] == [GPU0]
-    r = requests.post(f"{hub.api}/users/{bob.name}/server", json={"gpus": 1}, timeout=60,
-                      headers={"Authorization": f"token {bob.token}"})
-    assert r.status_code == 409, r.text  # the stuck lease holds the only GPU
+        assert hub.server_model(alice.name) is None
+        assert gpus_of(alice.container)["device_ids"] == [GPU0]
+        r = requests.post(f"{hub.api}/users/{bob.name}/server", json={"gpus": 1}, timeout=60,
+                          headers={"Authorization": f"token {bob.token}"})
+        assert r.status_code == 409, r.text  # the stuck lease holds the only GPU
 
-    page = open_leases(new_page(), admin)
-    assert [(row[3], row[6], row[7]) for row in lease_rows(page)] == [
-        (alice.name, "active", "running")]
-    said = click_release(page, alice)
-    assert said == (f"200 Released GPU {GPU0} of {alice.name}: removed {alice.container}."), said
-    screenshot(page, "lease-page-released.png")
-    page.wait_for_selector("#lease-rows tr:not(.lease)")  # the page reloads by itself
-    assert page.locator("#lease-rows").inner_text().strip() == "No leases: every GPU is free."
+        page = open_leases(new_page(), admin)
+        assert [(row[3], row[6], row[7]) for row in lease_rows(page)] == [
+            (alice.name, "active", "running")]
+        said = click_release(page, alice)
+        assert said == (f"200 Released GPU {GPU0} of {alice.name}: removed {alice.container}."), said
+        screenshot(page, "lease-page-released.png")
+        page.wait_for_selector("#lease-rows tr:not(.lease)")  # the page reloads by itself
+        assert page.locator("#lease-rows").inner_text().strip() == "No leases: every GPU is free."
 
-    assert docker("ps", "-aq", "--filter", f"name=^/{alice.container}$") == ""
-    bob.start_server({"gpus": 1})
-    assert gpus_of(bob.container)["device_ids"] == [GPU0]
+        assert docker("ps", "-aq", "--filter", f"name=^/{alice.container}$") == ""
+        bob.start_server({"gpus": 1})
+        assert gpus_of(bob.container)["device_ids"] == [GPU0]
+    finally:  # a container the hub does not know: lab_user's clean-up cannot remove it
+        docker("rm", "-f", alice.container, check=False)
 
 
 @pytest.fixture
