@@ -29,13 +29,9 @@ import requests
 
 from gpulab.settings import load_settings
 
-from . import test_browser
+from .browser import session_cookies, submit_login
 from .stack import HUB_URL, docker
-from .test_browser import HUB_CONTAINER, INVALID_LOGIN, session_cookies, submit_login
-
-# Chromium through Playwright, as test_browser.py sets it up (skipped without it).
-browser = test_browser.browser
-new_page = test_browser.new_page
+from .test_browser import HUB_CONTAINER, INVALID_LOGIN
 
 HUB_PORT_IN_NETWORK = "http://gpulab-hub:8081"
 
