@@ -155,8 +155,10 @@ def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
         "prometheus_by_ip": "unreachable",
     }
     # Controls: those ports do answer, to whom they are for.
+    # (the dashboard listens on the hub's address on the gpulab network, where the proxy
+    # reaches it: gpulab.hubconfig, service "gpus")
     hub_side = docker("exec", "gpulab-hub", "python3", "-c", TCP + (
-        f"print(tcp('gpulab-proxy', 8001), tcp('127.0.0.1', 9447), "
+        f"print(tcp('gpulab-proxy', 8001), tcp({ip_on('gpulab-hub', 'gpulab')!r}, 9447), "
         f"tcp({ip_on(other.container, 'gpulab')!r}, 8888))"))
     assert hub_side == "open open open"
 
