@@ -20,18 +20,17 @@ the suite a few times in a row does not lock every later sign-in out.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
-import time
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from .browser import SESSION_COOKIES, login_error, screenshot, session_cookies, submit_login
-from .stack import HUB_URL, docker, wait_for
+from .stack import HUB_URL
+from .throttle_rows import failures_undone
 
 HUB_CONTAINER = os.environ.get("GPULAB_HUB_CONTAINER", "gpulab-hub")
 INVALID_LOGIN = "Invalid username or token."
@@ -41,67 +40,15 @@ XSS_NAME = '"><script>alert(1)</script>'
 
 # ------------------------------------------------------------- login throttle hygiene
 
-_THROTTLE_SCRIPT = r"""
-import json, os, sqlite3, sys
-path = os.path.join(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"),
-                    "gpulab-login-throttle.sqlite")
-cmd = json.loads(sys.argv[1])
-if not os.path.exists(path):
-    print("{}"); sys.exit(0)
-db = sqlite3.connect(path, timeout=10)
-cols = "failures, window_start, locked_until, lockouts, last_failure"
-if cmd["op"] == "read":
-    rows = db.execute(f"SELECT key, {cols} FROM login_failures WHERE kind = 'address'")
-    print(json.dumps({k: list(v) for k, *v in rows}))
-elif cmd["op"] == "restore":
-    with db:
-        for key, (now, before) in cmd["rows"].items():
-            cond = " AND ".join(f"{c} = ?" for c in cols.split(", "))
-            if before is None:
-                db.execute(f"DELETE FROM login_failures WHERE kind = 'address' AND key = ?"
-                           f" AND {cond}", [key, *now])
-            else:
-                db.execute(f"UPDATE login_failures SET failures = ?, window_start = ?,"
-                           f" last_failure = ? WHERE kind = 'address' AND key = ? AND {cond}",
-                           [before[0], before[1], before[4], key, *now])
-        db.execute("DELETE FROM login_failures WHERE kind = 'user' AND key IN (%s)"
-                   % ",".join("?" * len(cmd["users"])), cmd["users"])
-    print("{}")
-"""
-
-
-def _throttle(op: str, **kw) -> dict:
-    out = docker("exec", HUB_CONTAINER, "python3", "-c", _THROTTLE_SCRIPT,
-                 json.dumps({"op": op, **kw}))
-    return json.loads(out or "{}")
-
-
 FAILED_USERNAMES: list[str] = []  # usernames this module failed to sign in as
 
 
 @pytest.fixture(scope="module", autouse=True)
 def address_throttle(browser, hub):
-    """Refuse to start when the client address is locked; undo this module's failures.
-
-    The failures are undone only for address counters that saw no lockout while the
-    module ran (a lockout there means someone hit the real limit: it stays).
-    """
-    before = _throttle("read")
-    now = time.time()
-    locked = {k: v[2] for k, v in before.items() if v[2] > now}
-    if locked:
-        pytest.fail(f"the hub's login throttle has locked client address(es) {locked} "
-                    "(locked_until, epoch seconds): sign-in tests cannot run until then")
-    yield
-    try:
-        wait_for(hub.is_up, 120, interval=1, what="the hub to answer")
-        after = _throttle("read")
-        rows = {key: (row, before.get(key)) for key, row in after.items()
-                if row != before.get(key)
-                and row[3] == (before.get(key) or [0, 0, 0, 0, 0])[3]}
-        _throttle("restore", rows=rows, users=FAILED_USERNAMES or [""])
-    except Exception as e:  # cleanup only: report, do not turn a pass into an error
-        print(f"\ncould not restore the login throttle's address counters: {e}")
+    """Refuse to start when the client address is locked; undo this module's failures
+    (tests/integration/throttle_rows.py)."""
+    with failures_undone(hub, FAILED_USERNAMES):
+        yield
 
 
 # ------------------------------------------------------------------------------ tests

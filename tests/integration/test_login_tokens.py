@@ -32,75 +32,19 @@ from gpulab.settings import load_settings
 from .browser import session_cookies, submit_login
 from .stack import HUB_URL, docker
 from .test_browser import HUB_CONTAINER, INVALID_LOGIN
+from .throttle_rows import failures_undone, throttle
 
 HUB_PORT_IN_NETWORK = "http://gpulab-hub:8081"
 
 # ------------------------------------------------------------- login throttle hygiene
-
-_THROTTLE_SCRIPT = r"""
-import json, os, sqlite3, sys
-path = os.path.join(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"),
-                    "gpulab-login-throttle.sqlite")
-cmd = json.loads(sys.argv[1])
-if not os.path.exists(path):
-    print("{}"); sys.exit(0)
-db = sqlite3.connect(path, timeout=10)
-cols = "failures, window_start, locked_until, lockouts, last_failure"
-if cmd["op"] == "read":
-    rows = db.execute(f"SELECT kind, key, {cols} FROM login_failures")
-    print(json.dumps({f"{kind}|{key}": list(v) for kind, key, *v in rows}))
-elif cmd["op"] == "restore":
-    # address rows this module changed without a new lockout: back to what they were
-    with db:
-        for key, (now, before) in cmd["rows"].items():
-            kind, key = key.split("|", 1)
-            cond = " AND ".join(f"{c} = ?" for c in cols.split(", "))
-            if before is None:
-                db.execute(f"DELETE FROM login_failures WHERE kind = ? AND key = ? AND {cond}",
-                           [kind, key, *now])
-            else:
-                db.execute(f"UPDATE login_failures SET failures = ?, window_start = ?,"
-                           f" last_failure = ? WHERE kind = ? AND key = ? AND {cond}",
-                           [before[0], before[1], before[4], kind, key, *now])
-    print("{}")
-elif cmd["op"] == "forget":
-    # rows this module created on purpose (a lockout it caused itself)
-    with db:
-        for kind, keys in (("address", cmd["addresses"]), ("user", cmd["users"])):
-            db.executemany("DELETE FROM login_failures WHERE kind = ? AND key = ?",
-                           [(kind, k) for k in keys])
-    print("{}")
-"""
-
-
-def throttle(op: str, **kw) -> dict:
-    out = docker("exec", HUB_CONTAINER, "python3", "-c", _THROTTLE_SCRIPT,
-                 json.dumps({"op": op, **kw}))
-    return json.loads(out or "{}")
-
 
 FAILED_USERNAMES: list[str] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
 def throttle_hygiene(hub):
-    """Refuse to start while an address is locked; undo this module's host failures."""
-    before = throttle("read")
-    now = time.time()
-    locked = {k: v[2] for k, v in before.items() if k.startswith("address|") and v[2] > now}
-    if locked:
-        pytest.fail(f"the hub's login throttle has locked {locked} (locked_until, epoch "
-                    "seconds): sign-in tests cannot run until then")
-    yield
-    try:
-        after = throttle("read")
-        rows = {key: (row, before.get(key)) for key, row in after.items()
-                if key.startswith("address|") and row != before.get(key)
-                and row[3] == (before.get(key) or [0, 0, 0, 0, 0])[3]}
-        throttle("restore", rows=rows)
-        throttle("forget", addresses=[], users=FAILED_USERNAMES)
-    except Exception as e:  # cleanup only: report, do not turn a pass into an error
-        print(f"\ncould not restore the login throttle's counters: {e}")
+    with failures_undone(hub, FAILED_USERNAMES):
+        yield
 
 
 # ------------------------------------------------------------------------- helpers
