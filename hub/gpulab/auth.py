@@ -35,6 +35,7 @@ import secrets
 import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from jupyterhub import orm
 from jupyterhub.auth import Authenticator
@@ -72,6 +73,18 @@ LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
 DEFAULT_PROXY_IP = "172.30.0.3"  # docker-compose.yml: the proxy's fixed address
 
 
+def credentials_in_query(query: str) -> list[str]:
+    """Credential parameters in a query string, or in the query of its ``next`` URL:
+    ``/hub/home?token=X`` sends a signed-out browser to ``/hub/login?next=`` that URL,
+    and signing in would carry the token on into the browser's history."""
+    args = parse_qs(query, keep_blank_values=True)
+    found = [p for p in CREDENTIAL_PARAMS if p in args]
+    for next_url in args.get("next", []):
+        nested = parse_qs(urlsplit(next_url).query, keep_blank_values=True)
+        found += [f"next: {p}" for p in CREDENTIAL_PARAMS if p in nested]
+    return found
+
+
 def _display_name(raw: str) -> str:
     """What of a submitted username may be echoed back (escaped by the template)."""
     return raw if len(raw) <= 32 else f"{raw[:16]}...({len(raw)} chars)"
@@ -97,7 +110,7 @@ class GpulabLoginHandler(LoginHandler):
         # login page JupyterHub's access log line (and its anonymous xsrf id) get the
         # address the throttle counts instead.
         self.request.remote_ip = self.client_address
-        leaked = [p for p in CREDENTIAL_PARAMS if p in self.request.query_arguments]
+        leaked = credentials_in_query(self.request.query)
         if leaked:
             # The access log line is written from request.uri after the response:
             # drop the query so the credential does not end up there.

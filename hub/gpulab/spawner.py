@@ -51,6 +51,16 @@ class SpawnFailed(web.HTTPError):
         self.jupyterhub_message = message
 
 
+def policy_refusal(error: docker.errors.APIError) -> str | None:
+    """The reason gpulab's Docker proxy gave for refusing a call, or None when the error
+    came from somewhere else (dockerd itself, the network)."""
+    explanation = str(getattr(error, "explanation", "") or "")
+    prefix = "gpulab docker-proxy: "
+    if error.status_code in (400, 403) and explanation.startswith(prefix):
+        return explanation[len(prefix):]
+    return None
+
+
 def _http_error(status: int, message: str) -> web.HTTPError:
     err = web.HTTPError(status, "%s", message)
     err.jupyterhub_message = message
@@ -268,7 +278,17 @@ class GpulabSpawner(DockerSpawner):
                     self._report(15, f"Reserved {names} for you")
                 self.apply_settings(settings, self.gpu_uuids)
                 self._report(20, f"Creating your container from {self.image}")
-                ip, port = await super().start()
+                try:
+                    ip, port = await super().start()
+                except docker.errors.APIError as e:
+                    refusal = policy_refusal(e)
+                    if refusal is None:
+                        raise
+                    self.log.error("Docker proxy refused %s's container: %s",
+                                   self._log_name, refusal)
+                    raise SpawnFailed(
+                        f"The lab's Docker policy refused to create your server ({refusal}). "
+                        f"This is a configuration problem: tell an admin.") from None
             finally:
                 # The container now holds the lease in its labels, or the spawn failed.
                 self.lease_book.settle(self.user.name, self.name)

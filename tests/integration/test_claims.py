@@ -101,9 +101,12 @@ def test_tokens_in_urls_are_refused_and_the_same_token_works_where_it_belongs(
     # Hub pages: a link with ?token= signs nobody in; the sign-in form does.
     page = new_page()
     for path in ("/hub/home", "/hub/spawn"):
-        page.goto(f"{HUB_URL}{path}?token={user.token}")
+        response = page.goto(f"{HUB_URL}{path}?token={user.token}")
         assert urlsplit(page.url).path == "/hub/login", (path, page.url)
         assert session_cookies(page) == set(), path
+        # ... and the login page says why instead of carrying the token on after sign-in
+        assert response.status == 400, (path, response.status)
+        assert "Tokens must not be sent in a URL" in page.content(), path
     page.goto(f"{server}/lab?token={user.token}")  # the user's JupyterLab: the hub's login
     assert urlsplit(page.url).path == "/hub/login", page.url
     assert page.locator("#jp-main-dock-panel").count() == 0

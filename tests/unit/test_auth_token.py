@@ -24,6 +24,7 @@ from gpulab.auth import (
     TokenAuthenticator,
     TrustedProxies,
     client_address,
+    credentials_in_query,
     default_trusted_proxies,
 )
 from gpulab.login_tokens import LEGACY_CLI_NOTE
@@ -363,3 +364,16 @@ def test_default_trusted_proxies():
     settings = {**defaults(), "hub.trusted_proxies": ("10.0.0.5/32",)}
     assert default_trusted_proxies(settings, {}) == ["172.30.0.3", "10.0.0.5/32"]
     assert default_trusted_proxies(settings, {"GPULAB_PROXY_IP": "172.31.0.3"})[0] == "172.31.0.3"
+
+
+@pytest.mark.parametrize("query, found", [
+    ("", []),
+    ("next=%2Fhub%2Fhome", []),
+    ("token=abc", ["token"]),
+    ("password=", ["password"]),
+    ("next=%2Fhub%2Fhome%3Ftoken%3Dabc", ["next: token"]),
+    ("next=%2Fhub%2Fspawn%3Fx%3D1%26password%3Dp", ["next: password"]),
+    ("next=%2Fhub%2Fhome%3Ftokens%3D1", []),
+])
+def test_credentials_are_found_in_the_url_and_in_its_next_url(query, found):
+    assert credentials_in_query(query) == found
