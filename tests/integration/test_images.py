@@ -1,0 +1,126 @@
+"""The single-user image starts without work it need not do, and still validates.
+
+Every start of a member's server used to compile its imports from source (members cannot
+write bytecode to root's /opt/venv), and to build rfc3987-syntax's grammar (0.9 s) for a
+format check nothing uses. The image now carries bytecode for what a start and a first
+`import torch` import (images/singleuser/compile_start_path.py), and no rfc3987-syntax.
+These tests run the image as a member's server runs (uid 1000, read-only root) and a
+real member's server on the stack; bench/spawn.py measures what it gains.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from gpulab.settings import load_settings
+
+from .stack import LabConfig, container_logs, docker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def image(hub) -> str:
+    """The single-user image the running hub spawns (config/gpulab.yaml spawn.image)."""
+    return load_settings(LabConfig().dir / "gpulab.yaml")["spawn.image"]
+
+
+def run_as_member(image: str, script: str) -> str:
+    return docker("run", "--rm", "--network", "none", "--read-only", "--user", "1000:1000",
+                  "--tmpfs", "/tmp", "--tmpfs", "/home/jovyan:uid=1000,gid=1000", image,
+                  "python", "-c", textwrap.dedent(script))
+
+
+# What jupyterhub-singleuser does at start, short of listening: ServerApp.initialize
+# links and loads every server extension (jupyterlab, jupyter_lsp, terminals, the
+# hub's own), importing what they import; then a kernel's first cell.
+UNCOMPILED_AT_START = """
+    import importlib.util, json, os, sys
+    import jupyterhub.singleuser.extension
+    from jupyter_server.serverapp import ServerApp
+    app = ServerApp()
+    app.initialize(argv=["--ServerApp.root_dir=/tmp", "--ServerApp.port=0",
+                         "--ServerApp.open_browser=False"])
+    import ipykernel.kernelapp, ipykernel.ipkernel, torch, numpy
+    missing = sorted(
+        name for name, module in list(sys.modules.items())
+        if (getattr(module, "__file__", None) or "").startswith("/opt/venv/")
+        and module.__file__.endswith(".py")
+        and not os.path.exists(importlib.util.cache_from_source(module.__file__)))
+    print(json.dumps({"modules": len(sys.modules), "missing": missing}))
+"""
+
+
+def test_what_a_server_start_imports_is_compiled_in_the_image(image):
+    report = json.loads(run_as_member(image, UNCOMPILED_AT_START).splitlines()[-1])
+    assert report["modules"] > 1000, report  # the check saw a real start
+    assert report["missing"] == [], (
+        f"{len(report['missing'])} modules a server start imports have no bytecode in "
+        f"{image}: {report['missing'][:40]}")
+
+
+def test_no_rfc3987_syntax_and_validation_still_works(image):
+    out = run_as_member(image, """
+        import importlib.util, io, logging, pathlib
+        import jsonschema, nbformat
+        from nbformat.v4 import new_code_cell, new_notebook
+        import jupyter_server
+        from jupyter_events import EventLogger
+
+        print("rfc3987_syntax", importlib.util.find_spec("rfc3987_syntax") is not None)
+
+        nb = new_notebook(cells=[new_code_cell("import torch")])
+        nbformat.validate(nb)
+        del nb.cells[0]["source"]
+        try:
+            nbformat.validate(nb)
+            print("notebook without source: accepted")
+        except nbformat.ValidationError:
+            print("notebook without source: refused")
+
+        # The event the server emits when a member saves (jupyter_server contents_service).
+        schema = (pathlib.Path(jupyter_server.__file__).parent
+                  / "event_schemas/contents_service/v1.yaml")
+        logger, sink = EventLogger(), io.StringIO()
+        logger.register_handler(logging.StreamHandler(sink))
+        logger.register_event_schema(schema)
+        schema_id = "https://events.jupyter.org/jupyter_server/contents_service/v1"
+        logger.emit(schema_id=schema_id, data={"action": "save", "path": "a.ipynb"})
+        print("save event emitted", '"action": "save"' in sink.getvalue())
+        try:
+            logger.emit(schema_id=schema_id, data={"action": "explode", "path": "a.ipynb"})
+            print("bad event: accepted")
+        except jsonschema.ValidationError:
+            print("bad event: refused")
+    """)
+    assert out.splitlines() == [
+        "rfc3987_syntax False",
+        "notebook without source: refused",
+        "save event emitted True",
+        "bad event: refused",
+    ], out
+
+
+def test_a_member_saves_and_reopens_a_notebook_on_the_lean_image(lab_user):
+    """The same, where a member meets it: the contents API of a real server (it emits
+    the save event and validates the notebook), with nothing in the server's log."""
+    user = lab_user("images")
+    user.start_server()
+    cell = {"id": "first", "cell_type": "code", "source": "import torch", "metadata": {},
+            "outputs": [], "execution_count": None}
+    notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    r = user.api("PUT", "/contents/saved.ipynb", json={"type": "notebook", "content": notebook})
+    assert r.status_code == 201, r.text
+    r = user.api("GET", "/contents/saved.ipynb")
+    assert r.status_code == 200 and r.json()["content"]["cells"][0]["source"] == "import torch"
+    bad = dict(notebook, cells=[dict(cell, execution_count="one")])
+    r = user.api("PUT", "/contents/bad.ipynb", json={"type": "notebook", "content": bad})
+    # jupyter_server saves an invalid notebook but says why (it validates on save)
+    assert r.status_code == 201, r.text
+    assert "Notebook validation failed" in r.json()["message"], r.text
+    assert "execution_count" in r.json()["message"], r.text
+    log = container_logs(user.container, 200)
+    assert "Traceback" not in log and "rfc3987" not in log, log
