@@ -9,8 +9,20 @@ documentation configures it (bench/vanilla_jupyterhub_config.py). For each hub:
 * concurrent: N users spawning at once.
 
 "Ready" is what a user waits for: the hub's REST model says ready=True (the moment the
-spawn page redirects to JupyterLab). Run with `make bench` or
-`python -m bench.spawn --n 5 --concurrent 4` from the repository root, stack up.
+spawn page redirects to JupyterLab). Each sequential spawn is also taken apart phase by
+phase (bench/timeline.py: container created, started, server imports done, listening,
+hub sees it ready, route added), from the timestamps Docker keeps.
+
+`--image` runs gpulab's hub once per single-user image, side by side in one run (the
+bench sets `spawn.image` in config/gpulab.yaml and puts the file back after), for
+example the image before and after a change:
+
+    git stash; make images; docker tag gpulab/singleuser:cpu gpulab/singleuser:before
+    git stash pop; make images
+    python -m bench.spawn --image gpulab/singleuser:before --image gpulab/singleuser:cpu
+
+Run with `make bench` or `python -m bench.spawn --n 5 --concurrent 4` from the
+repository root, stack up.
 """
 
 from __future__ import annotations
@@ -22,11 +34,15 @@ import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from tests.integration.stack import Hub, docker, wait_for
+from bench.timeline import PHASES, spawn_timeline
+from gpulab.contract import HUB_CONTAINER, PROXY_CONTAINER
+from gpulab.naming import container_name
+from tests.integration.stack import Hub, LabConfig, docker, wait_for
 
 HERE = Path(__file__).resolve().parent
 VANILLA = "gpulab-bench-vanilla"
@@ -61,25 +77,83 @@ def stop_vanilla_hub() -> None:
     docker("network", "rm", VANILLA_NETWORK, check=False)
 
 
-def spawn_once(hub: Hub) -> float:
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    assert hub.request("POST", f"/users/{name}", json={}).status_code == 201
-    t0 = time.monotonic()
-    r = hub.request("POST", f"/users/{name}/server", json={}, timeout=300)
-    if r.status_code not in (201, 202):
-        raise RuntimeError(f"spawn failed: {r.status_code} {r.text}")
-    wait_for(lambda: (hub.server_model(name) or {}).get("ready"), 300, interval=0.05,
-             what=f"{name} ready")
-    elapsed = time.monotonic() - t0
-    hub.delete_user(name)
-    return elapsed
+@dataclass
+class Target:
+    """A hub under test, and where its logs are."""
+
+    label: str
+    hub: Hub
+    hub_container: str
+    proxy_container: str
+    user_container: object  # username -> the name of their server's container
+    login_tokens: bool  # gpulab's hub: members get a login token, as in real use
 
 
-def measure(hub: Hub, n: int, concurrent: int) -> dict[str, list[float]]:
-    seq = [spawn_once(hub) for _ in range(n)]
+def gpulab_target(label: str) -> Target:
+    return Target(label, Hub(), HUB_CONTAINER, PROXY_CONTAINER, container_name,
+                  login_tokens=True)
+
+
+def vanilla_target(hub: Hub) -> Target:
+    return Target("vanilla DockerSpawner", hub, VANILLA, VANILLA,
+                  lambda name: f"bench-vanilla-{name}", login_tokens=False)
+
+
+def logs(container: str, since: float) -> str:
+    out = subprocess.run(["docker", "logs", "--timestamps", "--since", f"{since - 1:.3f}",
+                          container], capture_output=True, text=True, timeout=60)
+    return out.stdout + out.stderr
+
+
+def spawn_once(target: Target, phases: bool = False) -> dict[str, float | None]:
+    """Spawn a new user's server; {"total": seconds to ready} and, with *phases*, the
+    timeline of bench/timeline.py."""
+    hub = target.hub
+    name = f"bench{uuid.uuid4().hex[:8]}"  # no "-": DockerSpawner escapes it in names
+    if target.login_tokens:
+        hub.create_user(name=name)
+    else:
+        assert hub.request("POST", f"/users/{name}", json={}).status_code == 201
+    try:
+        t0 = time.time()
+        r = hub.request("POST", f"/users/{name}/server", json={}, timeout=300)
+        if r.status_code not in (201, 202):
+            raise RuntimeError(f"spawn failed: {r.status_code} {r.text}")
+        wait_for(lambda: (hub.server_model(name) or {}).get("ready"), 300, interval=0.05,
+                 what=f"{name} ready")
+        ready = time.time()
+        result: dict[str, float | None] = {"total": ready - t0}
+        if phases:
+            container = target.user_container(name)
+            created, started = docker("inspect", "-f", "{{.Created}} {{.State.StartedAt}}",
+                                      container).split()
+            result.update(spawn_timeline(
+                name, t0, created, started, logs(container, t0),
+                logs(target.hub_container, t0), logs(target.proxy_container, t0), ready))
+        return result
+    finally:
+        hub.delete_user(name)
+
+
+def measure(target: Target, n: int, concurrent: int) -> dict[str, list]:
+    seq = [spawn_once(target, phases=True) for _ in range(n)]
     with ThreadPoolExecutor(concurrent) as pool:
-        conc = list(pool.map(lambda _: spawn_once(hub), range(concurrent)))
-    return {"sequential": seq, f"{concurrent} at once": conc}
+        conc = list(pool.map(lambda _: spawn_once(target)["total"], range(concurrent)))
+    return {"sequential": [s["total"] for s in seq], f"{concurrent} at once": conc,
+            "timeline": seq}
+
+
+def with_image(image: str):
+    """config/gpulab.yaml with spawn.image set to *image* (the hub and the Docker proxy
+    read it at each spawn); LabConfig puts the file back."""
+    config = LabConfig()
+    text = config.original("gpulab.yaml")
+    lines = [line for line in text.splitlines() if line.strip().startswith("image:")]
+    if len(lines) != 1:
+        raise SystemExit("bench: config/gpulab.yaml must have exactly one `image:` line")
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    config.write("gpulab.yaml", text.replace(lines[0], f"{indent}image: {image}"))
+    return config
 
 
 def summary(xs: list[float]) -> str:
@@ -88,32 +162,66 @@ def summary(xs: list[float]) -> str:
     return f"{xs[0]:6.2f} {statistics.median(xs):7.2f} {p95:6.2f}"
 
 
+def median(xs: list[float | None]) -> str:
+    xs = [x for x in xs if x is not None]
+    return f"{statistics.median(xs):.2f}" if xs else "-"
+
+
+def print_timelines(results: dict[str, dict]) -> None:
+    labels = list(results)
+    width = max(12, *(len(label) for label in labels))
+    print("\none spawn, phase by phase: seconds since the request at the end of each phase "
+          "(median of the sequential spawns)")
+    print(f"{'phase':22}" + "".join(f" {label:>{width}}" for label in labels))
+    for phase in PHASES:
+        row = [median([t[phase] for t in results[label]["timeline"]]) for label in labels]
+        print(f"{phase:22}" + "".join(f" {cell:>{width}}" for cell in row))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5, help="sequential spawns per hub (default 5)")
     ap.add_argument("--concurrent", type=int, default=4, help="users spawning at once (default 4)")
+    ap.add_argument("--image", action="append", default=[],
+                    help="single-user image for gpulab's hub; repeat to compare images side "
+                         "by side (default: the one config/gpulab.yaml sets)")
+    ap.add_argument("--no-vanilla", action="store_true",
+                    help="skip the stock DockerSpawner baseline")
     args = ap.parse_args()
 
-    gpulab = Hub()
-    if not gpulab.is_up():
+    if not Hub().is_up():
         raise SystemExit("the gpulab hub is not up: run `make up` first")
-    vanilla = start_vanilla_hub()
-    try:
-        results = {"gpulab": measure(gpulab, args.n, args.concurrent),
-                   "vanilla DockerSpawner": measure(vanilla, args.n, args.concurrent)}
-    finally:
-        stop_vanilla_hub()
+    results = {}
+    for image in args.image or [None]:
+        label = f"gpulab {image}" if image else "gpulab"
+        config = with_image(image) if image else None
+        try:
+            results[label] = measure(gpulab_target(label), args.n, args.concurrent)
+        finally:
+            if config:
+                config.restore()
+    if not args.no_vanilla:
+        vanilla = start_vanilla_hub()
+        try:
+            results["vanilla DockerSpawner"] = measure(vanilla_target(vanilla), args.n,
+                                                        args.concurrent)
+        finally:
+            stop_vanilla_hub()
 
     print(f"\nspawn -> hub reports ready, seconds (n={args.n} sequential, "
           f"{args.concurrent} concurrent)")
-    print(f"{'hub':24} {'phase':12} {'min':>6} {'median':>7} {'p95':>6}")
-    for hub_name, phases in results.items():
-        for phase, xs in phases.items():
-            print(f"{hub_name:24} {phase:12} {summary(xs)}")
-    for phase in results["gpulab"]:
-        ratio = statistics.median(results["vanilla DockerSpawner"][phase]) / statistics.median(
-            results["gpulab"][phase])
-        print(f"median ratio vanilla/gpulab, {phase}: {ratio:.2f}x")
+    width = max(24, *(len(label) for label in results))
+    print(f"{'hub':{width}} {'phase':12} {'min':>6} {'median':>7} {'p95':>6}")
+    for label, phases in results.items():
+        for phase in ("sequential", f"{args.concurrent} at once"):
+            print(f"{label:{width}} {phase:12} {summary(phases[phase])}")
+    print_timelines(results)
+    baseline = list(results)[-1]
+    for label in list(results)[:-1]:
+        for phase in ("sequential", f"{args.concurrent} at once"):
+            ratio = statistics.median(results[baseline][phase]) / statistics.median(
+                results[label][phase])
+            print(f"median ratio {baseline} / {label}, {phase}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,18 +8,24 @@ failure the test's output gets the user's container log and the hub's log.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import warnings
-from pathlib import Path
 
 import pytest
 
 from ..conftest import REAL_GPU
 from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
-from .stack import REPO, Hub, LabUser, container_logs, docker, host_has_nvidia_gpu, wait_for
+from .stack import (
+    REPO,
+    Hub,
+    LabConfig,
+    LabUser,
+    container_logs,
+    docker,
+    host_has_nvidia_gpu,
+    wait_for,
+)
 from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 
 
@@ -92,48 +98,6 @@ def hub_admin(hub) -> LabUser:
 
 def pytest_report_header(config):
     return [f"gpulab hub under test: {os.environ.get('GPULAB_URL', 'http://127.0.0.1:8000')}"]
-
-
-class LabConfig:
-    """The config files the running hub reads (wherever its checkout is), edited the way
-    an admin edits them; every file touched is put back by the fixture.
-
-    Each original is also kept beside the file (`.NAME.before-tests`) until it is put
-    back, so that a test run killed mid-test (no teardown) does not leave the admin's
-    config edited: the next run puts it back first."""
-
-    def __init__(self):
-        mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
-        self.dir = Path(next(m["Source"] for m in mounts
-                             if m["Destination"] == "/srv/gpulab/config"))
-        self._originals: dict[Path, str] = {}
-        for backup in self.dir.glob(".*.before-tests"):
-            path = self.dir / backup.name[1:-len(".before-tests")]
-            warnings.warn(f"{path} was left edited by a test run that was killed; "
-                          f"putting back the original kept in {backup.name}", stacklevel=2)
-            path.write_text(backup.read_text())
-            backup.unlink()
-
-    def _backup(self, path: Path) -> Path:
-        return path.with_name(f".{path.name}.before-tests")
-
-    def write(self, name: str, text: str) -> Path:
-        path = self.dir / name
-        if path not in self._originals:
-            self._originals[path] = path.read_text()
-            self._backup(path).write_text(self._originals[path])
-        path.write_text(text)
-        return path
-
-    def original(self, name: str) -> str:
-        path = self.dir / name
-        return self._originals.get(path) or path.read_text()
-
-    def restore(self) -> None:
-        for path, text in self._originals.items():
-            path.write_text(text)
-            self._backup(path).unlink(missing_ok=True)
-        self._originals.clear()
 
 
 @pytest.fixture(scope="module")

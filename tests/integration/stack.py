@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,3 +202,45 @@ def _execute(user: LabUser, kernel_id: str, code: str, timeout: float) -> str:
     if error:
         raise StackError(f"kernel raised {error}")
     return "".join(stdout)
+
+
+class LabConfig:
+    """The config files the running hub reads (wherever its checkout is), edited the way
+    an admin edits them; every file touched is put back by the fixture.
+
+    Each original is also kept beside the file (`.NAME.before-tests`) until it is put
+    back, so that a test run killed mid-test (no teardown) does not leave the admin's
+    config edited: the next run puts it back first."""
+
+    def __init__(self):
+        mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
+        self.dir = Path(next(m["Source"] for m in mounts
+                             if m["Destination"] == "/srv/gpulab/config"))
+        self._originals: dict[Path, str] = {}
+        for backup in self.dir.glob(".*.before-tests"):
+            path = self.dir / backup.name[1:-len(".before-tests")]
+            warnings.warn(f"{path} was left edited by a test run that was killed; "
+                          f"putting back the original kept in {backup.name}", stacklevel=2)
+            path.write_text(backup.read_text())
+            backup.unlink()
+
+    def _backup(self, path: Path) -> Path:
+        return path.with_name(f".{path.name}.before-tests")
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.dir / name
+        if path not in self._originals:
+            self._originals[path] = path.read_text()
+            self._backup(path).write_text(self._originals[path])
+        path.write_text(text)
+        return path
+
+    def original(self, name: str) -> str:
+        path = self.dir / name
+        return self._originals.get(path) or path.read_text()
+
+    def restore(self) -> None:
+        for path, text in self._originals.items():
+            path.write_text(text)
+            self._backup(path).unlink(missing_ok=True)
+        self._originals.clear()
