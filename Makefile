@@ -39,7 +39,7 @@ help:
 	@echo "make test-unit     only the tests that need no Docker"
 	@echo "make lint          ruff over the Python code"
 	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
-	@echo "make bench         spawn latency: gpulab vs vanilla DockerSpawner"
+	@echo "make bench         spawn latency (gpulab vs vanilla DockerSpawner, phase by phase) and sign-in to JupyterLab in Chromium"
 
 docker:
 	@scripts/ensure-docker.sh
@@ -114,5 +114,7 @@ test: venv lint test-host up
 test-host: docker
 	@scripts/test-host.sh
 
-bench: venv up
+# Spawn latency (gpulab vs stock DockerSpawner), then what a member feels in Chromium.
+bench: venv test-host up
 	$(VENV)/bin/python -m bench.spawn
+	$(VENV)/bin/python -m bench.member
