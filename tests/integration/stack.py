@@ -208,24 +208,29 @@ class LabConfig:
     """The config files the running hub reads (wherever its checkout is), edited the way
     an admin edits them; every file touched is put back by the fixture.
 
-    Each original is also kept beside the file (`.NAME.before-tests`) until it is put
-    back, so that a test run killed mid-test (no teardown) does not leave the admin's
-    config edited: the next run puts it back first."""
+    Each original is also kept beside the file (`.NAME.before-tests.PID`) until it is
+    put back, so that a test run killed mid-test (no teardown) does not leave the
+    admin's config edited: the next LabConfig puts back what a dead process left."""
+
+    SUFFIX = ".before-tests."
 
     def __init__(self):
         mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
         self.dir = Path(next(m["Source"] for m in mounts
                              if m["Destination"] == "/srv/gpulab/config"))
         self._originals: dict[Path, str] = {}
-        for backup in self.dir.glob(".*.before-tests"):
-            path = self.dir / backup.name[1:-len(".before-tests")]
-            warnings.warn(f"{path} was left edited by a test run that was killed; "
-                          f"putting back the original kept in {backup.name}", stacklevel=2)
-            path.write_text(backup.read_text())
+        for backup in self.dir.glob(f".*{self.SUFFIX}*"):
+            name, _, pid = backup.name[1:].rpartition(self.SUFFIX)
+            if pid.isdigit() and _alive(int(pid)):
+                continue  # still being edited, by another test process or a bench
+            warnings.warn(f"{self.dir / name} was left edited by a test run that was "
+                          f"killed; putting back the original kept in {backup.name}",
+                          stacklevel=2)
+            (self.dir / name).write_text(backup.read_text())
             backup.unlink()
 
     def _backup(self, path: Path) -> Path:
-        return path.with_name(f".{path.name}.before-tests")
+        return path.with_name(f".{path.name}{self.SUFFIX}{os.getpid()}")
 
     def write(self, name: str, text: str) -> Path:
         path = self.dir / name
@@ -244,3 +249,13 @@ class LabConfig:
             path.write_text(text)
             self._backup(path).unlink(missing_ok=True)
         self._originals.clear()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

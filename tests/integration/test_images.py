@@ -34,32 +34,59 @@ def run_as_member(image: str, script: str) -> str:
                   "python", "-c", textwrap.dedent(script))
 
 
+def uncompiled(start: str) -> str:
+    """A script that runs *start* (what a process imports as it starts) and prints, as
+    JSON, how many modules it imported and which of /opt/venv's have no bytecode."""
+    return textwrap.dedent(start) + textwrap.dedent("""
+        import importlib.util, json, os, sys
+        missing = sorted(
+            name for name, module in list(sys.modules.items())
+            if (getattr(module, "__file__", None) or "").startswith("/opt/venv/")
+            and module.__file__.endswith(".py")
+            and not os.path.exists(importlib.util.cache_from_source(module.__file__)))
+        print(json.dumps({"modules": len(sys.modules), "missing": missing}))
+    """)
+
+
 # What jupyterhub-singleuser does at start, short of listening: ServerApp.initialize
 # links and loads every server extension (jupyterlab, jupyter_lsp, terminals, the
 # hub's own), importing what they import; then a kernel's first cell.
-UNCOMPILED_AT_START = """
-    import importlib.util, json, os, sys
+SERVER_START = """
     import jupyterhub.singleuser.extension
     from jupyter_server.serverapp import ServerApp
     app = ServerApp()
     app.initialize(argv=["--ServerApp.root_dir=/tmp", "--ServerApp.port=0",
                          "--ServerApp.open_browser=False"])
     import ipykernel.kernelapp, ipykernel.ipkernel, torch, numpy
-    missing = sorted(
-        name for name, module in list(sys.modules.items())
-        if (getattr(module, "__file__", None) or "").startswith("/opt/venv/")
-        and module.__file__.endswith(".py")
-        and not os.path.exists(importlib.util.cache_from_source(module.__file__)))
-    print(json.dumps({"modules": len(sys.modules), "missing": missing}))
 """
+# The hub and the Docker proxies (gpulab/hub; read-only root filesystems, so they cannot
+# cache bytecode either) and the exporter: pip compiles what it installs.
+HUB_START = """
+    import jupyterhub.app, dockerspawner, gpulab.hubconfig, gpulab.spawner, gpulab.auth
+    import gpulab.login_tokens, gpulab.docker_proxy, gpulab.netguard, gpulab.dashboard.app
+"""
+EXPORTER_START = "import gpulab_exporter.cli, gpulab_exporter.server, gpulab_exporter.collector, pynvml"
+
+
+def assert_compiled(report: dict, image: str) -> None:
+    assert report["modules"] > 150, report  # the check saw a real start
+    assert report["missing"] == [], (
+        f"{len(report['missing'])} modules a start imports have no bytecode in "
+        f"{image}: {report['missing'][:40]}")
 
 
 def test_what_a_server_start_imports_is_compiled_in_the_image(image):
-    report = json.loads(run_as_member(image, UNCOMPILED_AT_START).splitlines()[-1])
-    assert report["modules"] > 1000, report  # the check saw a real start
-    assert report["missing"] == [], (
-        f"{len(report['missing'])} modules a server start imports have no bytecode in "
-        f"{image}: {report['missing'][:40]}")
+    report = json.loads(run_as_member(image, uncompiled(SERVER_START)).splitlines()[-1])
+    assert report["modules"] > 1000, report
+    assert_compiled(report, image)
+
+
+@pytest.mark.parametrize("image, start", [("gpulab/hub:latest", HUB_START),
+                                          ("gpulab/exporter:latest", EXPORTER_START)])
+def test_the_stack_images_carry_bytecode(image, start):
+    out = docker("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python3",
+                 image, "-c", uncompiled(start))
+    assert_compiled(json.loads(out.splitlines()[-1]), image)
 
 
 def test_no_rfc3987_syntax_and_validation_still_works(image):
