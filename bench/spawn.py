@@ -193,7 +193,7 @@ def main() -> None:
         raise SystemExit("the gpulab hub is not up: run `make up` first")
     results = {}
     for image in args.image or [None]:
-        label = f"gpulab {image}" if image else "gpulab"
+        label = f"gpulab, {image.rpartition('/')[2]}" if image else "gpulab"
         config = with_image(image) if image else None
         try:
             results[label] = measure(gpulab_target(label), args.n, args.concurrent)
@@ -216,12 +216,15 @@ def main() -> None:
         for phase in ("sequential", f"{args.concurrent} at once"):
             print(f"{label:{width}} {phase:12} {summary(phases[phase])}")
     print_timelines(results)
-    baseline = list(results)[-1]
-    for label in list(results)[:-1]:
+    labels = list(results)
+    pairs = [(labels[0], other) for other in labels[1:] if other != "vanilla DockerSpawner"]
+    if "vanilla DockerSpawner" in results:
+        pairs += [("vanilla DockerSpawner", label) for label in labels[:-1]]
+    for slower, faster in pairs:
         for phase in ("sequential", f"{args.concurrent} at once"):
-            ratio = statistics.median(results[baseline][phase]) / statistics.median(
-                results[label][phase])
-            print(f"median ratio {baseline} / {label}, {phase}: {ratio:.2f}x")
+            ratio = statistics.median(results[slower][phase]) / statistics.median(
+                results[faster][phase])
+            print(f"median ratio {slower} / {faster}, {phase}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
