@@ -22,30 +22,22 @@ Needs Chromium and playwright (`make test` installs both).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 
 from bench.spawn import with_image
-from tests.integration.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from tests.integration.browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    run_in_new_notebook,
+    sign_in_to_lab,
+)
 from tests.integration.stack import HUB_URL, Hub
 
 CELL = ("import torch\nx = torch.ones(3, requires_grad=True)\n(2 * x).sum().backward()\n"
         "print('grad', x.grad.tolist())")
 OUTPUT = "grad [2.0, 2.0, 2.0]"
-
-
-def sign_in_until_lab(page, user) -> float:
-    """Seconds from pressing "Sign in" until JupyterLab shows its launcher, or (signing in
-    again) the notebook it restores from the member's last session."""
-    page.goto(f"{HUB_URL}/hub/login")
-    page.fill("#username_input", user.name)
-    page.fill("#password_input", user.token)
-    t0 = time.monotonic()
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(rf"/user/{re.escape(user.name)}/lab"))
-    page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(state="visible")
-    return time.monotonic() - t0
 
 
 def one_member(browser, hub: Hub) -> dict[str, float]:
@@ -54,27 +46,18 @@ def one_member(browser, hub: Hub) -> dict[str, float]:
     context.set_default_timeout(180_000)
     page = context.new_page()
     try:
-        lab = sign_in_until_lab(page, user)
-        t_notebook = time.monotonic()
-        page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
-        editor = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
-        editor.wait_for(state="visible")
-        editor.click()
-        page.keyboard.insert_text(CELL)
-        # As a member does: run once the status bar says the new kernel is idle (JupyterLab
-        # drops a run that comes while the kernel is still connecting, seen here).
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(state="visible")
-        t_run = time.monotonic()
-        page.keyboard.press("Shift+Enter")
-        page.locator(".jp-OutputArea-output", has_text=OUTPUT).first.wait_for(state="visible")
+        t0 = sign_in_to_lab(page, user.name, user.token)
+        lab = time.monotonic()
+        t_run = run_in_new_notebook(page, CELL, OUTPUT)
         done = time.monotonic()
 
         # The next day: server stopped, signed out; the browser keeps its cache.
         user.stop_server()
         page.goto(f"{HUB_URL}/hub/logout")
-        again = sign_in_until_lab(page, user)
-        return {"JupyterLab usable": lab,
-                "first cell done": lab + done - t_notebook,
+        t_again = sign_in_to_lab(page, user.name, user.token)
+        again = time.monotonic() - t_again
+        return {"JupyterLab usable": lab - t0,
+                "first cell done": done - t0,
                 "  the cell alone (import torch, backward)": done - t_run,
                 "JupyterLab usable, signing in again (cache warm)": again}
     except Exception:

@@ -11,6 +11,8 @@ fails the run (tests/conftest.py).
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import pytest
 import requests
@@ -106,3 +108,35 @@ def submit_login(page, username: str, token: str, next_url: str | None = None):
 
 def login_error(page) -> str:
     return page.locator("#login-error-area").inner_text().strip()
+
+
+def sign_in_to_lab(page, username: str, token: str) -> float:
+    """Sign in on the login page as a member does and wait until JupyterLab shows its
+    launcher, or the notebook it restores from their last session; returns the
+    time.monotonic() at which "Sign in" was pressed."""
+    page.goto(f"{HUB_URL}/hub/login")
+    page.fill("#username_input", username)
+    page.fill("#password_input", token)
+    pressed = time.monotonic()
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(rf"/user/{re.escape(username)}/lab"))
+    page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(state="visible")
+    return pressed
+
+
+def run_in_new_notebook(page, code: str, output: str) -> float:
+    """From JupyterLab's launcher: open a Python 3 notebook, type *code* in its first cell,
+    run it with Shift+Enter once the kernel is idle, and wait until an output containing
+    *output* appears. Returns the time.monotonic() at which Shift+Enter was pressed."""
+    page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+    editor = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
+    editor.wait_for(state="visible")
+    editor.click()
+    page.keyboard.insert_text(code)
+    # As a member does: run once the status bar says the new kernel is idle (JupyterLab
+    # drops a run that comes while the kernel is still connecting, seen here).
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(state="visible")
+    pressed = time.monotonic()
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-OutputArea-output", has_text=output).first.wait_for(state="visible")
+    return pressed
