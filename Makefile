@@ -17,18 +17,32 @@ PIP_ARGS ?=
 PYTHON ?= python3
 # Where the hub answers: the published address, or loopback when it listens everywhere.
 HUB_HOST := $(if $(filter-out 0.0.0.0 127.0.0.1,$(GPULAB_BIND_ADDRESS)),$(GPULAB_BIND_ADDRESS),127.0.0.1)
+# HTTPS: `make up GPULAB_HOSTNAME=gpu.lab.example` serves https://gpu.lab.example/ on
+# GPULAB_PORT (443) and redirects plain HTTP (GPULAB_HTTP_PORT, 80) to it, with the lab's
+# certificate (GPULAB_TLS_CERT and GPULAB_TLS_KEY, PEM) or a local CA's (secrets/tls/).
+GPULAB_HOSTNAME ?=
+ifneq ($(GPULAB_HOSTNAME),)
+export GPULAB_HOSTNAME
+export GPULAB_PORT ?= 443
+HUB_URL ?= https://$(GPULAB_HOSTNAME):$(GPULAB_PORT)
+# The readiness check reaches the published port whatever the lab's DNS says, and
+# verifies the certificate (with the local CA, or the host's trust store for the lab's).
+WAIT_CURL_ARGS = --resolve $(GPULAB_HOSTNAME):$(GPULAB_PORT):$(HUB_HOST) \
+  $(if $(GPULAB_TLS_CERT),,--cacert secrets/tls/ca.crt)
+endif
 HUB_URL ?= http://$(HUB_HOST):$(or $(GPULAB_PORT),8000)
 
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
 COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose) \
-  -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml)
+  -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml) \
+  $(if $(GPULAB_HOSTNAME),-f docker-compose.https.yml)
 # The Docker socket's group: the Docker API filters run as nobody in that group, not root.
 export GPULAB_DOCKER_GID = $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets test test-host test-unit lint venv check-config bench
+.PHONY: help up down logs images docker secrets tls test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -55,15 +69,25 @@ secrets:
 	@# (mounted file by file; the secrets/ folder itself stays 0700).
 	@chmod 644 secrets/metrics-token secrets/proxy-token
 
+# The certificate HTTPS serves (gpulab.tls, run in the hub image): the lab's, checked and
+# copied, or one signed by a local CA that is made once and kept in secrets/tls/.
+tls: images secrets
+	@install -d -m 755 secrets/tls
+	@set -o pipefail; docker run --rm --network none -v "$(CURDIR)/secrets/tls:$(CURDIR)/secrets/tls" \
+	  $(foreach f,$(GPULAB_TLS_CERT) $(GPULAB_TLS_KEY),-v "$(abspath $(f)):$(abspath $(f)):ro") \
+	  gpulab/hub:latest gpulab tls --hostname "$(GPULAB_HOSTNAME)" --dir "$(CURDIR)/secrets/tls" \
+	  $(if $(GPULAB_TLS_CERT),--cert "$(abspath $(GPULAB_TLS_CERT))") \
+	  $(if $(GPULAB_TLS_KEY),--key "$(abspath $(GPULAB_TLS_KEY))") | sed 's/^/[gpulab] /'
+
 images: docker
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
 
-up: images secrets
+up: images secrets $(if $(GPULAB_HOSTNAME),tls)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@$(COMPOSE) up -d --remove-orphans
-	@scripts/wait-for-hub.sh $(HUB_URL)
+	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"

@@ -16,6 +16,9 @@ log() { printf '[gpulab] %s\n' "$*" >&2; }
 need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# test_https.py: certutil puts the local CA in a test browser's NSS database; openssl.
+command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "The tests need ${need[*]}: apt-get install --no-install-recommends ${need[*]}"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Wait until the hub answers at URL (default http://127.0.0.1:8000), up to 120 s.
+# Usage: wait-for-hub.sh [URL [CURL ARGS...]]   (e.g. --resolve and --cacert for HTTPS)
 set -euo pipefail
 url=${1:-http://127.0.0.1:8000}
+shift || true
 for i in $(seq 1 240); do
-  if curl -fsS -o /dev/null "$url/hub/api" 2>/dev/null; then
+  if curl -fsS -o /dev/null "$@" "$url/hub/api" 2>/dev/null; then
     echo "[gpulab] hub answers at $url (after ~$((i / 2)) s)"
     exit 0
   fi

@@ -6,6 +6,7 @@
     gpulab token list USER
     gpulab token revoke USER TOKEN_ID
     gpulab bootstrap-admin              first admin's token, once (used by `make up`)
+    gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.tls; used by `make up`)
 
 Token commands talk to the hub's REST API as the ``gpulab-admin`` service: login
 tokens through the admin-only endpoints of gpulab.login_tokens
@@ -199,6 +200,13 @@ def _cmd_bootstrap_admin(args) -> int:
     return 0
 
 
+def _cmd_tls(args) -> int:
+    from .tls import ensure
+
+    print(ensure(args.dir, args.hostname, args.cert, args.key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -227,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token_id")
     revoke.set_defaults(func=_cmd_token_revoke)
 
+    tls = sub.add_parser("tls", help="certificates for HTTPS: the lab's, or a local CA's")
+    tls.add_argument("--hostname", required=True, help="the name members open")
+    tls.add_argument("--dir", required=True, type=Path, help="where server.crt/key go")
+    tls.add_argument("--cert", type=Path, help="the lab's certificate chain (PEM)")
+    tls.add_argument("--key", type=Path, help="the lab's private key (PEM)")
+    tls.set_defaults(func=_cmd_tls)
+
     boot = sub.add_parser("bootstrap-admin", help="issue the first admin's token, once")
     boot.add_argument("--config", default=DEFAULT_CONFIG)
     boot.add_argument("--expires", default="90d")
@@ -238,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (HubError, ConfigError, ValueError) as e:
+    except (HubError, ConfigError, ValueError) as e:  # TlsError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
 

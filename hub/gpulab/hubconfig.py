@@ -53,6 +53,18 @@ def cull_every(idle_timeout: int) -> int:
     return max(1, min(60, idle_timeout // 2))
 
 
+def tornado_settings(public_url: str) -> dict:
+    """The hub's web settings. With HTTPS at the edge (GPULAB_PUBLIC_URL https://...,
+    docker-compose.https.yml): HSTS, so that a browser which has seen the hub once never
+    sends a token to it over plain HTTP again (not includeSubDomains: other hosts of a
+    lab's domain may still serve plain HTTP), and a Secure XSRF cookie (JupyterHub marks
+    its session cookies Secure itself, from the proxy's X-Forwarded-Proto)."""
+    if not public_url.startswith("https://"):
+        return {}
+    return {"headers": {"Strict-Transport-Security": "max-age=31536000"},
+            "xsrf_cookie_kwargs": {"secure": True}}
+
+
 def read_secret(name: str) -> str:
     path = SECRETS_DIR / name
     try:
@@ -112,6 +124,12 @@ def configure(c) -> None:
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = False  # servers keep running across hub restarts
     c.JupyterHub.template_paths = [str(TEMPLATES)]
+    public_url = os.environ.get("GPULAB_PUBLIC_URL", "")
+    c.JupyterHub.tornado_settings = tornado_settings(public_url)
+    if public_url:
+        # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
+        # Secure (images/singleuser/jupyter_server_config.py).
+        c.JupyterHub.public_url = public_url
 
     # Token login (admin-issued login tokens, the throttle, trusted proxies); admins and
     # operators come from the settings file, exactly.

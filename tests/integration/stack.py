@@ -259,3 +259,25 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+EXPORTER_COMMAND = ["--listen", "0.0.0.0:9445", "--docker-url", "tcp://docker-proxy-ro:2375"]
+
+
+def exporter_flags() -> str:
+    """GPULAB_EXPORTER_FLAGS the running exporter was started with (`make test`: fake GPUs
+    on hosts without), so that a `make up` in a test starts the same stack again."""
+    args = json.loads(docker("inspect", "gpulab-exporter"))[0]["Args"]
+    assert args[:len(EXPORTER_COMMAND)] == EXPORTER_COMMAND, args
+    return " ".join(args[len(EXPORTER_COMMAND):])
+
+
+def make(target: str, flags: str, **env: str) -> str:
+    """`make -s TARGET` in the checkout, as an admin runs it, with GPULAB_EXPORTER_FLAGS
+    *flags* and the other variables in *env* (an empty value unsets one)."""
+    environ = {**os.environ, "GPULAB_EXPORTER_FLAGS": flags, **env}
+    environ = {key: value for key, value in environ.items() if value != ""}
+    out = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True,
+                         timeout=900, env=environ)
+    assert out.returncode == 0, f"make {target} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout + out.stderr

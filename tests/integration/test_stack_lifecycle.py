@@ -8,37 +8,17 @@ it brings the stack up again whatever happens, with the exporter flags it found.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from urllib.parse import urlsplit
 
 import pytest
 
+from gpulab.contract import INFRA_CONTAINERS as STACK
+
 from .browser import submit_login
-from .stack import REPO, container_logs, docker, wait_for
+from .stack import container_logs, docker, exporter_flags, make, wait_for
 
 pytestmark = pytest.mark.stack_restart
-
-EXPORTER_COMMAND = ["--listen", "0.0.0.0:9445", "--docker-url", "tcp://docker-proxy-ro:2375"]
-STACK = ("gpulab-hub", "gpulab-proxy", "gpulab-docker-proxy", "gpulab-docker-proxy-ro",
-         "gpulab-netguard", "gpulab-exporter", "gpulab-prometheus")
-
-
-def exporter_flags() -> str:
-    """GPULAB_EXPORTER_FLAGS the running exporter was started with (`make test`: fake GPUs
-    on hosts without), so that `make up` here starts the same stack again."""
-    args = json.loads(docker("inspect", "gpulab-exporter"))[0]["Args"]
-    assert args[:len(EXPORTER_COMMAND)] == EXPORTER_COMMAND, args
-    return " ".join(args[len(EXPORTER_COMMAND):])
-
-
-def make(target: str, flags: str) -> str:
-    out = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "GPULAB_EXPORTER_FLAGS": flags})
-    assert out.returncode == 0, f"make {target} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out.stdout + out.stderr
-
 
 def firewall_rules() -> list[str]:
     out = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30)

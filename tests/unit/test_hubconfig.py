@@ -90,3 +90,13 @@ def test_gpulab_info_lines_reach_the_hubs_log(configured, caplog):
 ])
 def test_the_culler_checks_every_minute_or_every_half_timeout(idle_timeout, every):
     assert hubconfig.cull_every(idle_timeout) == every
+
+
+def test_https_at_the_edge_adds_hsts_and_secure_xsrf_cookies():
+    from gpulab.hubconfig import tornado_settings
+
+    assert tornado_settings("") == {}
+    assert tornado_settings("http://10.0.0.5:8000/") == {}
+    https = tornado_settings("https://gpu.lab.example:443/")
+    assert https["headers"] == {"Strict-Transport-Security": "max-age=31536000"}
+    assert https["xsrf_cookie_kwargs"] == {"secure": True}

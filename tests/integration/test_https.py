@@ -1,0 +1,160 @@
+"""`make up GPULAB_HOSTNAME=...`: the hub on HTTPS, as a lab serves it on its network.
+
+The stack is brought up the way an admin does it (`make up` with a host name; a local CA
+is made in secrets/tls/), tried with curl and in Chromium the way a member meets it, and
+put back on plain HTTP afterwards, whatever happens. The name `gpulab.test` (a reserved
+test domain) is pointed at loopback in each client (curl --resolve, Chromium's host
+resolver rules); the certificate is checked against the local CA, which Chromium trusts
+through its NSS database as a member's browser does after importing ca.crt: no client
+here ignores certificate errors.
+
+It restarts the stack (about a minute each way), so it is marked ``stack_restart`` and
+runs after the other tests.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot
+from .stack import REPO, Hub, exporter_flags, make, wait_for
+
+pytestmark = pytest.mark.stack_restart
+
+HOST = "gpulab.test"
+HTTPS_PORT, HTTP_PORT = 443, 80
+URL = f"https://{HOST}"
+CA = REPO / "secrets" / "tls" / "ca.crt"
+RESOLVE = ["--resolve", f"{HOST}:{HTTPS_PORT}:127.0.0.1", "--resolve", f"{HOST}:{HTTP_PORT}:127.0.0.1"]
+
+
+def curl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(["curl", "-sS", "--max-time", "20", *RESOLVE, *args],
+                         capture_output=True, text=True, timeout=60)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def https_stack():
+    flags = exporter_flags()
+    try:
+        out = make("up", flags, GPULAB_HOSTNAME=HOST)
+        assert f"HTTPS for {HOST}" in out and str(CA) in out, out[-2000:]
+        yield out
+    finally:
+        make("up", flags, GPULAB_HOSTNAME="")  # back to plain HTTP on loopback:8000
+        wait_for(Hub().is_up, 120, what="the hub on plain HTTP again")
+
+
+def test_curl_verifies_the_chain_with_the_local_ca_and_only_with_it(https_stack):
+    answer = curl("--cacert", str(CA), "-o", "/dev/null", "-w", "%{http_code}",
+                  f"{URL}/hub/login")
+    assert answer.stdout == "200"
+    unverified = curl("-o", "/dev/null", f"{URL}/hub/login", check=False)
+    assert unverified.returncode == 60, unverified  # curl: peer certificate cannot be verified
+    chain = subprocess.run(["openssl", "verify", "-CAfile", str(CA),
+                            str(CA.with_name("server.crt"))], capture_output=True, text=True)
+    assert chain.returncode == 0, chain.stdout + chain.stderr
+
+
+def test_plain_http_only_redirects_to_https(https_stack):
+    head = curl("-D", "-", "-o", "/dev/null", f"http://{HOST}/hub/login?next=%2Fhub%2Fhome").stdout
+    assert re.match(r"HTTP/1\.1 301", head), head
+    location = re.search(r"(?im)^location: (\S+)", head).group(1)
+    assert location in (f"{URL}/hub/login?next=%2Fhub%2Fhome",
+                        f"{URL}:{HTTPS_PORT}/hub/login?next=%2Fhub%2Fhome"), location
+    # no page, no cookie over plain HTTP
+    assert "set-cookie" not in head.lower()
+
+
+def test_hub_pages_send_hsts_and_only_secure_cookies(https_stack):
+    head = curl("--cacert", str(CA), "-D", "-", "-o", "/dev/null", f"{URL}/hub/login").stdout
+    assert re.search(r"(?im)^strict-transport-security: max-age=31536000\s*$", head), head
+    cookies = re.findall(r"(?im)^set-cookie: (.+)$", head)
+    assert cookies and all("; Secure" in c for c in cookies), cookies
+
+
+@pytest.fixture
+def trusting_home(tmp_path: Path) -> Path:
+    """A HOME whose NSS database trusts the local CA, as a member's browser does once
+    they imported ca.crt."""
+    nssdb = tmp_path / ".pki" / "nssdb"
+    nssdb.mkdir(parents=True)
+    for args in (["-N", "--empty-password"],
+                 ["-A", "-t", "C,,", "-n", "gpulab local CA", "-i", str(CA)]):
+        out = subprocess.run(["certutil", "-d", f"sql:{nssdb}", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    return tmp_path
+
+
+def chromium(playwright, home: Path):
+    args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} 127.0.0.1"]
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args,
+                                      env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+
+
+def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_home,
+                                                          tmp_path_factory):
+    from playwright.sync_api import Error, sync_playwright
+
+    member = subprocess.run(
+        ["docker", "exec", "gpulab-hub", "gpulab", "token", "issue", "httpsmember",
+         "--expires", "1h"], capture_output=True, text=True, timeout=60)
+    assert member.returncode == 0, member.stderr
+    token = re.search(r"\b[0-9a-f]{32,}\b", member.stdout).group(0)
+
+    with sync_playwright() as p:
+        # without the CA, Chromium refuses the page: the check below is not a formality
+        untrusting = chromium(p, tmp_path_factory.mktemp("untrusting-home"))
+        try:
+            with pytest.raises(Error, match="ERR_CERT_AUTHORITY_INVALID"):
+                untrusting.new_page().goto(f"{URL}/hub/login")
+        finally:
+            untrusting.close()
+
+        browser = chromium(p, trusting_home)
+        try:
+            page = browser.new_page()
+            page.goto(f"http://{HOST}/hub/login")  # typed without https://
+            assert page.url.startswith(f"{URL}"), page.url
+            assert page.evaluate("window.isSecureContext") is True
+            assert "hidden" in page.get_attribute("#insecure-login-warning", "class")
+            page.fill("#username_input", "httpsmember")
+            page.fill("#password_input", token)
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(r"/user/httpsmember/lab"), timeout=120_000)
+            page.locator(".jp-Launcher").first.wait_for(state="visible", timeout=120_000)
+            screenshot(page, "https-jupyterlab.png")
+            cookies = page.context.cookies()
+            names = {c["name"] for c in cookies}
+            assert {"jupyterhub-session-id", "jupyterhub-hub-login",
+                    "jupyterhub-user-httpsmember"} <= names, names
+            insecure = [c["name"] for c in cookies if not c["secure"]]
+            assert insecure == [], f"cookies without Secure over HTTPS: {insecure}"
+        finally:
+            browser.close()
+            subprocess.run(["docker", "exec", "gpulab-hub", "python3", "-c",
+                            DELETE_MEMBER], capture_output=True, text=True, timeout=120)
+
+
+# The member's server and account go through the hub's own API from inside its
+# container (the host's loopback:8000 is not served while HTTPS is on).
+DELETE_MEMBER = """
+import time
+from gpulab.cli import HubClient, HubError
+hub = HubClient.from_env()
+hub.request("DELETE", "/users/httpsmember/server", ok=(202, 204, 404))
+for _ in range(60):
+    try:
+        hub.request("DELETE", "/users/httpsmember", ok=(204, 404))
+        break
+    except HubError:  # 400 while the server is still stopping
+        time.sleep(1)
+"""
