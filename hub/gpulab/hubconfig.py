@@ -14,6 +14,7 @@ from pathlib import Path
 from . import live_config
 from .auth import configure_login, default_trusted_proxies
 from .contract import DASHBOARD_SERVICE
+from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from .roles import prune_hub_db, roles_from_settings
 from .settings import ConfigError
 
@@ -167,6 +168,9 @@ def configure(c) -> None:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.
             "environment": {k: os.environ[k] for k in DASHBOARD_ENV if k in os.environ},
             "oauth_no_confirm": True,
+            # The members page acts as the signed-in admin: its OAuth token carries what
+            # the login-token API needs (the hub drops it for anyone not an admin).
+            "oauth_client_allowed_scopes": list(LOGIN_TOKEN_SCOPES),
             "display": True,
         },
     ]

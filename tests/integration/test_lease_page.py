@@ -178,7 +178,7 @@ def test_members_and_operators_are_refused(hub, lab_user, operator, gpus_yaml, n
     # a member does not get past the hub's OAuth for the service; an operator does (the
     # GPU dashboard is theirs) and the lease page refuses them
     for who, says in ((member, "You do not have permission to access JupyterHub service gpus"),
-                      (operator, "The GPU leases are for hub admins only")):
+                      (operator, "The GPU leases and the members page are for hub admins")):
         page = new_page()
         submit_login(page, who.name, who.token, next_url="/hub/home")
         response = page.goto(LEASES)
@@ -191,10 +191,17 @@ def test_members_and_operators_are_refused(hub, lab_user, operator, gpus_yaml, n
         assert "leases" not in r.json()
         r = as_user(who, "POST", RELEASE_API, json=release)
         assert r.status_code == 403, r.text
+        # nor the members page, nor issuing a token through its API
+        assert page.goto(f"{HUB_URL}/services/gpus/members").status == 403
+        assert says in page.locator("body").inner_text()
+        r = as_user(who, "POST", f"{HUB_URL}/services/gpus/api/members",
+                    json={"name": who.name, "expires": "1h"})
+        assert r.status_code == 403 and "token" not in r.json(), r.text
 
     # what an operator may do: the GPU dashboard, without a link to the leases
     page = new_page()
     submit_login(page, operator.name, operator.token, next_url="/hub/home")
     assert page.goto(f"{HUB_URL}/services/gpus/").status == 200
     assert page.locator("#leases-link").count() == 0
+    assert page.locator("#members-link").count() == 0
     assert gpus_of(alice.container)["device_ids"] == [GPU0]  # nothing was released

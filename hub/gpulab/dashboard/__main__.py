@@ -27,6 +27,7 @@ from gpulab.dashboard.leases import (
     default_gpus_path,
     default_settings_path,
 )
+from gpulab.dashboard.members import HubMembers
 from gpulab.dashboard.sources import (
     DEFAULT_EXPORTER_URL,
     DEFAULT_PROMETHEUS_URL,
@@ -109,7 +110,7 @@ async def serve(args: argparse.Namespace) -> None:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
                             args.gpus_file, settings_path=args.settings_file)
     app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
-                   leases=leases)
+                   leases=leases, members=HubMembers(hub_auth.api_url))
     server = app.listen(args.port, address=args.ip, xheaders=True)
     log.info("gpulab GPU dashboard on http://%s:%s%s (sources: %s)", args.ip, args.port,
              hub_auth.base_url, ", ".join(f"{s.name} {s.url}" for s in sources))

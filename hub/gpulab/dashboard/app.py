@@ -14,6 +14,13 @@ and, for hub admins only (the user model's ``admin`` flag; operators get 403):
                                      gpus.yaml errors being ignored
     POST {prefix}api/leases/release  {"gpu_uuid", "user", "server"}: remove a stuck
                                      lease's container (409 if the hub runs that server)
+    GET  {prefix}members             members and their login tokens (expiry, last use)
+    GET  {prefix}api/members         the same as JSON
+    POST {prefix}api/members         {"name", "expires"}: add the member if new and issue
+                                     a login token (returned this once)
+    POST {prefix}api/members/revoke  {"user", "token_id"}: revoke a login token
+
+The members pages call the hub as the signed-in admin (gpulab.dashboard.members).
 
 Access: the user (or service) must hold one of the hub auth's access scopes, by default
 ``access:services!service=gpus`` (admins have it; the operators group gets it from the
@@ -42,6 +49,7 @@ from tornado import web
 
 from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
+from gpulab.dashboard.members import HubMembers, MemberError, parse_issue, parse_revoke
 from gpulab.dashboard.sources import SnapshotReader
 from gpulab.dashboard.view import build_view
 
@@ -66,13 +74,14 @@ def _clock(ts: float | None) -> str:
 
 
 def render_page(env: Environment, view: dict[str, Any], *, api_url: str, refresh_seconds: float,
-                xsrf_token: str, user: str, leases_url: str | None = None) -> str:
+                xsrf_token: str, user: str, leases_url: str | None = None,
+                members_url: str | None = None) -> str:
     """The whole page for one view model (also used by tests without a server).
-    *leases_url*: the admins' lease page, linked from the header (None: no link)."""
+    *leases_url*, *members_url*: the admins' pages, linked from the header (None: no link)."""
     return env.get_template("dashboard.html").render(
         view=view, api_url=api_url, refresh_seconds=f"{refresh_seconds:g}",
         xsrf_token=xsrf_token, user=user, updated_text=_clock(view.get("timestamp")),
-        leases_url=leases_url)
+        leases_url=leases_url, members_url=members_url)
 
 
 def render_leases(env: Environment, model: dict[str, Any], *, api_url: str, release_url: str,
@@ -89,13 +98,16 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
 
     def initialize(self, hub_auth: HubOAuth, reader: SnapshotReader, config: DashboardConfig,
                    templates: Environment, access_scopes: frozenset[str],
-                   leases: LeaseAdmin | None = None) -> None:
+                   leases: LeaseAdmin | None = None,
+                   members: HubMembers | None = None) -> None:
         self.hub_auth = hub_auth
         self.reader = reader
         self.config = config
         self.templates = templates
         self.access_scopes = access_scopes
         self.leases = leases
+        self.members = members
+        self.member_error: str | None = None
         self.denied_user: dict[str, Any] | None = None
         self.not_admin = False
 
@@ -150,10 +162,14 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
 
     def _refusal(self, status: int) -> tuple[str, str | None]:
         scope = " or ".join(sorted(self.access_scopes))
+        if self.member_error:
+            return (self.member_error, "If the hub refused (403), sign out of the hub and in "
+                                       "again: the page acts with your own sign-in.")
         if status == 403 and self.not_admin:
             name = (self.current_user or {}).get("name")
-            return (f"The GPU leases are for hub admins only, and {name!s} is not one. "
-                    "Operators see the GPU dashboard; ask an admin to release a lease.",
+            return (f"The GPU leases and the members page are for hub admins only, and "
+                    f"{name!s} is not one. Operators see the GPU dashboard; ask an admin to "
+                    "release a lease or issue a token.",
                     "Hub admins are listed under hub.admins in config/gpulab.yaml.")
         if status == 403 and self.denied_user is not None:
             kind = self.denied_user.get("kind", "user")
@@ -187,7 +203,8 @@ class PageHandler(_Handler):
             refresh_seconds=self.config.refresh_seconds,
             xsrf_token=self.xsrf_text,
             user=self.current_user.get("name", ""),
-            leases_url=self.url("leases") if self.leases and self.is_admin else None))
+            leases_url=self.url("leases") if self.leases and self.is_admin else None,
+            members_url=self.url("members") if self.members and self.is_admin else None))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, hint = self._refusal(status_code)
@@ -212,6 +229,27 @@ class LeasesPageHandler(PageHandler):
             api_url=self.url("api/leases"), release_url=self.url("api/leases/release"),
             dashboard_url=self.hub_auth.base_url, xsrf_token=self.xsrf_text,
             user=admin.get("name", "")))
+
+
+class MembersPageHandler(PageHandler):
+    """The admins' members page: add a member, issue, list and revoke login tokens."""
+
+    async def get(self) -> None:
+        if self.current_user is None and self.denied_user is None:
+            self.redirect(self.get_login_url())
+            return
+        admin = self.require_admin()
+        try:
+            model = await self.members.model(self.hub_auth.get_token(self))
+        except MemberError as e:
+            self.member_error = e.message
+            raise web.HTTPError(e.status) from None
+        self.write(self.templates.get_template("members.html").render(
+            model=model, api_url=self.url("api/members"),
+            revoke_url=self.url("api/members/revoke"), dashboard_url=self.hub_auth.base_url,
+            leases_url=self.url("leases") if self.leases else None,
+            xsrf_token=self.xsrf_text, user=admin.get("name", ""),
+            updated_text=_clock(datetime.now(UTC).timestamp())))
 
 
 class _JsonErrors(_Handler):
@@ -264,6 +302,60 @@ class ReleaseHandler(_JsonErrors):
                      "message": f"Released GPU {gpu} of {who}: removed {', '.join(removed)}."})
 
 
+class _MembersApi(_JsonErrors):
+    async def act(self, what) -> None:
+        """Run *what(admin, token, body)*, answering its MemberError as JSON."""
+        admin = self.require_admin()
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            body = None
+        try:
+            await what(admin.get("name", "?"), self.hub_auth.get_token(self), body)
+        except MemberError as e:
+            log.info("admin %s: %s %s refused (%s): %s", admin.get("name"),
+                     self.request.method, self.request.path, e.status, e.message)
+            self.set_status(e.status)
+            self.finish({"status": e.status, "error": e.message})
+
+
+class MembersApiHandler(_MembersApi):
+    async def get(self) -> None:
+        self.require_admin()
+        try:
+            self.write(await self.members.model(self.hub_auth.get_token(self)))
+        except MemberError as e:
+            self.set_status(e.status)
+            self.finish({"status": e.status, "error": e.message})
+
+    async def post(self) -> None:
+        async def issue(admin: str, token: str, body: Any) -> None:
+            request = parse_issue(body)
+            model = await self.members.issue(token, request)
+            expires = model.get("expires_at") or "never"
+            log.info("admin %s issued login token %s for %s%s (expires %s)", admin,
+                     model.get("id"), request.name,
+                     ", a new member" if model["created_user"] else "", expires)
+            self.set_status(201)
+            self.finish({"status": 201, "user": request.name, "token": model["token"],
+                         "id": model.get("id"), "expires_at": model.get("expires_at"),
+                         "created_user": model["created_user"],
+                         "message": f"Login token {model.get('id')} for {request.name} "
+                                    f"(expires {expires}). It is shown only now: give it "
+                                    f"to {request.name}."})
+        await self.act(issue)
+
+
+class RevokeHandler(_MembersApi):
+    async def post(self) -> None:
+        async def revoke(admin: str, token: str, body: Any) -> None:
+            user, token_id = parse_revoke(body)
+            await self.members.revoke(token, user, token_id)
+            log.info("admin %s revoked login token %s of %s", admin, token_id, user)
+            self.finish({"status": 200, "message": f"Revoked login token {token_id} of {user}."})
+        await self.act(revoke)
+
+
 class ApiHandler(_JsonErrors):
     """The view model as JSON, plus the raw snapshot under ``snapshot`` for scripts."""
 
@@ -285,16 +377,18 @@ class CallbackHandler(HubOAuthCallbackHandler):
 def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
              config: DashboardConfig = DashboardConfig(),
              cookie_secret: bytes | None = None,
-             leases: LeaseAdmin | None = None) -> web.Application:
+             leases: LeaseAdmin | None = None,
+             members: HubMembers | None = None) -> web.Application:
     """The app under ``hub_auth.base_url`` (the service prefix). ``cookie_secret`` signs
     the OAuth token cookie; a random one (the default) only means users go through the
     hub's OAuth redirect again after a restart, without a prompt (oauth_no_confirm).
-    *leases*: the admins' lease pages (left out when None)."""
+    *leases*, *members*: the admins' lease and members pages (left out when None)."""
     prefix = hub_auth.base_url.rstrip("/") + "/"
     scopes = frozenset(hub_auth.access_scopes) or frozenset(
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
-            "templates": make_templates(), "access_scopes": scopes, "leases": leases}
+            "templates": make_templates(), "access_scopes": scopes, "leases": leases,
+            "members": members}
     routes = [
         (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
         (prefix, PageHandler, args),
@@ -306,5 +400,11 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
             (url_path_join(prefix, "leases/?"), LeasesPageHandler, args),
             (url_path_join(prefix, "api/leases/?"), LeasesApiHandler, args),
             (url_path_join(prefix, "api/leases/release/?"), ReleaseHandler, args),
+        ]
+    if members is not None:
+        routes += [
+            (url_path_join(prefix, "members/?"), MembersPageHandler, args),
+            (url_path_join(prefix, "api/members/?"), MembersApiHandler, args),
+            (url_path_join(prefix, "api/members/revoke/?"), RevokeHandler, args),
         ]
     return web.Application(routes, cookie_secret=cookie_secret or os.urandom(32))
