@@ -1,12 +1,16 @@
 """`make up GPULAB_HOSTNAME=...`: the hub on HTTPS, as a lab serves it on its network.
 
-The stack is brought up the way an admin does it (`make up` with a host name; a local CA
-is made in secrets/tls/), tried with curl and in Chromium the way a member meets it, and
-put back on plain HTTP afterwards, whatever happens. The name `gpulab.test` (a reserved
-test domain) is pointed at loopback in each client (curl --resolve, Chromium's host
-resolver rules); the certificate is checked against the local CA, which Chromium trusts
-through its NSS database as a member's browser does after importing ca.crt: no client
-here ignores certificate errors.
+The stack is brought up the way an admin does it (`make up` with a host name and a bind
+address; a local CA is made in secrets/tls/), tried with curl and in Chromium the way a
+member meets it, and put back on plain HTTP on loopback afterwards, whatever happens.
+
+The "lab network" is one the test makes: a network namespace (a lab member's machine)
+joined to the host by a veth pair in 198.18.0.0/15 (reserved for benchmarks), the
+hub bound to the host's end only. The name `gpulab.test` (a reserved test domain) is
+pointed at that address in each client (curl --resolve, Chromium's host resolver
+rules); the certificate is checked against the local CA, which Chromium trusts through
+its NSS database as a member's browser does after importing ca.crt: no client here
+ignores certificate errors.
 
 It restarts the stack (about a minute each way), so it is marked ``stack_restart`` and
 runs after the other tests.
@@ -22,6 +26,7 @@ import pytest
 
 from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot
 from .stack import REPO, Hub, exporter_flags, make, wait_for
+from .throttle_rows import throttle
 
 pytestmark = pytest.mark.stack_restart
 
@@ -29,26 +34,55 @@ HOST = "gpulab.test"
 HTTPS_PORT, HTTP_PORT = 443, 80
 URL = f"https://{HOST}"
 CA = REPO / "secrets" / "tls" / "ca.crt"
-RESOLVE = ["--resolve", f"{HOST}:{HTTPS_PORT}:127.0.0.1", "--resolve", f"{HOST}:{HTTP_PORT}:127.0.0.1"]
+NETNS, HOST_END, CLIENT_END = "gpulab-test-lan", "gplt-host", "gplt-client"
+HUB_IP, CLIENT_IP = "198.18.203.1", "198.18.203.2"
+RESOLVE = ["--resolve", f"{HOST}:{HTTPS_PORT}:{HUB_IP}", "--resolve", f"{HOST}:{HTTP_PORT}:{HUB_IP}"]
 
 
-def curl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(["curl", "-sS", "--max-time", "20", *RESOLVE, *args],
+def curl(*args: str, check: bool = True, netns: str | None = None) -> subprocess.CompletedProcess:
+    where = ["ip", "netns", "exec", netns] if netns else []
+    out = subprocess.run([*where, "curl", "-sS", "--max-time", "20", *RESOLVE, *args],
                          capture_output=True, text=True, timeout=60)
     if check:
         assert out.returncode == 0, out.stderr
     return out
 
 
+def ip(*args: str, check: bool = True) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 or not check, f"ip {' '.join(args)}: {out.stderr}"
+
+
 @pytest.fixture(scope="module")
-def https_stack():
+def lab_network():
+    """A member's machine (network namespace NETNS at CLIENT_IP) on a link to the host
+    (HUB_IP), made for this module and removed after it."""
+    ip("netns", "del", NETNS, check=False)
+    ip("link", "del", HOST_END, check=False)
+    try:
+        ip("netns", "add", NETNS)
+        ip("link", "add", HOST_END, "type", "veth", "peer", "name", CLIENT_END)
+        ip("link", "set", CLIENT_END, "netns", NETNS)
+        ip("addr", "add", f"{HUB_IP}/30", "dev", HOST_END)
+        ip("link", "set", HOST_END, "up")
+        ip("netns", "exec", NETNS, "ip", "addr", "add", f"{CLIENT_IP}/30", "dev", CLIENT_END)
+        ip("netns", "exec", NETNS, "ip", "link", "set", CLIENT_END, "up")
+        yield NETNS
+    finally:
+        ip("netns", "del", NETNS, check=False)
+        ip("link", "del", HOST_END, check=False)
+
+
+@pytest.fixture(scope="module")
+def https_stack(lab_network):
     flags = exporter_flags()
     try:
-        out = make("up", flags, GPULAB_HOSTNAME=HOST)
+        out = make("up", flags, GPULAB_HOSTNAME=HOST, GPULAB_BIND_ADDRESS=HUB_IP)
         assert f"HTTPS for {HOST}" in out and str(CA) in out, out[-2000:]
         yield out
     finally:
-        make("up", flags, GPULAB_HOSTNAME="")  # back to plain HTTP on loopback:8000
+        # back to plain HTTP on loopback:8000
+        make("up", flags, GPULAB_HOSTNAME="", GPULAB_BIND_ADDRESS="")
         wait_for(Hub().is_up, 120, what="the hub on plain HTTP again")
 
 
@@ -73,6 +107,31 @@ def test_plain_http_only_redirects_to_https(https_stack):
     assert "set-cookie" not in head.lower()
 
 
+def test_a_members_machine_gets_https_and_the_throttle_sees_its_own_address(https_stack,
+                                                                           lab_network):
+    page = curl("--cacert", str(CA), "-o", "/dev/null", "-w", "%{http_code}",
+                f"{URL}/hub/login", netns=lab_network)
+    assert page.stdout == "200"
+    jar = "/tmp/gpulab-test-lan-cookies"
+    curl("--cacert", str(CA), "-c", jar, "-o", "/dev/null", f"{URL}/hub/login",
+         netns=lab_network)
+    xsrf = next(line.split("\t")[6] for line in Path(jar).read_text().splitlines()
+                if "\t_xsrf\t" in line)
+    try:
+        refused = curl("--cacert", str(CA), "-b", jar, "-o", "/dev/null", "-w", "%{http_code}",
+                       "--data-urlencode", "username=lan-probe",
+                       "--data-urlencode", f"password={'0' * 40}",
+                       "--data-urlencode", f"_xsrf={xsrf}", f"{URL}/hub/login",
+                       netns=lab_network)
+        assert refused.stdout == "403"
+        rows = throttle("read")
+        # counted against the member's machine, not the proxy or Docker's gateway
+        assert rows.get(f"address|{CLIENT_IP}", [0])[0] == 1, rows
+    finally:
+        throttle("forget", addresses=[CLIENT_IP], users=["lan-probe"])
+        Path(jar).unlink(missing_ok=True)
+
+
 def test_hub_pages_send_hsts_and_only_secure_cookies(https_stack):
     head = curl("--cacert", str(CA), "-D", "-", "-o", "/dev/null", f"{URL}/hub/login").stdout
     assert re.search(r"(?im)^strict-transport-security: max-age=31536000\s*$", head), head
@@ -95,7 +154,7 @@ def trusting_home(tmp_path: Path) -> Path:
 
 
 def chromium(playwright, home: Path):
-    args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} 127.0.0.1"]
+    args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} {HUB_IP}"]
     return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args,
                                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
 
