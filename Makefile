@@ -86,7 +86,10 @@ images: docker
 up: images secrets $(if $(GPULAB_HOSTNAME),tls)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
-	@$(COMPOSE) up -d --remove-orphans
+	@# With HTTPS, the certificate's fingerprint labels the proxy: a new certificate (a
+	@# renewal, another host name) makes Compose recreate it, so it serves the new one.
+	@$(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
+	  $(COMPOSE) up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml

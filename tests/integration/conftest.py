@@ -16,6 +16,7 @@ import pytest
 
 from ..conftest import REAL_GPU
 from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
+from .fake_gpus import exporter_snapshot, write_fake_control
 from .stack import (
     REPO,
     Hub,
@@ -119,3 +120,13 @@ def gpus_yaml(lab_config):
                   "scripts/test-host.sh (which `make test` runs)")
         pytest.skip(reason)
     return lab_config.write("gpus.yaml", STANDIN_GPUS)
+
+
+@pytest.fixture
+def fake_control():
+    snapshot = exporter_snapshot()
+    if not snapshot["fake"] or len(snapshot["gpus"]) != 2:
+        pytest.skip("the exporter does not run with --fake-gpus 2 (start the stack with "
+                    "`make test`, or GPULAB_EXPORTER_FLAGS='--fake-gpus 2' make up)")
+    yield write_fake_control
+    write_fake_control(None)

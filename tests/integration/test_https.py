@@ -132,6 +132,32 @@ def test_a_members_machine_gets_https_and_the_throttle_sees_its_own_address(http
         Path(jar).unlink(missing_ok=True)
 
 
+def served_certificate() -> str:
+    """The SHA-256 fingerprint of the certificate the proxy serves."""
+    out = subprocess.run(
+        f"openssl s_client -connect {HUB_IP}:{HTTPS_PORT} -servername {HOST} </dev/null "
+        "2>/dev/null | openssl x509 -noout -fingerprint -sha256",
+        shell=True, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Fingerprint" in out.stdout, out.stderr
+    return out.stdout.strip().split("=", 1)[1]
+
+
+def file_certificate() -> str:
+    out = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in",
+                          str(CA.with_name("server.crt"))], capture_output=True, text=True)
+    return out.stdout.strip().split("=", 1)[1]
+
+
+def test_a_new_certificate_is_served_after_make_up(https_stack):
+    before = served_certificate()
+    assert before == file_certificate()
+    CA.with_name("server.crt").unlink()  # as a renewal, or a new host name, would replace it
+    out = make("up", exporter_flags(), GPULAB_HOSTNAME=HOST, GPULAB_BIND_ADDRESS=HUB_IP)
+    assert "certificate made" in out, out[-2000:]
+    after = served_certificate()
+    assert after == file_certificate() and after != before
+
+
 def test_hub_pages_send_hsts_and_only_secure_cookies(https_stack):
     head = curl("--cacert", str(CA), "-D", "-", "-o", "/dev/null", f"{URL}/hub/login").stdout
     assert re.search(r"(?im)^strict-transport-security: max-age=31536000\s*$", head), head

@@ -16,17 +16,15 @@ container's labels, and marks fake GPU 1 lost.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import requests
 
 from .browser import screenshot, submit_login
+from .fake_gpus import exporter_snapshot
 from .stack import HUB_URL, docker, wait_for
 from .standin import GPU0, GPU1
 
 GiB = 1 << 30
-FAKE_CONTROL = "/dev/shm/gpulab-fake-nvml.json"  # the exporter's --fake-control default
 
 
 def prometheus_query(expr: str) -> str:
@@ -71,15 +69,6 @@ def test_dashboard_is_for_operators_only(hub, lab_user):
         hub.request("DELETE", "/groups/operators/users", json={"users": [operator.name]})
 
 
-def exporter_snapshot() -> dict:
-    """The exporter's /api/gpus, read from inside the hub container (the exporter sits on
-    the internal monitoring network, which the host and user containers are not on)."""
-    return json.loads(docker(
-        "exec", "gpulab-hub", "python3", "-c",
-        "import urllib.request; print(urllib.request.urlopen("
-        "'http://exporter:9445/api/gpus', timeout=10).read().decode())"))
-
-
 def test_lease_is_attributed_to_its_user(hub, lab_user, gpus_yaml):
     snapshot = exporter_snapshot()
     if not snapshot["fake"] or not snapshot["gpus"]:
@@ -100,24 +89,6 @@ def test_lease_is_attributed_to_its_user(hub, lab_user, gpus_yaml):
     wait_for(prometheus_has_lease, 60, interval=3, what="Prometheus to scrape the lease")
     r = dashboard_json(user)  # a plain user: refused, even for the GPU they hold
     assert r.status_code == 403
-
-
-def write_fake_control(data: dict | None) -> None:
-    """Steer the exporter's FAKE GPUs (None: back to healthy fakes with no processes)."""
-    script = ("import os, sys; path = sys.argv[1]\n"
-              "if sys.argv[2] == 'null': os.path.exists(path) and os.remove(path)\n"
-              "else: open(path + '.tmp', 'w').write(sys.argv[2]); os.replace(path + '.tmp', path)")
-    docker("exec", "gpulab-exporter", "python3", "-c", script, FAKE_CONTROL, json.dumps(data))
-
-
-@pytest.fixture
-def fake_control():
-    snapshot = exporter_snapshot()
-    if not snapshot["fake"] or len(snapshot["gpus"]) != 2:
-        pytest.skip("the exporter does not run with --fake-gpus 2 (start the stack with "
-                    "`make test`, or GPULAB_EXPORTER_FLAGS='--fake-gpus 2' make up)")
-    yield write_fake_control
-    write_fake_control(None)
 
 
 def test_users_gpu_memory_and_a_lost_gpu_reach_the_dashboard(hub, lab_user, gpus_yaml,

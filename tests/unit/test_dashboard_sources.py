@@ -289,3 +289,43 @@ async def test_reader_shares_reads_within_max_age(exporter):
     now[0] += 1.0
     await reader.read()
     assert source.calls == 2
+
+
+def test_alertmanager_alerts_become_lines_critical_first():
+    import asyncio
+
+    from gpulab.dashboard.sources import AlertmanagerAlerts, alert_line
+
+    raw = [
+        {"labels": {"alertname": "GpulabGpuAllocatedIdle", "severity": "warning"},
+         "annotations": {"summary": "GPU 0 held by alice, idle"},
+         "startsAt": "2026-11-30T10:00:00.123Z"},
+        {"labels": {"alertname": "GpulabGpuLost", "severity": "critical"},
+         "annotations": {"description": "GPU 1 is gone"}, "startsAt": "2026-11-30T11:00:00Z"},
+    ]
+    assert alert_line(raw[1]) == {"name": "GpulabGpuLost", "severity": "critical",
+                                  "summary": "GPU 1 is gone", "since": "2026-11-30 11:00"}
+    assert alert_line({}) == {"name": "?", "severity": "", "summary": "", "since": ""}
+
+    class Answering(AlertmanagerAlerts):
+        async def _get_json(self, url):
+            assert url.endswith("/api/v2/alerts?active=true&silenced=false&inhibited=false")
+            return raw
+
+    lines = asyncio.run(Answering("http://alertmanager:9093").fetch())
+    assert [a["name"] for a in lines] == ["GpulabGpuLost", "GpulabGpuAllocatedIdle"]
+
+
+def test_the_page_shows_active_alerts_and_says_when_alertmanager_is_down():
+    from gpulab.dashboard.view import build_view
+
+    snapshot = {"gpus": [], "source": {"name": "exporter", "url": "x"}, "unreachable": [],
+                "alerts": [{"name": "GpulabGpuLost", "severity": "critical",
+                            "summary": "GPU 1 is not answering", "since": "2026-11-30 11:00"}]}
+    assert ("Alert GpulabGpuLost (critical) since 2026-11-30 11:00 UTC: GPU 1 is not answering"
+            in build_view(snapshot)["banners"])
+    down = {**snapshot, "alerts": None, "alerts_unreachable": "http://alertmanager:9093: "
+                                                              "no answer within 3s"}
+    banners = build_view(down)["banners"]
+    assert any(b.startswith("Alertmanager unreachable (http://alertmanager:9093") for b in banners)
+    assert not any(b.startswith("Alert Gpulab") for b in banners)

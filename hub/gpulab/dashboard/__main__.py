@@ -29,8 +29,10 @@ from gpulab.dashboard.leases import (
 )
 from gpulab.dashboard.members import HubMembers
 from gpulab.dashboard.sources import (
+    DEFAULT_ALERTMANAGER_URL,
     DEFAULT_EXPORTER_URL,
     DEFAULT_PROMETHEUS_URL,
+    AlertmanagerAlerts,
     ExporterSource,
     PrometheusSource,
     SnapshotReader,
@@ -78,6 +80,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    or DEFAULT_PROMETHEUS_URL, metavar="URL",
                    help="Prometheus, used when the exporter is unreachable; 'none' for no "
                         "fallback (env GPULAB_PROMETHEUS_URL; default: %(default)s)")
+    p.add_argument("--alertmanager-url", default=env.get("GPULAB_ALERTMANAGER_URL")
+                   or DEFAULT_ALERTMANAGER_URL, metavar="URL",
+                   help="Alertmanager, whose active alerts the page shows; 'none' for no "
+                        "alerts (env GPULAB_ALERTMANAGER_URL; default: %(default)s)")
     p.add_argument("--gpus-file", default=str(default_gpus_path(env)), metavar="PATH",
                    help="gpus.yaml, for the admins' lease page (default: from "
                         "GPULAB_CONFIG_DIR: %(default)s)")
@@ -104,7 +110,10 @@ async def serve(args: argparse.Namespace) -> None:
         log.warning("JUPYTERHUB_API_TOKEN is not set: run this as a JupyterHub service, "
                     "or nobody can sign in")
     # refreshes are shared: one source read per second at most, whatever the viewers
-    reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2))
+    alerts = None
+    if args.alertmanager_url.lower() != "none":
+        alerts = AlertmanagerAlerts(args.alertmanager_url, timeout=args.timeout)
+    reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2), alerts=alerts)
     leases = None
     if not args.no_leases:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),

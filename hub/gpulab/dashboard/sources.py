@@ -1,6 +1,7 @@
 """Where the dashboard's numbers come from.
 
 Primary: the exporter's ``/api/gpus`` (the full snapshot: processes, leases, errors).
+Beside it: Alertmanager's active alerts (``alerts`` in the snapshot), when configured.
 Fallback: Prometheus' HTTP API, querying the ``gpulab_*`` series the exporter exports
 (last scraped values; no per-process memory). Each source is a :class:`Source` with
 one ``fetch()``; :func:`read_first` tries them in order and always returns a snapshot
@@ -24,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
 DEFAULT_PROMETHEUS_URL = "http://prometheus:9090"
+DEFAULT_ALERTMANAGER_URL = "http://alertmanager:9093"
 DEFAULT_TIMEOUT = 3.0
 
 # Everything the exporter exports, in one instant query.
@@ -103,6 +105,43 @@ class PrometheusSource(Source):
         return result
 
 
+class AlertmanagerAlerts(Source):
+    """Alertmanager's active alerts that are neither silenced nor inhibited: what people
+    are being told right now (``GET /api/v2/alerts``), as :func:`alert_line` rows."""
+
+    name = "alertmanager"
+    QUERY = "/api/v2/alerts?active=true&silenced=false&inhibited=false"
+
+    async def fetch(self) -> list[dict[str, str]]:  # type: ignore[override]
+        data = await self._get_json(self.url + self.QUERY)
+        if not isinstance(data, list):
+            raise SourceUnreachable("answer is not a list of alerts (is this Alertmanager?)")
+        return sorted((alert_line(a) for a in data if isinstance(a, dict)),
+                      key=lambda a: (a["severity"] != "critical", a["since"], a["name"]))
+
+
+def alert_line(alert: dict[str, Any]) -> dict[str, str]:
+    """One Alertmanager alert -> name, severity, summary and since (UTC, minutes)."""
+    labels = alert.get("labels") or {}
+    annotations = alert.get("annotations") or {}
+    since = str(alert.get("startsAt") or "")
+    return {"name": str(labels.get("alertname", "?")),
+            "severity": str(labels.get("severity", "")),
+            "summary": str(annotations.get("summary") or annotations.get("description") or ""),
+            "since": since[:16].replace("T", " ")}
+
+
+async def read_alerts(source: AlertmanagerAlerts | None) -> dict[str, Any]:
+    """``{"alerts": [...]}``, or ``{"alerts": None, "alerts_unreachable": why}``; ``{}``
+    without an Alertmanager."""
+    if source is None:
+        return {}
+    try:
+        return {"alerts": await source.fetch()}
+    except SourceUnreachable as e:
+        return {"alerts": None, "alerts_unreachable": f"{source.url}: {e}"}
+
+
 async def read_first(sources: Sequence[Source]) -> dict[str, Any]:
     """The first snapshot any source gives, tagged with ``source`` and ``unreachable``."""
     unreachable: list[dict[str, str]] = []
@@ -123,8 +162,10 @@ class SnapshotReader:
     share the one in flight."""
 
     def __init__(self, sources: Sequence[Source], max_age: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 alerts: AlertmanagerAlerts | None = None) -> None:
         self.sources = list(sources)
+        self.alerts = alerts
         self.max_age = max_age
         self.clock = clock
         self._value: dict[str, Any] | None = None
@@ -135,9 +176,14 @@ class SnapshotReader:
         if self._value is not None and self.clock() - self._at < self.max_age:
             return self._value
         if self._pending is None:
-            self._pending = asyncio.ensure_future(read_first(self.sources))
+            self._pending = asyncio.ensure_future(self._read_both())
             self._pending.add_done_callback(self._store)
         return await asyncio.shield(self._pending)
+
+    async def _read_both(self) -> dict[str, Any]:
+        snapshot, alerts = await asyncio.gather(read_first(self.sources),
+                                                read_alerts(self.alerts))
+        return {**snapshot, **alerts}
 
     def _store(self, future: asyncio.Future) -> None:
         self._pending = None

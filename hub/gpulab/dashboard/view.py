@@ -49,6 +49,13 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
     if snapshot.get("docker_up") is False:
         banners.append("The exporter cannot list containers: users and lease holders may be "
                        "out of date.")
+    for alert in snapshot.get("alerts") or ():
+        severity = f" ({alert['severity']})" if alert.get("severity") else ""
+        banners.append(f"Alert {alert['name']}{severity} since {alert['since']} UTC: "
+                       f"{alert['summary']}")
+    if snapshot.get("alerts_unreachable"):
+        banners.append(f"Alertmanager unreachable ({snapshot['alerts_unreachable']}): "
+                       "active alerts are not shown.")
 
     if source is None:
         message = "No GPU data: every data source is unreachable."
