@@ -190,8 +190,8 @@ def configure(c) -> None:
         {
             "name": "gpus-service",
             "description": "GPU dashboard: check whether a server runs before releasing "
-                           "a stuck GPU lease",
-            "scopes": ["read:servers"],
+                           "a stuck GPU lease; group members for the usage page",
+            "scopes": ["read:servers", "list:groups", "read:groups"],
             "services": [DASHBOARD_SERVICE],
         },
         *roles.load_roles,

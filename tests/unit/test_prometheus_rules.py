@@ -52,7 +52,7 @@ def test_rule_unit_tests_catch_a_wrong_threshold(tmp_path):
 @needs_promtool
 def test_config_is_valid(tmp_path):
     # promtool stats the credentials file: check a copy pointing at a test token.
-    for name in ("prometheus.yml", "alerts.yml"):
+    for name in ("prometheus.yml", "alerts.yml", "usage.yml"):
         shutil.copy(PROM / name, tmp_path / name)
     (tmp_path / "metrics-token").write_text("test-token\n")
     config = tmp_path / "prometheus.yml"
@@ -72,7 +72,7 @@ def test_config_scrapes_exporter_and_hub():
     assert hub["metrics_path"] == "/hub/metrics"
     assert hub["static_configs"][0]["targets"] == ["gpulab-hub:8081"]
     assert hub["authorization"]["credentials_file"] == "/etc/prometheus/secrets/metrics-token"
-    assert config["rule_files"] == ["alerts.yml"]
+    assert config["rule_files"] == ["alerts.yml", "usage.yml"]
 
 
 def test_every_alert_has_a_test_case():
@@ -84,3 +84,9 @@ def test_every_alert_has_a_test_case():
         cases = [c for t in tests for c in t.get("alert_rule_test", []) if c["alertname"] == name]
         assert any(c["exp_alerts"] for c in cases), f"{name}: no case where it fires"
         assert any(not c["exp_alerts"] for c in cases), f"{name}: no case where it stays quiet"
+
+
+@needs_promtool
+def test_usage_recording_rule_adds_up_gpu_hours():
+    assert "1 rules found" in promtool("check", "rules", "usage.yml")
+    promtool("test", "rules", "usage_test.yml")

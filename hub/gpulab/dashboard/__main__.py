@@ -37,6 +37,7 @@ from gpulab.dashboard.sources import (
     PrometheusSource,
     SnapshotReader,
 )
+from gpulab.dashboard.usage import PrometheusUsage
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -119,7 +120,9 @@ async def serve(args: argparse.Namespace) -> None:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
                             args.gpus_file, settings_path=args.settings_file)
     app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
-                   leases=leases, members=HubMembers(hub_auth.api_url))
+                   leases=leases, members=HubMembers(hub_auth.api_url),
+                   usage=PrometheusUsage(args.prometheus_url)
+                   if args.prometheus_url.lower() != "none" else None)
     server = app.listen(args.port, address=args.ip, xheaders=True)
     log.info("gpulab GPU dashboard on http://%s:%s%s (sources: %s)", args.ip, args.port,
              hub_auth.base_url, ", ".join(f"{s.name} {s.url}" for s in sources))

@@ -21,6 +21,11 @@ and, for hub admins only (the user model's ``admin`` flag; operators get 403):
     POST {prefix}api/members/revoke  {"user", "token_id"}: revoke a login token
 
 The members pages call the hub as the signed-in admin (gpulab.dashboard.members).
+For admins and operators (everyone who may see the dashboard):
+
+    GET  {prefix}usage?month=YYYY-MM        GPU-hours per member and group, per day
+    GET  {prefix}api/usage?month=YYYY-MM    the same as JSON
+    GET  {prefix}api/usage.csv?month=...    the same as CSV (gpulab.dashboard.usage)
 
 Access: the user (or service) must hold one of the hub auth's access scopes, by default
 ``access:services!service=gpus`` (admins have it; the operators group gets it from the
@@ -30,11 +35,12 @@ Access: the user (or service) must hold one of the hub auth's access scopes, by 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jinja2 import Environment, PackageLoader
@@ -51,6 +57,14 @@ from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
 from gpulab.dashboard.members import HubMembers, MemberError, parse_issue, parse_revoke
 from gpulab.dashboard.sources import SnapshotReader
+from gpulab.dashboard.usage import (
+    PrometheusUsage,
+    UsageUnavailable,
+    hub_groups,
+    parse_month,
+    usage_csv,
+    usage_model,
+)
 from gpulab.dashboard.view import build_view
 
 log = logging.getLogger("gpulab.dashboard")
@@ -75,13 +89,13 @@ def _clock(ts: float | None) -> str:
 
 def render_page(env: Environment, view: dict[str, Any], *, api_url: str, refresh_seconds: float,
                 xsrf_token: str, user: str, leases_url: str | None = None,
-                members_url: str | None = None) -> str:
+                members_url: str | None = None, usage_url: str | None = None) -> str:
     """The whole page for one view model (also used by tests without a server).
     *leases_url*, *members_url*: the admins' pages, linked from the header (None: no link)."""
     return env.get_template("dashboard.html").render(
         view=view, api_url=api_url, refresh_seconds=f"{refresh_seconds:g}",
         xsrf_token=xsrf_token, user=user, updated_text=_clock(view.get("timestamp")),
-        leases_url=leases_url, members_url=members_url)
+        leases_url=leases_url, members_url=members_url, usage_url=usage_url)
 
 
 def render_leases(env: Environment, model: dict[str, Any], *, api_url: str, release_url: str,
@@ -99,7 +113,8 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
     def initialize(self, hub_auth: HubOAuth, reader: SnapshotReader, config: DashboardConfig,
                    templates: Environment, access_scopes: frozenset[str],
                    leases: LeaseAdmin | None = None,
-                   members: HubMembers | None = None) -> None:
+                   members: HubMembers | None = None,
+                   usage: PrometheusUsage | None = None) -> None:
         self.hub_auth = hub_auth
         self.reader = reader
         self.config = config
@@ -107,7 +122,9 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         self.access_scopes = access_scopes
         self.leases = leases
         self.members = members
-        self.member_error: str | None = None
+        self.usage = usage
+        # what went wrong on an admin or usage page, and what to do (the error page)
+        self.page_error: tuple[str, str | None] | None = None
         self.denied_user: dict[str, Any] | None = None
         self.not_admin = False
 
@@ -162,9 +179,8 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
 
     def _refusal(self, status: int) -> tuple[str, str | None]:
         scope = " or ".join(sorted(self.access_scopes))
-        if self.member_error:
-            return (self.member_error, "If the hub refused (403), sign out of the hub and in "
-                                       "again: the page acts with your own sign-in.")
+        if self.page_error:
+            return self.page_error
         if status == 403 and self.not_admin:
             name = (self.current_user or {}).get("name")
             return (f"The GPU leases and the members page are for hub admins only, and "
@@ -204,7 +220,8 @@ class PageHandler(_Handler):
             xsrf_token=self.xsrf_text,
             user=self.current_user.get("name", ""),
             leases_url=self.url("leases") if self.leases and self.is_admin else None,
-            members_url=self.url("members") if self.members and self.is_admin else None))
+            members_url=self.url("members") if self.members and self.is_admin else None,
+            usage_url=self.url("usage") if self.usage else None))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, hint = self._refusal(status_code)
@@ -242,13 +259,53 @@ class MembersPageHandler(PageHandler):
         try:
             model = await self.members.model(self.hub_auth.get_token(self))
         except MemberError as e:
-            self.member_error = e.message
+            self.page_error = (e.message, "If the hub refused (403), sign out of the hub and "
+                                          "in again: the page acts with your own sign-in.")
             raise web.HTTPError(e.status) from None
         self.write(self.templates.get_template("members.html").render(
             model=model, api_url=self.url("api/members"),
             revoke_url=self.url("api/members/revoke"), dashboard_url=self.hub_auth.base_url,
             leases_url=self.url("leases") if self.leases else None,
             xsrf_token=self.xsrf_text, user=admin.get("name", ""),
+            updated_text=_clock(datetime.now(UTC).timestamp())))
+
+
+class _Usage:
+    async def usage_model(self) -> dict[str, Any]:
+        """The month asked for (?month=YYYY-MM), or 400/503 with what went wrong."""
+        if self.current_user is None:
+            raise web.HTTPError(403 if self.denied_user is not None else 401)
+        now = datetime.now(UTC)
+        try:
+            month = parse_month(self.get_argument("month", None), now.date())
+        except ValueError as e:
+            self.page_error = (str(e), None)
+            raise web.HTTPError(400) from None
+        try:
+            per_day, groups = await asyncio.gather(
+                self.usage.month(month, now),
+                hub_groups(self.hub_auth.api_url, self.hub_auth.api_token))
+        except UsageUnavailable as e:
+            self.page_error = (f"No usage figures: {e}", "Prometheus keeps them "
+                               "(gpulab-prometheus); its log says why it is down.")
+            raise web.HTTPError(503) from None
+        model = usage_model(month, per_day, groups)
+        first = month.replace(day=1)
+        model["previous"] = (first - timedelta(days=1)).strftime("%Y-%m")
+        following = (first + timedelta(days=32)).replace(day=1)
+        model["next"] = following.strftime("%Y-%m") if following <= now.date() else None
+        return model
+
+
+class UsagePageHandler(_Usage, PageHandler):
+    async def get(self) -> None:
+        if self.current_user is None and self.denied_user is None:
+            self.redirect(self.get_login_url())
+            return
+        model = await self.usage_model()
+        self.write(self.templates.get_template("usage.html").render(
+            model=model, page_url=self.url("usage"), csv_url=self.url("api/usage.csv"),
+            dashboard_url=self.hub_auth.base_url, user=self.current_user.get("name", ""),
             updated_text=_clock(datetime.now(UTC).timestamp())))
 
 
@@ -356,6 +413,20 @@ class RevokeHandler(_MembersApi):
         await self.act(revoke)
 
 
+class UsageApiHandler(_Usage, _JsonErrors):
+    async def get(self) -> None:
+        self.write(await self.usage_model())
+
+
+class UsageCsvHandler(_Usage, _JsonErrors):
+    async def get(self) -> None:
+        model = await self.usage_model()
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition",
+                        f'attachment; filename="gpulab-usage-{model["month"]}.csv"')
+        self.finish(usage_csv(model))
+
+
 class ApiHandler(_JsonErrors):
     """The view model as JSON, plus the raw snapshot under ``snapshot`` for scripts."""
 
@@ -378,7 +449,8 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
              config: DashboardConfig = DashboardConfig(),
              cookie_secret: bytes | None = None,
              leases: LeaseAdmin | None = None,
-             members: HubMembers | None = None) -> web.Application:
+             members: HubMembers | None = None,
+             usage: PrometheusUsage | None = None) -> web.Application:
     """The app under ``hub_auth.base_url`` (the service prefix). ``cookie_secret`` signs
     the OAuth token cookie; a random one (the default) only means users go through the
     hub's OAuth redirect again after a restart, without a prompt (oauth_no_confirm).
@@ -388,7 +460,7 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
             "templates": make_templates(), "access_scopes": scopes, "leases": leases,
-            "members": members}
+            "members": members, "usage": usage}
     routes = [
         (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
         (prefix, PageHandler, args),
@@ -406,5 +478,11 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
             (url_path_join(prefix, "members/?"), MembersPageHandler, args),
             (url_path_join(prefix, "api/members/?"), MembersApiHandler, args),
             (url_path_join(prefix, "api/members/revoke/?"), RevokeHandler, args),
+        ]
+    if usage is not None:
+        routes += [
+            (url_path_join(prefix, "usage/?"), UsagePageHandler, args),
+            (url_path_join(prefix, "api/usage/?"), UsageApiHandler, args),
+            (url_path_join(prefix, "api/usage.csv"), UsageCsvHandler, args),
         ]
     return web.Application(routes, cookie_secret=cookie_secret or os.urandom(32))

@@ -1,0 +1,140 @@
+"""GPU-hours per member and per group, per day and per month: the PI's usage page.
+
+Prometheus records every 15 s how many GPUs each hub user holds
+(``gpulab:user_gpus_held``, monitoring/prometheus/usage.yml); the GPU-hours of a day are
+the sum of that day's samples times 15 s. A held GPU counts whether or not it is busy:
+this is who kept which GPUs from the others, the number a PI shares out.
+
+`month_days`, `usage_model` and `usage_csv` are pure; `PrometheusUsage` asks Prometheus
+for one month (one query per day, each an instant ``sum_over_time`` ending at the day's
+end, or now for today).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+RECORD = "gpulab:user_gpus_held"
+SAMPLE_SECONDS = 15  # the recording rule's interval (usage.yml)
+
+
+class UsageUnavailable(Exception):
+    """Prometheus did not answer with usage; the message says why."""
+
+
+def parse_month(text: str | None, today: date) -> date:
+    """'2026-11' -> date(2026, 11, 1); None/'' -> this month. ValueError when malformed."""
+    if not text:
+        return today.replace(day=1)
+    try:
+        month = datetime.strptime(text, "%Y-%m").date()
+    except ValueError:
+        raise ValueError(f"month: expected YYYY-MM, got {text!r}") from None
+    if month > today:
+        raise ValueError(f"month: {text} has not begun")
+    return month
+
+
+def month_days(month: date, now: datetime) -> list[tuple[date, datetime, int]]:
+    """The days of *month* until *now* (UTC): (day, end of the window, seconds in it)."""
+    days = []
+    day = month
+    while day.month == month.month and datetime.combine(day, time(), UTC) <= now:
+        start = datetime.combine(day, time(), UTC)
+        end = min(start + timedelta(days=1), now)
+        days.append((day, end, int((end - start).total_seconds())))
+        day += timedelta(days=1)
+    return days
+
+
+def usage_model(month: date, per_day: dict[date, dict[str, float]],
+                groups: dict[str, list[str]]) -> dict[str, Any]:
+    """*per_day*: {day: {user: GPU-hours}}; *groups*: {group: [users]}. Rows per member
+    (a column per day and the month's total) and per group, busiest first."""
+    days = sorted(per_day)
+    users = sorted({u for hours in per_day.values() for u in hours})
+    members = [{"user": u,
+                "days": [round(per_day[d].get(u, 0.0), 2) for d in days],
+                "total": round(sum(per_day[d].get(u, 0.0) for d in days), 2)}
+               for u in users]
+    members.sort(key=lambda m: (-m["total"], m["user"]))
+    totals = {m["user"]: m["total"] for m in members}
+    group_rows = [{"group": g, "members": len(names),
+                   "total": round(sum(totals.get(u, 0.0) for u in names), 2)}
+                  for g, names in sorted(groups.items())]
+    group_rows.sort(key=lambda r: (-r["total"], r["group"]))
+    return {"month": month.strftime("%Y-%m"), "days": [d.isoformat() for d in days],
+            "members": members, "groups": group_rows,
+            "total": round(sum(totals.values()), 2)}
+
+
+def usage_csv(model: dict[str, Any]) -> str:
+    """One row per member and day with any use, then one per member for the month."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["period", "user", "gpu_hours"])
+    for m in model["members"]:
+        for day, hours in zip(model["days"], m["days"], strict=True):
+            if hours:
+                writer.writerow([day, m["user"], f"{hours:.2f}"])
+    for m in model["members"]:
+        writer.writerow([model["month"], m["user"], f"{m['total']:.2f}"])
+    for g in model["groups"]:
+        writer.writerow([model["month"], f"group:{g['group']}", f"{g['total']:.2f}"])
+    return out.getvalue()
+
+
+class PrometheusUsage:
+    """Per-day GPU-hours from Prometheus' HTTP API."""
+
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    async def _query(self, expr: str, at: datetime) -> list[dict[str, Any]]:
+        query = urlencode({"query": expr, "time": f"{at.timestamp():.3f}"})
+        request = HTTPRequest(f"{self.url}/api/v1/query?{query}", request_timeout=self.timeout,
+                              connect_timeout=self.timeout)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            raise UsageUnavailable(f"Prometheus answered {e.code} to {expr!r}") from None
+        except OSError as e:
+            raise UsageUnavailable(f"Prometheus at {self.url} did not answer: {e}") from None
+        data = json.loads(response.body)
+        if data.get("status") != "success":
+            raise UsageUnavailable(f"Prometheus could not run {expr!r}: {data.get('error')}")
+        return data["data"]["result"]
+
+    async def day(self, end: datetime, seconds: int) -> dict[str, float]:
+        expr = f"sum_over_time({RECORD}[{seconds}s]) * {SAMPLE_SECONDS} / 3600"
+        return {s["metric"].get("user", ""): float(s["value"][1])
+                for s in await self._query(expr, end)}
+
+    async def month(self, month: date, now: datetime) -> dict[date, dict[str, float]]:
+        days = month_days(month, now)
+        hours = await asyncio.gather(*(self.day(end, seconds) for _, end, seconds in days))
+        return {day: h for (day, _, _), h in zip(days, hours, strict=True)}
+
+
+async def hub_groups(api_url: str, token: str, timeout: float = 10.0) -> dict[str, list[str]]:
+    """The hub's groups and their members (the service's scope ``read:groups``)."""
+    request = HTTPRequest(f"{api_url.rstrip('/')}/groups",
+                          headers={"Authorization": f"token {token}",
+                                   "Accept": "application/json"},
+                          request_timeout=timeout, connect_timeout=timeout)
+    try:
+        response = await AsyncHTTPClient().fetch(request)
+    except (HTTPClientError, OSError) as e:
+        raise UsageUnavailable(f"the hub did not list its groups: {e}") from None
+    groups = json.loads(response.body)
+    groups = groups.get("items", groups) if isinstance(groups, dict) else groups
+    return {g["name"]: list(g.get("users") or []) for g in groups}

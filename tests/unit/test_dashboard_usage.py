@@ -1,0 +1,54 @@
+"""gpulab.dashboard.usage: the days of a month, and GPU-hours per member, group and day."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import pytest
+
+from gpulab.dashboard.usage import month_days, parse_month, usage_csv, usage_model
+
+NOW = datetime(2026, 11, 3, 6, 30, tzinfo=UTC)
+
+
+def test_months_are_asked_for_as_yyyy_mm_and_never_in_the_future():
+    assert parse_month(None, NOW.date()) == date(2026, 11, 1)
+    assert parse_month("2026-02", NOW.date()) == date(2026, 2, 1)
+    for bad in ("2026-13", "november", "2026-11-01"):
+        with pytest.raises(ValueError, match="expected YYYY-MM"):
+            parse_month(bad, NOW.date())
+    with pytest.raises(ValueError, match="has not begun"):
+        parse_month("2026-12", NOW.date())
+
+
+def test_a_month_is_its_days_until_now():
+    days = month_days(date(2026, 11, 1), NOW)
+    assert [(d.day, end.isoformat(), s) for d, end, s in days] == [
+        (1, "2026-11-02T00:00:00+00:00", 86400),
+        (2, "2026-11-03T00:00:00+00:00", 86400),
+        (3, "2026-11-03T06:30:00+00:00", 6 * 3600 + 1800)]
+    assert len(month_days(date(2026, 10, 1), NOW)) == 31
+    assert len(month_days(date(2026, 2, 1), NOW)) == 28
+
+
+def test_gpu_hours_add_up_per_member_and_group_busiest_first():
+    per_day = {date(2026, 11, 1): {"ann": 20.0, "bob": 1.5},
+               date(2026, 11, 2): {"bob": 30.25},
+               date(2026, 11, 3): {}}
+    groups = {"students": ["bob", "cy"], "staff": ["ann"], "empty": []}
+    model = usage_model(date(2026, 11, 1), per_day, groups)
+    assert model["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert model["members"] == [
+        {"user": "bob", "days": [1.5, 30.25, 0.0], "total": 31.75},
+        {"user": "ann", "days": [20.0, 0.0, 0.0], "total": 20.0}]
+    assert model["groups"] == [
+        {"group": "students", "members": 2, "total": 31.75},
+        {"group": "staff", "members": 1, "total": 20.0},
+        {"group": "empty", "members": 0, "total": 0.0}]
+    assert model["total"] == 51.75
+    assert usage_csv(model).splitlines() == [
+        "period,user,gpu_hours",
+        "2026-11-01,bob,1.50", "2026-11-02,bob,30.25", "2026-11-01,ann,20.00",
+        "2026-11,bob,31.75", "2026-11,ann,20.00",
+        "2026-11,group:students,31.75", "2026-11,group:staff,20.00",
+        "2026-11,group:empty,0.00"]
