@@ -86,9 +86,18 @@ images: docker
 up: images secrets $(if $(GPULAB_HOSTNAME),tls)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
-	@# With HTTPS, the certificate's fingerprint labels the proxy: a new certificate (a
-	@# renewal, another host name) makes Compose recreate it, so it serves the new one.
-	@$(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
+	@# Alertmanager would crash-loop on a bad config/alertmanager.yml: refuse it here.
+	@out=$$(docker run --rm --network none -v "$(CURDIR)/config:/srv/gpulab/config:ro" \
+	  --entrypoint amtool gpulab/prometheus:latest check-config \
+	  /srv/gpulab/config/alertmanager.yml 2>&1) \
+	  || { echo "$$out" | sed 's|/srv/gpulab/config/|config/|' >&2; \
+	       echo "[gpulab] config/alertmanager.yml is not valid (above); the running Alertmanager keeps its last config" >&2; exit 1; }
+	@# Containers that read files only at start are labelled with the files' hashes, so
+	@# that Compose recreates them when the files change: Prometheus (config and rules),
+	@# Alertmanager, and with HTTPS the proxy (a renewed certificate, another host name).
+	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
+	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum config/alertmanager.yml | cut -c1-16) \
+	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	  $(COMPOSE) up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true

@@ -12,13 +12,14 @@ Takes about two minutes: the rule's own `for: 1m` and Prometheus' 30 s evaluatio
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
 import pytest
 import requests
 
-from .stack import HUB_URL, LabConfig, docker, wait_for
+from .stack import HUB_URL, REPO, LabConfig, docker, exporter_flags, make, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +141,35 @@ def test_a_lost_gpu_reaches_the_webhook_and_a_silence_stops_it(hub, hub_admin, f
         if silence:
             subprocess.run([*AMTOOL, "silence", "expire", silence], capture_output=True,
                            timeout=30)
+
+
+def alertmanager_receivers() -> str:
+    return subprocess.run([*AMTOOL, "config", "show"], capture_output=True, text=True,
+                          timeout=30).stdout
+
+
+def test_an_edit_of_alertmanager_yml_takes_effect_at_make_up_and_a_bad_one_is_refused():
+    config = LabConfig()
+    original = config.original("alertmanager.yml")
+    flags = exporter_flags()
+    edited = original.replace("receivers:\n", "receivers:\n  - name: lab-extra\n", 1)
+    assert edited != original
+    try:
+        config.write("alertmanager.yml", edited)
+        make("up", flags)
+        wait_for(lambda: "name: lab-extra" in alertmanager_receivers(), 60, interval=1,
+                 what="Alertmanager to run the edited config")
+
+        config.write("alertmanager.yml", edited.replace("receiver: lab\n", "receiver: nobody\n"))
+        out = subprocess.run(["make", "-s", "up"], cwd=REPO, capture_output=True, text=True,
+                             timeout=900, env={**os.environ, "GPULAB_EXPORTER_FLAGS": flags})
+        assert out.returncode != 0
+        assert "config/alertmanager.yml is not valid" in out.stderr, out.stderr[-2000:]
+        assert 'undefined receiver "nobody"' in out.stdout + out.stderr, out.stderr[-2000:]
+        # the running one keeps its last good config
+        assert docker("inspect", "-f", "{{.State.Running}}", "gpulab-alertmanager") == "true"
+        assert "name: lab-extra" in alertmanager_receivers()
+    finally:
+        config.restore()
+        make("up", flags)
+    assert "name: lab-extra" not in alertmanager_receivers()
