@@ -42,7 +42,7 @@ def test_prometheus_scrapes_exporter_and_hub(hub):
     # The hub's own metrics arrived through the read:metrics token.
     assert "jupyterhub_total_users" in prometheus_query("jupyterhub_total_users")
     rules = docker("exec", "gpulab-prometheus", "promtool", "check", "rules",
-                   "/etc/prometheus/alerts.yml")
+                   "/etc/prometheus/gpulab/alerts.yml")
     assert "SUCCESS" in rules
 
 
