@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot
-from .stack import REPO, Hub, exporter_flags, make, wait_for
+from .stack import REPO, Hub, container_logs, docker, exporter_flags, make, wait_for
 from .throttle_rows import throttle
 
 pytestmark = pytest.mark.stack_restart
@@ -189,8 +190,9 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
                                                           tmp_path_factory):
     from playwright.sync_api import Error, sync_playwright
 
+    name = f"https-{uuid.uuid4().hex[:8]}"  # a fresh member: no home left by an earlier run
     member = subprocess.run(
-        ["docker", "exec", "gpulab-hub", "gpulab", "token", "issue", "httpsmember",
+        ["docker", "exec", "gpulab-hub", "gpulab", "token", "issue", name,
          "--expires", "1h"], capture_output=True, text=True, timeout=60)
     assert member.returncode == 0, member.stderr
     token = re.search(r"\b[0-9a-f]{32,}\b", member.stdout).group(0)
@@ -211,22 +213,32 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
             assert page.url.startswith(f"{URL}"), page.url
             assert page.evaluate("window.isSecureContext") is True
             assert "hidden" in page.get_attribute("#insecure-login-warning", "class")
-            page.fill("#username_input", "httpsmember")
+            page.fill("#username_input", name)
             page.fill("#password_input", token)
             page.click("#login_submit")
-            page.wait_for_url(re.compile(r"/user/httpsmember/lab"), timeout=120_000)
-            page.locator(".jp-Launcher").first.wait_for(state="visible", timeout=120_000)
+            try:
+                page.wait_for_url(re.compile(rf"/user/{name}/lab"), timeout=120_000)
+                page.locator("#jp-main-dock-panel").wait_for(state="visible", timeout=120_000)
+                page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(
+                    state="visible", timeout=120_000)
+            except Exception:
+                screenshot(page, "https-FAILED-jupyterlab.png")
+                print(f"\n----- log of gpulab-user-{name} -----\n"
+                      f"{container_logs(f'gpulab-user-{name}', 80)}")
+                raise
             screenshot(page, "https-jupyterlab.png")
             cookies = page.context.cookies()
             names = {c["name"] for c in cookies}
             assert {"jupyterhub-session-id", "jupyterhub-hub-login",
-                    "jupyterhub-user-httpsmember"} <= names, names
+                    f"jupyterhub-user-{name}"} <= names, names
             insecure = [c["name"] for c in cookies if not c["secure"]]
             assert insecure == [], f"cookies without Secure over HTTPS: {insecure}"
         finally:
             browser.close()
             subprocess.run(["docker", "exec", "gpulab-hub", "python3", "-c",
-                            DELETE_MEMBER], capture_output=True, text=True, timeout=120)
+                            DELETE_MEMBER.replace("httpsmember", name)],
+                           capture_output=True, text=True, timeout=120)
+            docker("volume", "rm", "-f", f"gpulab-home-{name}", check=False)
 
 
 # The member's server and account go through the hub's own API from inside its
