@@ -14,10 +14,16 @@ Schema (every key optional; an empty or missing file means the defaults)::
       gpus: 0                  # GPUs given when the user does not choose (default 0)
       max_gpus: 1              # most GPUs one user may hold, all servers together
       pools: [<pool>, ...]     # pools users may draw from (default: all pools)
+      gpu_idle_timeout: 2h     # stop a server whose GPUs sat idle this long (0: never)
+      max_server_age: 0        # stop a server holding GPUs this long after its start
     groups:                    # JupyterHub groups; see "precedence" below
-      <group>: {gpus, max_gpus, pinned, pools, no_gpu}
+      <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age}
     users:                     # one user's own settings win over everything else
-      <user>: {gpus, max_gpus, pinned, pools, no_gpu}
+      <user>: {the same keys as groups}
+    culling:                   # how idle GPUs are found (gpulab.culler)
+      idle_below: 5            # percent utilization under which a GPU counts as idle
+      warn_before: 15m         # members are warned this long before their server stops
+      check_every: 1m
 
 An explicit inventory entry is ``{index, uuid, model?, pool?, mode?, max_users?,
 reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU left out
@@ -25,7 +31,8 @@ of the list is never given to anyone; ``reserved: true`` keeps a GPU for the use
 groups that pin it.
 
 Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
-``pools`` and ``pinned``), except that ``no_gpu: true`` in any of them wins; then every
+``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
+never, is the longest), except that ``no_gpu: true`` in any of them wins; then every
 field set under ``users:`` replaces the combined value (``no_gpu: false`` there lifts a
 group's ``no_gpu``). Pinned GPUs always fit in the quota (the effective ``max_gpus`` is
 at least the number of pins) and are kept for the users and groups that pin them.
@@ -40,10 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .settings import parse_duration
 from .yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
     "ConfigError",
+    "Culling",
     "DEFAULT_POOL",
     "EXCLUSIVE",
     "GpuEntry",
@@ -71,11 +80,17 @@ MAX_USERS_LIMIT = 1024
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
-_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users")
+_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling")
 _POOL_KEYS = ("mode", "max_users", "description")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
-_DEFAULT_KEYS = ("gpus", "max_gpus", "pools")
-_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu")
+_LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
+_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *_LIMIT_KEYS)
+_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *_LIMIT_KEYS)
+_CULLING_KEYS = ("idle_below", "warn_before", "check_every")
+
+# Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
+DEFAULT_GPU_IDLE_TIMEOUT = 2 * 3600
+DEFAULT_MAX_SERVER_AGE = 0
 
 
 # ---------------------------------------------------------------- the parsed file
@@ -127,6 +142,8 @@ class Override:
     pinned: tuple[Pin, ...] | None = None
     pools: tuple[str, ...] | None = None
     no_gpu: bool | None = None
+    gpu_idle_timeout: int | None = None  # seconds; 0 = never
+    max_server_age: int | None = None  # seconds; 0 = never
     line: int | None = None
 
 
@@ -139,6 +156,20 @@ class Policy:
     pools: tuple[str, ...]  # pools the user may draw from
     pinned: tuple[Pin, ...] = ()
     no_gpu: bool = False
+    # Seconds a server's GPUs may sit idle / a server holding GPUs may run before the
+    # culler stops it; 0 = never.
+    gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
+    max_server_age: int = DEFAULT_MAX_SERVER_AGE
+
+
+@dataclass(frozen=True)
+class Culling:
+    """How the GPU culler finds idle GPUs (``culling:``); who is culled when is in
+    each user's :class:`Policy`."""
+
+    idle_below: float = 0.05  # utilization ratio (the file says percent) under which a GPU is idle
+    warn_before: int = 15 * 60  # seconds between the warning and the stop
+    check_every: int = 60  # seconds between the culler's checks
 
 
 @dataclass(frozen=True)
@@ -152,6 +183,9 @@ class GpusConfig:
     default_pools: tuple[str, ...] | None = None  # None = every pool
     groups: tuple[Override, ...] = ()
     users: tuple[Override, ...] = ()
+    default_gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
+    default_max_server_age: int = DEFAULT_MAX_SERVER_AGE
+    culling: Culling = field(default_factory=Culling)
 
     def user_override(self, user: str) -> Override | None:
         key = user.lower()
@@ -177,6 +211,9 @@ class GpusConfig:
             pools = _union(p for g in mine for p in (g.pools or ()))
         for g in mine:
             pinned.extend(p for p in (g.pinned or ()) if p.ref not in {q.ref for q in pinned})
+        limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
+                                getattr(self, f"default_{key}"))
+                  for key in _LIMIT_KEYS}
         own = self.user_override(user)
         if own is not None:
             gpus = own.gpus if own.gpus is not None else gpus
@@ -184,8 +221,10 @@ class GpusConfig:
             pools = own.pools if own.pools is not None else pools
             pinned = list(own.pinned) if own.pinned is not None else pinned
             no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
+            limits.update({k: getattr(own, k) for k in _LIMIT_KEYS
+                           if getattr(own, k) is not None})
         if no_gpu:
-            return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True)
+            return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True, **limits)
         max_gpus = max(max_gpus, len(pinned))
         gpus = min(max(gpus, len(pinned)), max_gpus)
         return Policy(
@@ -193,11 +232,20 @@ class GpusConfig:
             max_gpus=max_gpus,
             pools=tuple(self.pools) if pools is None else pools,
             pinned=tuple(pinned),
+            **limits,
         )
 
 
 def _union(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
+
+
+def _longest(limits: Sequence[int], default: int) -> int:
+    """The most generous of the groups' time limits (0 = never, the most generous of
+    all); *default* when no group sets one."""
+    if not limits:
+        return default
+    return 0 if 0 in limits else max(limits)
 
 
 # ---------------------------------------------------------------- value checks
@@ -251,6 +299,34 @@ def _uuid(value: Any) -> str:
             f"MIG-...), got {value!r}"
         )
     return value.strip()
+
+
+def _percent(value: Any) -> float:
+    """``5`` or ``"5%"`` -> 0.05."""
+    number = value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1])
+        except ValueError:
+            number = value
+    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 < number < 100:
+        raise ValueError(f"expected a percentage of GPU utilization above 0 and under 100 "
+                         f"(for example 5 or 5%), got {value!r}")
+    return number / 100
+
+
+def _seconds(value: Any, zero_means: str = "never") -> int:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise ValueError(f"{e} (0 means {zero_means})") from None
+
+
+def _positive_seconds(value: Any) -> int:
+    seconds = parse_duration(value)
+    if seconds == 0:
+        raise ValueError(f"expected a duration above 0 such as 30s or 1m, got {value!r}")
+    return seconds
 
 
 def _index(value: Any) -> int:
@@ -353,7 +429,8 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
 
     # defaults
     d = r.mapping(("defaults",), top.get("defaults"), _DEFAULT_KEYS,
-                  "a mapping with gpus:, max_gpus: and pools:")
+                  "a mapping with gpus:, max_gpus:, pools:, gpu_idle_timeout: and "
+                  "max_server_age:")
     default_gpus = r.check(("defaults", "gpus"), _count, d.get("gpus", 0))
     default_max = r.check(("defaults", "max_gpus"), _count, d.get("max_gpus", 1))
     if default_gpus > default_max:
@@ -365,6 +442,11 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     default_pools = (
         r.pool_list(("defaults", "pools"), d["pools"], pools) if "pools" in d else None
     )
+    default_idle = r.check(("defaults", "gpu_idle_timeout"), _seconds,
+                           d.get("gpu_idle_timeout", DEFAULT_GPU_IDLE_TIMEOUT))
+    default_age = r.check(("defaults", "max_server_age"), _seconds,
+                          d.get("max_server_age", DEFAULT_MAX_SERVER_AGE))
+    culling = _culling(r, top.get("culling"))
 
     groups = _overrides(r, "groups", top.get("groups"), pools, gpus, auto, lower=False)
     users = _overrides(r, "users", top.get("users"), pools, gpus, auto, lower=True)
@@ -378,6 +460,24 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         default_pools=default_pools,
         groups=groups,
         users=users,
+        default_gpu_idle_timeout=default_idle,
+        default_max_server_age=default_age,
+        culling=culling,
+    )
+
+
+def _culling(r: _Reader, raw: Any) -> Culling:
+    path: Path_ = ("culling",)
+    body = r.mapping(path, raw, _CULLING_KEYS,
+                     "a mapping with idle_below:, warn_before: and check_every:")
+    default = Culling()
+    return Culling(
+        idle_below=r.check(path + ("idle_below",), _percent, body["idle_below"])
+        if "idle_below" in body else default.idle_below,
+        warn_before=r.check(path + ("warn_before",), lambda v: _seconds(v, "no warning"),
+                            body.get("warn_before", default.warn_before)),
+        check_every=r.check(path + ("check_every",), _positive_seconds,
+                            body.get("check_every", default.check_every)),
     )
 
 
@@ -472,7 +572,8 @@ def _overrides(
                                   f"{seen[name]}; usernames are not case-sensitive)")
         seen[name] = doc.line_of(path)
         body = r.mapping(path, body, _OVERRIDE_KEYS,
-                         "a mapping with gpus:, max_gpus:, pinned:, pools: or no_gpu:")
+                         "a mapping with gpus:, max_gpus:, pinned:, pools:, no_gpu:, "
+                         "gpu_idle_timeout: or max_server_age:")
         o = Override(
             name=name,
             gpus=r.check(path + ("gpus",), _count, body["gpus"]) if "gpus" in body else None,
@@ -483,6 +584,8 @@ def _overrides(
             pools=r.pool_list(path + ("pools",), body["pools"], pools)
             if "pools" in body else None,
             no_gpu=r.check(path + ("no_gpu",), _bool, body["no_gpu"]) if "no_gpu" in body else None,
+            **{key: r.check(path + (key,), _seconds, body[key])
+               for key in _LIMIT_KEYS if key in body},
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import live_config
 from .auth import configure_login, default_trusted_proxies
-from .contract import DASHBOARD_SERVICE
+from .contract import CULLER_NOTICES_FILE, CULLER_SERVICE, DASHBOARD_SERVICE
+from .culler.notices import home_page_notices
 from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from .roles import prune_hub_db, roles_from_settings
 from .settings import ConfigError
@@ -45,6 +46,9 @@ DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
                  "GPULAB_PROMETHEUS_URL")
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
+# The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's
+# groups (gpus.yaml): no activity, but groups. It reaches Prometheus, never Docker.
+GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers"]
 
 
 def cull_every(idle_timeout: int) -> int:
@@ -125,6 +129,9 @@ def configure(c) -> None:
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = False  # servers keep running across hub restarts
     c.JupyterHub.template_paths = [str(TEMPLATES)]
+    # The GPU culler's warnings and stop notices, on the member's home page.
+    notices_path = DATA_DIR / CULLER_NOTICES_FILE
+    c.JupyterHub.template_vars = {"gpu_notices": home_page_notices(notices_path)}
     public_url = os.environ.get("GPULAB_PUBLIC_URL", "")
     c.JupyterHub.tornado_settings = tornado_settings(public_url)
     if public_url:
@@ -196,6 +203,21 @@ def configure(c) -> None:
         },
         *roles.load_roles,
     ]
+    # Servers whose GPUs sit idle, or that are too old (gpus.yaml: gpu_idle_timeout,
+    # max_server_age, culling), are warned, then stopped: their GPUs come back.
+    services.append({
+        "name": CULLER_SERVICE,
+        "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
+                    "--notices", str(notices_path)],
+        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",)
+                        if k in os.environ},
+    })
+    load_roles.append({
+        "name": CULLER_SERVICE,
+        "description": "Stop servers whose GPUs sit idle or that are too old, by gpus.yaml",
+        "scopes": GPU_CULLER_SCOPES,
+        "services": [CULLER_SERVICE],
+    })
     if settings["hub.idle_timeout"]:
         # An idle server must not hold a GPU forever. Checked every minute, or every half
         # timeout when that is shorter (the culler's own default is timeout/2).

@@ -211,6 +211,19 @@ users:
          "more than max_gpus: 2"),
         ("users:\n  Bob: {}\n  bob: {}\n", "gpus.yaml:3: users.bob",
          "listed twice (first on line 2"),
+        # culling
+        ("defaults:\n  gpu_idle_timeout: soon\n", "gpus.yaml:2: defaults.gpu_idle_timeout",
+         "expected a duration such as 90s, 15m, 2h or 1d, got 'soon' (0 means never)"),
+        ("groups:\n  g: {max_server_age: -1d}\n", "gpus.yaml:2: groups.g.max_server_age",
+         "expected a duration"),
+        ("culling:\n  idle_below: 150\n", "gpus.yaml:2: culling.idle_below",
+         "above 0 and under 100 (for example 5 or 5%), got 150"),
+        ("culling:\n  idle_below: 'five%'\n", "gpus.yaml:2: culling.idle_below",
+         "percentage"),
+        ("culling:\n  check_every: 0\n", "gpus.yaml:2: culling.check_every",
+         "above 0"),
+        ("culling:\n  warn_befor: 5m\n", "gpus.yaml:2: culling.warn_befor",
+         "did you mean warn_before?"),
     ],
 )
 def test_bad_config_names_file_line_and_field(text, where, words):
@@ -235,3 +248,34 @@ def test_pins_by_index_are_allowed_with_auto_inventory():
     c = parse_gpus_config("users:\n  bob: {pinned: [3, " + U1 + "]}\n")
     assert c.policy_for("bob").pinned == (Pin(3, 2), Pin(U1, 2))
     assert c.all_pins() == (Pin(3, 2), Pin(U1, 2))
+
+
+@pytest.mark.parametrize("groups, user_entry, expected", [
+    ([], "", (7200, 0)),                                  # the defaults
+    (["short"], "", (1800, 0)),                           # a group's own value replaces them
+    (["short", "long"], "", (8 * 3600, 86400)),           # the longest of the groups
+    (["short", "never"], "", (0, 0)),                     # 0 = never is the longest
+    (["long"], "{gpu_idle_timeout: 10m}", (600, 86400)),  # the user's own value wins
+    (["never"], "{max_server_age: 2d}", (0, 2 * 86400)),
+])
+def test_culling_limits_precedence(groups, user_entry, expected):
+    text = """
+culling: {idle_below: 10, warn_before: 5m, check_every: 30s}
+groups:
+  short: {gpu_idle_timeout: 30m}
+  long: {gpu_idle_timeout: 8h, max_server_age: 1d}
+  never: {gpu_idle_timeout: 0}
+""" + (f"users:\n  zoe: {user_entry}\n" if user_entry else "")
+    c = parse_gpus_config(text)
+    p = c.policy_for("zoe", groups)
+    assert (p.gpu_idle_timeout, p.max_server_age) == expected
+    assert (c.culling.idle_below, c.culling.warn_before, c.culling.check_every) == (0.1, 300, 30)
+
+
+def test_culling_defaults_and_the_shipped_file():
+    c = parse_gpus_config("")
+    assert (c.default_gpu_idle_timeout, c.default_max_server_age) == (7200, 0)
+    assert (c.culling.idle_below, c.culling.warn_before, c.culling.check_every) == (0.05, 900, 60)
+    shipped = load_gpus_config(EXAMPLE)
+    assert shipped.culling == c.culling and shipped.default_gpu_idle_timeout == 7200
+    assert parse_gpus_config("users:\n  v: {no_gpu: true}\n").policy_for("v").no_gpu

@@ -100,3 +100,20 @@ def test_https_at_the_edge_adds_hsts_and_secure_xsrf_cookies():
     https = tornado_settings("https://gpu.lab.example:443/")
     assert https["headers"] == {"Strict-Transport-Security": "max-age=31536000"}
     assert https["xsrf_cookie_kwargs"] == {"secure": True}
+
+
+def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(configured,
+                                                                              tmp_path):
+    service = next(s for s in configured.JupyterHub.services if s["name"] == "gpu-culler")
+    notices = str(tmp_path / "data" / "gpu-culler-notices.json")
+    assert service["command"][1:] == ["-m", "gpulab.culler", "--gpus-file",
+                                      str(tmp_path / "config" / "gpus.yaml"),
+                                      "--notices", notices]
+    assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090"}
+    assert "url" not in service  # nobody reaches it: it only calls out
+    role = next(r for r in configured.JupyterHub.load_roles if r["name"] == "gpu-culler")
+    assert role["services"] == ["gpu-culler"]
+    assert sorted(role["scopes"]) == ["delete:servers", "list:users", "read:servers",
+                                      "read:users:groups"]
+    gpu_notices = configured.JupyterHub.template_vars["gpu_notices"]
+    assert gpu_notices(None) == []

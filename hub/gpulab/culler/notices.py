@@ -1,0 +1,134 @@
+"""What the GPU culler tells members: standing warnings and notices of stopped servers.
+
+The culler (a hub service) writes them to one JSON file in the hub's data folder
+(:data:`gpulab.contract.CULLER_NOTICES_FILE`), replaced atomically at each check; the
+hub's home page reads it for the member who opens it (``template_vars``, see
+:func:`notices_for`). A warning lasts while it stands; a stop notice until the member
+starts that server again, or for :data:`STOPPED_KEPT` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .decide import CullWarning
+
+log = logging.getLogger(__name__)
+
+STOPPED_KEPT = 3 * 86400
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A server the culler stopped, for its member to read when they come back."""
+
+    user: str
+    server: str
+    at: float
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Notices:
+    warnings: Mapping[tuple[str, str], CullWarning]
+    stopped: Sequence[Stopped] = ()
+
+
+EMPTY = Notices({})
+
+
+def dumps(notices: Notices) -> str:
+    return json.dumps({"warnings": [asdict(w) for w in notices.warnings.values()],
+                       "stopped": [asdict(s) for s in notices.stopped]}, indent=1)
+
+
+def loads(text: str) -> Notices:
+    data = json.loads(text)
+    warnings = [CullWarning(**w) for w in data.get("warnings", [])]
+    return Notices({(w.user, w.server): w for w in warnings},
+                   [Stopped(**s) for s in data.get("stopped", [])])
+
+
+def read(path: str | Path) -> Notices:
+    """The notices in *path*; none if it is missing or unreadable (said in the log)."""
+    try:
+        return loads(Path(path).read_text())
+    except FileNotFoundError:
+        return EMPTY
+    except (OSError, ValueError, TypeError) as e:
+        log.warning("gpulab: ignoring the GPU culler's notices in %s: %s", path, e)
+        return EMPTY
+
+
+def write(path: str | Path, notices: Notices) -> None:
+    """Replace *path* atomically: the hub never reads half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(dumps(notices))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def keep_stopped(stopped: Iterable[Stopped], running: Mapping[tuple[str, str], float],
+                 now: float) -> list[Stopped]:
+    """Stop notices still worth showing: not older than STOPPED_KEPT, and not for a
+    server that has been started again since (*running*: key -> its start time)."""
+    return [s for s in stopped
+            if now - s.at < STOPPED_KEPT and running.get((s.user, s.server), 0) <= s.at]
+
+
+def server_label(server: str) -> str:
+    return f"server '{server}'" if server else "server"
+
+
+def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]:
+    """What *user*'s home page shows: one entry per notice, newest concern first, with
+    ``kind`` (``warning`` or ``stopped``), ``at`` (epoch seconds of the stop, coming or
+    done) and ``text``."""
+    out = []
+    for w in notices.warnings.values():
+        if w.user != user:
+            continue
+        minutes = max(0, round((w.stop_at - now) / 60))
+        out.append({"kind": "warning", "server": w.server, "at": w.stop_at,
+                    "text": f"Your {server_label(w.server)} will be stopped in about "
+                            f"{minutes} min: {w.message}. "
+                            + ("Use its GPU, or stop the server yourself to give the GPU "
+                               "back now." if w.reason == "idle" else
+                               "Save your work; you can start it again afterwards.")})
+    for s in notices.stopped:
+        if s.user == user:
+            out.append({"kind": "stopped", "server": s.server, "at": s.at,
+                        "text": f"Your {server_label(s.server)} was stopped: {s.message}. "
+                                f"Its GPU went back to the lab; the files in your home "
+                                f"are kept. Start it again when you need it."})
+    for n in out:
+        at = datetime.fromtimestamp(n["at"], UTC)
+        n["iso"], n["utc"] = at.isoformat(), at.strftime("%Y-%m-%d %H:%M")
+    return sorted(out, key=lambda n: n["at"])
+
+
+def home_page_notices(path: str | Path):
+    """``c.JupyterHub.template_vars["gpu_notices"]``: JupyterHub calls it with the user
+    who opens a page (None when nobody is signed in) and the template shows the list."""
+
+    def gpu_notices(user) -> list[dict[str, Any]]:
+        if user is None:
+            return []
+        return notices_for(read(path), user.name, time.time())
+
+    return gpu_notices

@@ -1,0 +1,230 @@
+"""The GPU culler's shell: reads the hub and Prometheus, applies :mod:`.decide`, stops
+servers through the hub's API and leaves notices (:mod:`.notices`).
+
+What it may do is what its service role allows (``hubconfig.GPU_CULLER_SCOPES``): list
+users with their groups and servers, and stop servers. It reads no Docker and touches
+no container; which GPUs a server holds comes from the exporter's
+``gpulab_gpu_lease_info`` series (the containers' lease labels), so when Prometheus does
+not answer nothing is culled that round, and the log says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .. import live_config
+from ..prometheus_api import Prometheus, PrometheusUnavailable
+from . import notices as notes
+from .decide import (
+    STOP,
+    WARN,
+    Server,
+    duration_text,
+    idle_since,
+    longest_idle_window,
+    plan,
+    query_step,
+)
+
+log = logging.getLogger("gpulab.culler")
+
+LEASES = "gpulab_gpu_lease_info"
+# Per GPU, the highest utilization in each window of 2 steps: a burst between two points
+# still counts, and a window always holds a scrape (15 s apart) even with jitter.
+UTILIZATION = "max by (uuid) (max_over_time(gpulab_gpu_utilization_ratio[{window}s]))"
+
+
+@dataclass(frozen=True)
+class HubServer:
+    """A ready server as the hub lists it."""
+
+    user: str
+    name: str
+    started: float
+    groups: tuple[str, ...]
+
+
+class HubUnavailable(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- pure conversions
+
+
+def hub_servers(users: Iterable[Mapping[str, Any]]) -> list[HubServer]:
+    """Ready servers from the hub's ``GET /users`` models (a server that is starting or
+    stopping is left alone until it is ready)."""
+    out = []
+    for u in users:
+        for name, s in (u.get("servers") or {}).items():
+            if s.get("ready") and not s.get("pending") and s.get("started"):
+                out.append(HubServer(u["name"], name, _epoch(s["started"]),
+                                     tuple(u.get("groups") or ())))
+    return out
+
+
+def _epoch(iso: str) -> float:
+    t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+def servers_holding_gpus(servers: Sequence[HubServer],
+                         leases: Iterable[Mapping[str, Any]]) -> list[Server]:
+    """Join the hub's ready servers with the lease series (``user``, ``server``,
+    ``uuid`` labels); servers that hold no GPU are not the culler's business."""
+    held: dict[tuple[str, str], set[str]] = {}
+    for series in leases:
+        m = series.get("metric") or {}
+        if m.get("uuid"):
+            held.setdefault((m.get("user", ""), m.get("server", "")), set()).add(m["uuid"])
+    return [Server(s.user, s.name, s.started, tuple(sorted(held[(s.user, s.name)])), s.groups)
+            for s in servers if held.get((s.user, s.name))]
+
+
+def samples_by_uuid(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    return {series["metric"].get("uuid", ""): [(float(t), float(v))
+                                               for t, v in series.get("values", [])]
+            for series in matrix}
+
+
+# ---------------------------------------------------------------- the hub
+
+
+class Hub:
+    """The hub's REST API with the culler's own token."""
+
+    def __init__(self, api_url: str, token: str, timeout: float = 20.0):
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    async def _fetch(self, path: str, method: str = "GET") -> Any:
+        request = HTTPRequest(f"{self.api_url}{path}", method=method,
+                              headers={"Authorization": f"token {self.token}",
+                                       "Accept": "application/jupyterhub-pagination+json"},
+                              request_timeout=self.timeout, connect_timeout=self.timeout)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            body = e.response.body.decode(errors="replace")[:200] if e.response else ""
+            raise HubUnavailable(f"{method} {path} answered {e.code} {body}") from None
+        except OSError as e:
+            raise HubUnavailable(f"{method} {path}: {e}") from None
+        return json.loads(response.body) if response.body else None
+
+    async def ready_users(self) -> list[dict[str, Any]]:
+        users: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = await self._fetch("/users?" + urlencode({"state": "ready",
+                                                           "offset": offset, "limit": 200}))
+            items = page["items"] if isinstance(page, dict) else page
+            users.extend(items)
+            nxt = (page.get("_pagination") or {}).get("next") if isinstance(page, dict) else None
+            if not nxt or not items:
+                return users
+            offset = nxt["offset"]
+
+    async def stop(self, user: str, server: str) -> None:
+        path = (f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}" if server
+                else f"/users/{quote(user, safe='')}/server")
+        await self._fetch(path, method="DELETE")
+
+
+# ---------------------------------------------------------------- the culler
+
+
+class GpuCuller:
+    def __init__(self, hub: Hub, prometheus: Prometheus, gpus_file: str | Path,
+                 notices_file: str | Path):
+        self.hub = hub
+        self.prometheus = prometheus
+        self.gpus_file = str(gpus_file)
+        self.notices_file = Path(notices_file)
+
+    def config(self):
+        return live_config.gpus_file.load(self.gpus_file)
+
+    async def check(self, now: float | None = None) -> list:
+        """One round: returns the decisions taken (for tests and the log)."""
+        now = time.time() if now is None else now
+        config = self.config()
+        try:
+            ready = hub_servers(await self.hub.ready_users())
+        except HubUnavailable as e:
+            log.warning("GPU culler: the hub did not list its servers (%s); nothing culled "
+                        "this round", e)
+            return []
+        try:
+            servers = servers_holding_gpus(ready, await self.prometheus.query(LEASES))
+            policies = {s.key: config.policy_for(s.user, s.groups) for s in servers}
+            idle = await self.idle_since(now, longest_idle_window(list(policies.values())),
+                                         config.culling.idle_below)
+        except PrometheusUnavailable as e:
+            log.warning("GPU culler: %s; nothing culled this round (which GPUs are held "
+                        "and how busy they are comes from Prometheus)", e)
+            return []
+        before = notes.read(self.notices_file)
+        decisions = plan(servers, policies, config.culling, idle, before.warnings, now)
+        stopped = list(before.stopped)
+        for d in decisions:
+            w = d.warning
+            if d.action == WARN and d.server.key not in before.warnings:
+                log.warning("GPU culler: warned %s that their %s stops at %s UTC: %s",
+                            w.user, notes.server_label(w.server), _clock(w.stop_at),
+                            w.message)
+            elif d.action == STOP:
+                try:
+                    await self.hub.stop(w.user, w.server)
+                except HubUnavailable as e:
+                    log.error("GPU culler: could not stop %s's %s: %s", w.user,
+                              notes.server_label(w.server), e)
+                    continue
+                log.warning("GPU culler: stopped %s's %s, warned %s ago: %s", w.user,
+                            notes.server_label(w.server), duration_text(now - w.warned_at),
+                            w.message)
+                stopped.append(notes.Stopped(w.user, w.server, now, w.reason, w.message))
+        for key, w in before.warnings.items():
+            if key not in {d.server.key for d in decisions if d.action in (WARN, STOP)}:
+                log.info("GPU culler: %s's %s is no longer due to stop; warning withdrawn",
+                         w.user, notes.server_label(w.server))
+        warnings = {d.server.key: d.warning for d in decisions if d.action == WARN}
+        running = {(s.user, s.name): s.started for s in ready}
+        notes.write(self.notices_file, notes.Notices(
+            warnings, notes.keep_stopped(stopped, running, now)))
+        return decisions
+
+    async def idle_since(self, now: float, window: int, below: float) -> dict[str, float | None]:
+        """Since when each GPU has been idle, over the last *window* seconds."""
+        if not window:
+            return {}
+        step = query_step(window)
+        matrix = await self.prometheus.query_range(
+            UTILIZATION.format(window=2 * step), now - window - 2 * step, now, step)
+        return {uuid: idle_since(samples, below=below, step=step, now=now)
+                for uuid, samples in samples_by_uuid(matrix).items()}
+
+    async def run(self) -> None:
+        log.info("GPU culler: checking %s and Prometheus at %s", self.gpus_file,
+                 self.prometheus.url)
+        while True:
+            try:
+                await self.check()
+            except Exception:  # one bad round must not end the service
+                log.exception("GPU culler: the check failed")
+            await asyncio.sleep(self.config().culling.check_every)
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,213 @@
+"""The GPU culler's shell (gpulab.culler.service and .notices): the hub's and Prometheus'
+answers turned into servers and idle times, and one check round end to end against
+recording stand-ins for the hub's API and Prometheus (the real ones are exercised by
+tests/integration/test_gpu_culler.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gpulab.culler import notices as notes
+from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, CullWarning, Server
+from gpulab.culler.service import (
+    GpuCuller,
+    Hub,
+    HubServer,
+    HubUnavailable,
+    hub_servers,
+    samples_by_uuid,
+    servers_holding_gpus,
+)
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
+
+T0 = 1_764_500_000.0  # 2025-11-30T10:53:20Z
+ISO0 = "2025-11-30T10:53:20.000000Z"
+
+
+def test_hub_servers_keeps_ready_servers_with_their_groups():
+    users = [
+        {"name": "alice", "groups": ["students"], "servers": {
+            "": {"ready": True, "pending": None, "started": ISO0},
+            "big": {"ready": False, "pending": "spawn", "started": ISO0}}},
+        {"name": "bob", "servers": {"x": {"ready": True, "pending": "stop", "started": ISO0}}},
+        {"name": "carol", "groups": [], "servers": {}},
+    ]
+    assert hub_servers(users) == [HubServer("alice", "", T0, ("students",))]
+
+
+def test_servers_holding_gpus_joins_leases_by_user_and_server():
+    ready = [HubServer("alice", "", T0, ()), HubServer("alice", "cpu", T0, ()),
+             HubServer("bob", "x", T0, ("g",))]
+    leases = [{"metric": {"user": "alice", "server": "", "uuid": "GPU-b"}},
+              {"metric": {"user": "alice", "server": "", "uuid": "GPU-a"}},
+              {"metric": {"user": "bob", "server": "x", "uuid": "GPU-c"}},
+              {"metric": {"user": "ghost", "server": "", "uuid": "GPU-d"}}]
+    assert servers_holding_gpus(ready, leases) == [
+        Server("alice", "", T0, ("GPU-a", "GPU-b")), Server("bob", "x", T0, ("GPU-c",), ("g",))]
+
+
+def test_samples_by_uuid():
+    matrix = [{"metric": {"uuid": "GPU-a"}, "values": [[T0, "0.5"], [T0 + 15, "0"]]}]
+    assert samples_by_uuid(matrix) == {"GPU-a": [(T0, 0.5), (T0 + 15, 0.0)]}
+
+
+class RecordingHub(Hub):
+    """The hub's API as a list of users, recording the servers it is asked to stop."""
+
+    def __init__(self, users, fail=False):
+        super().__init__("http://hub.invalid/hub/api", "token")
+        self.users, self.fail, self.stopped = users, fail, []
+
+    async def ready_users(self):
+        if self.fail:
+            raise HubUnavailable("GET /users answered 503")
+        return self.users
+
+    async def stop(self, user, server):
+        self.stopped.append((user, server))
+
+
+class CannedPrometheus(Prometheus):
+    """Prometheus answering the lease query and the utilization range query from data."""
+
+    def __init__(self, leases, utilization, down=False):
+        super().__init__("http://prometheus.invalid")
+        self.leases, self.utilization, self.down = leases, utilization, down
+        self.ranges = []
+
+    async def query(self, expr, at=None):
+        if self.down:
+            raise PrometheusUnavailable("Prometheus at http://prometheus.invalid did not answer")
+        assert expr == "gpulab_gpu_lease_info"
+        return self.leases
+
+    async def query_range(self, expr, start, end, step):
+        self.ranges.append((expr, end - start, step))
+        return [{"metric": {"uuid": u},
+                 "values": [[t, str(v)] for t, v in samples if start <= t <= end]}
+                for u, samples in self.utilization.items()]
+
+
+GPUS_YAML = """
+defaults: {gpu_idle_timeout: 1h}
+culling: {idle_below: 5%, warn_before: 10m, check_every: 30s}
+groups:
+  patient: {gpu_idle_timeout: 0}
+"""
+
+
+def flat(value, start, end, step=15):
+    return [(t, value) for t in range(int(start), int(end) + 1, step)]
+
+
+@pytest.fixture
+def culler_for(tmp_path):
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(GPUS_YAML)
+    notices = tmp_path / "notices.json"
+
+    def make(hub, prometheus):
+        return GpuCuller(hub, prometheus, gpus, notices)
+
+    return make, notices
+
+
+def users(*rows):
+    return [{"name": n, "groups": list(g), "servers": {"": {"ready": True, "started": ISO0}}}
+            for n, g in rows]
+
+
+LEASES = [{"metric": {"user": "alice", "server": "", "uuid": "GPU-a"}},
+          {"metric": {"user": "pat", "server": "", "uuid": "GPU-p"}},
+          {"metric": {"user": "busy", "server": "", "uuid": "GPU-b"}}]
+
+
+def test_a_check_warns_then_stops_and_leaves_notices(culler_for):
+    make, notices_file = culler_for
+    now = T0 + 2 * 3600
+    later = now + 3600
+    util = {"GPU-a": flat(0.0, T0, later), "GPU-p": flat(0.0, T0, later),
+            "GPU-b": flat(0.0, T0, now - 60) + flat(0.9, now - 45, later)}
+    hub = RecordingHub(users(("alice", ()), ("pat", ("patient",)), ("busy", ())))
+    prometheus = CannedPrometheus(LEASES, util)
+    culler = make(hub, prometheus)
+
+    first = asyncio.run(culler.check(now))
+    assert {d.server.user: d.action for d in first} == {"alice": WARN, "pat": KEEP,
+                                                        "busy": KEEP}
+    assert prometheus.ranges[0][0] == ("max by (uuid) (max_over_time("
+                                       "gpulab_gpu_utilization_ratio[30s]))")
+    assert prometheus.ranges[0][1] >= 3600  # the longest timeout in force, 1 h
+    assert hub.stopped == []
+    saved = notes.read(notices_file)
+    assert list(saved.warnings) == [("alice", "")]
+    assert saved.warnings["alice", ""].stop_at == now + 600
+
+    asyncio.run(culler.check(now + 300))  # warned, but not long enough
+    assert hub.stopped == []
+    last = asyncio.run(culler.check(now + 600))
+    assert [d.action for d in last if d.server.user == "alice"] == [STOP]
+    assert hub.stopped == [("alice", "")]
+    saved = notes.read(notices_file)
+    assert saved.warnings == {}
+    assert [(s.user, s.reason) for s in saved.stopped] == [("alice", IDLE)]
+
+
+def test_no_prometheus_means_nothing_culled(culler_for, caplog):
+    make, notices_file = culler_for
+    hub = RecordingHub(users(("alice", ())))
+    assert asyncio.run(make(hub, CannedPrometheus([], {}, down=True)).check(T0 + 9 * 3600)) == []
+    assert hub.stopped == [] and not notices_file.exists()
+    assert "nothing culled this round" in caplog.text and "did not answer" in caplog.text
+
+
+def test_no_hub_means_nothing_culled(culler_for, caplog):
+    make, _ = culler_for
+    hub = RecordingHub([], fail=True)
+    assert asyncio.run(make(hub, CannedPrometheus(LEASES, {})).check(T0)) == []
+    assert "the hub did not list its servers (GET /users answered 503)" in caplog.text
+
+
+def test_notices_round_trip_and_what_a_member_reads(tmp_path):
+    path = tmp_path / "n.json"
+    w = CullWarning("alice", "big", T0, IDLE, T0, T0 + 600,
+                    "its GPU stayed under 5% utilization for 2 h")
+    gone = notes.Stopped("alice", "", T0 - 60, IDLE, "its GPU stayed under 5% utilization "
+                                                     "for 2 h")
+    notes.write(path, notes.Notices({("alice", "big"): w}, [gone]))
+    assert notes.read(path) == notes.Notices({("alice", "big"): w}, [gone])
+    assert [p.name for p in tmp_path.iterdir()] == ["n.json"]  # no temporary file left
+    shown = notes.notices_for(notes.read(path), "alice", T0 + 60)
+    assert [n["kind"] for n in shown] == ["stopped", "warning"]
+    assert shown[1]["text"].startswith("Your server 'big' will be stopped in about 9 min: "
+                                       "its GPU stayed under 5% utilization for 2 h.")
+    assert shown[0]["text"].startswith("Your server was stopped: its GPU")
+    assert shown[1]["iso"] == "2025-11-30T11:03:20+00:00"
+    assert notes.notices_for(notes.read(path), "bob", T0) == []
+
+
+def test_a_broken_notices_file_is_no_notices(tmp_path, caplog):
+    path = tmp_path / "n.json"
+    path.write_text("{not json")
+    assert notes.read(path) == notes.EMPTY
+    assert "ignoring the GPU culler's notices" in caplog.text
+    path.write_text(json.dumps({"warnings": [{"user": "x"}]}))
+    assert notes.read(path) == notes.EMPTY
+
+
+@pytest.mark.parametrize("running, age, kept", [
+    ({}, 60, True),                                # the server is still stopped
+    ({("alice", ""): T0 - 120}, 60, True),         # the run it was about
+    ({("alice", ""): T0 + 10}, 60, False),         # started again since: done
+    ({}, notes.STOPPED_KEPT + 1, False),           # too old
+])
+def test_stop_notices_last_until_the_server_starts_again(running, age, kept):
+    s = notes.Stopped("alice", "", T0, IDLE, "m")
+    assert notes.keep_stopped([s], running, T0 + age) == ([s] if kept else [])
+
+
+def test_home_page_notices_for_nobody_signed_in(tmp_path):
+    assert notes.home_page_notices(tmp_path / "missing.json")(None) == []
