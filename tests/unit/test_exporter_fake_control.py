@@ -120,9 +120,25 @@ def test_a_bad_control_file_is_logged_once_and_the_last_good_stays(control, proc
 
 
 def test_parse_control_table():
-    assert parse_control({}, 2) == ({}, set())
-    assert parse_control({"processes": {"1": [[5, 6]]}, "lost": ["0"]}, 2) == (
-        {1: [GpuProcess(5, 6)]}, {0})
+    assert parse_control({}, 2) == ({}, set(), {})
+    assert parse_control({"processes": {"1": [[5, 6]]}, "lost": ["0"],
+                          "utilization": {"1": 80}}, 2) == ({1: [GpuProcess(5, 6)]}, {0}, {1: 80})
+    for bad in ({"utilization": {"0": 101}}, {"utilization": {"0": "busy"}},
+                {"utilization": {"2": 5}}, {"utilization": [0]}):
+        with pytest.raises(ValueError):
+            parse_control(bad, 2)
+
+
+def test_held_utilization_overrides_the_demo_load(tmp_path):
+    control = tmp_path / "control.json"
+    nvml = FakeNvml.demo(2, animate=True, control=str(control))
+    control.write_text('{"utilization": {"0": 0, "1": 80}}')
+    nvml.init()
+    nvml.device_count()
+    assert [nvml.utilization_percent(nvml.device(i)) for i in (0, 1)] == [0, 80]
+    control.write_text("{}")
+    nvml.device_count()
+    assert nvml.gpus[0].held_utilization is None  # the demo load decides again
 
 
 def test_the_cli_reads_the_control_file_only_with_fake_gpus_by_default_path():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import live_config
+from ..yamlfile import ConfigError
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 from . import notices as notes
 from .decide import (
@@ -218,12 +220,23 @@ class GpuCuller:
     async def run(self) -> None:
         log.info("GPU culler: checking %s and Prometheus at %s", self.gpus_file,
                  self.prometheus.url)
+        last = -math.inf
         while True:
+            # gpus.yaml is read every second, so that a new check_every (or a shorter
+            # one) takes effect at once, not after the old interval
             try:
-                await self.check()
-            except Exception:  # one bad round must not end the service
-                log.exception("GPU culler: the check failed")
-            await asyncio.sleep(self.config().culling.check_every)
+                every = self.config().culling.check_every
+            except ConfigError as e:  # never a good version since the culler started
+                log.error("GPU culler: nothing culled until %s is fixed: %s", self.gpus_file, e)
+                await asyncio.sleep(30)
+                continue
+            if time.monotonic() - last >= every:
+                last = time.monotonic()
+                try:
+                    await self.check()
+                except Exception:  # one bad round must not end the service
+                    log.exception("GPU culler: the check failed")
+            await asyncio.sleep(1)
 
 
 def _clock(t: float) -> str:

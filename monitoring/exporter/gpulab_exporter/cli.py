@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(reported as backend=\"fake\" in gpulab_exporter_info)")
     p.add_argument("--fake-control", default=FAKE_CONTROL, metavar="FILE",
                    help="with --fake-gpus: a JSON file, re-read at every poll, that puts "
-                        "host processes on the fake GPUs and marks fake GPUs lost, e.g. "
-                        "{\"processes\": {\"0\": [[PID, BYTES]]}, \"lost\": [1]} "
+                        "host processes on the fake GPUs, marks fake GPUs lost and holds "
+                        "their utilization, e.g. {\"processes\": {\"0\": [[PID, BYTES]]}, "
+                        "\"lost\": [1], \"utilization\": {\"0\": 0}} "
                         "(the integration tests write it with docker exec); '' for none "
                         "(default: %(default)s, inside the exporter's container)")
     p.add_argument("--log-level", default="INFO",

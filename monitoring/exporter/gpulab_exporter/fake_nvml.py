@@ -14,11 +14,12 @@ A running exporter's fake GPUs are steered from outside through a *control file*
 (``--fake-control``), re-read at every poll, so that an integration test can put a real
 process (by its host PID) on a fake GPU and lose a fake GPU while the exporter runs:
 
-    {"processes": {"0": [[12345, 1073741824]]}, "lost": [1]}
+    {"processes": {"0": [[12345, 1073741824]]}, "lost": [1], "utilization": {"0": 0}}
 
 Fake GPU 0 then lists host process 12345 using 1 GiB (its memory.used is the sum of
-its processes), and every read of fake GPU 1 raises GpuIsLost. GPUs the file does not
-mention run no process and are healthy; a missing file means exactly that. The
+its processes) and stays at 0 % utilization, and every read of fake GPU 1 raises
+GpuIsLost. GPUs the file does not mention run no process, are healthy, and follow their
+demo load (if animated); a missing file means exactly that. The
 exporter still attributes the PID through the host's real ``/proc/<pid>/cgroup``.
 """
 
@@ -84,6 +85,8 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     # None: healthy. 0: every read raises GpuIsLost. n > 0: n more reads succeed first.
     lost_after: int | None = None
+    # Set by the control file: the utilization reported whatever the demo load says.
+    held_utilization: int | None = None
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -143,7 +146,7 @@ class FakeNvml:
             self._control_failed(f"cannot read {self.control}: {e}")
             return
         try:
-            processes, lost = parse_control(json.loads(text), len(self.gpus))
+            processes, lost, utilization = parse_control(json.loads(text), len(self.gpus))
         except ValueError as e:  # json.JSONDecodeError is one
             self._control_failed(f"{self.control}: {e}")
             return
@@ -152,6 +155,7 @@ class FakeNvml:
             gpu.processes = processes.get(gpu.index, [])
             gpu.memory_used = sum(p.used_memory or 0 for p in gpu.processes)
             gpu.lost_after = 0 if gpu.index in lost else None
+            gpu.held_utilization = utilization.get(gpu.index)
 
     def _control_failed(self, why: str) -> None:
         if why != self._control_error:
@@ -209,7 +213,8 @@ class FakeNvml:
         return self._read(handle, "uuid").uuid
 
     def utilization_percent(self, handle: FakeGpu) -> int:
-        return self._read(handle, "utilization").utilization_percent
+        gpu = self._read(handle, "utilization")
+        return gpu.utilization_percent if gpu.held_utilization is None else gpu.held_utilization
 
     def memory_info(self, handle: FakeGpu) -> MemoryInfo:
         g = self._read(handle, "memory")
@@ -242,12 +247,15 @@ class FakeNvml:
         return list(self._read(handle, "processes").processes)
 
 
-def parse_control(data: Any, count: int) -> tuple[dict[int, list[GpuProcess]], set[int]]:
-    """A control file's JSON -> (GPU index -> its processes, indices of lost GPUs), for
-    *count* fake GPUs; ValueError saying what is wrong."""
-    if not isinstance(data, dict) or set(data) - {"processes", "lost"}:
+def parse_control(data: Any, count: int
+                  ) -> tuple[dict[int, list[GpuProcess]], set[int], dict[int, int]]:
+    """A control file's JSON -> (GPU index -> its processes, indices of lost GPUs, GPU
+    index -> held utilization percent), for *count* fake GPUs; ValueError saying what is
+    wrong."""
+    if not isinstance(data, dict) or set(data) - {"processes", "lost", "utilization"}:
         raise ValueError('expected {"processes": {"INDEX": [[PID, BYTES], ...]}, '
-                         f'"lost": [INDEX, ...]}}, got {data!r}')
+                         '"lost": [INDEX, ...], "utilization": {"INDEX": PERCENT}}, '
+                         f'got {data!r}')
 
     def index(value: Any) -> int:
         try:
@@ -273,7 +281,12 @@ def parse_control(data: Any, count: int) -> tuple[dict[int, list[GpuProcess]], s
     lost = data.get("lost") or []
     if not isinstance(lost, list):
         raise ValueError(f"lost: expected a list of GPU indices, got {lost!r}")
-    return processes, {index(i) for i in lost}
+    held = data.get("utilization") or {}
+    if not isinstance(held, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100
+            for v in held.values()):
+        raise ValueError(f"utilization: expected {{\"INDEX\": PERCENT (0-100)}}, got {held!r}")
+    return processes, {index(i) for i in lost}, {index(k): v for k, v in held.items()}
 
 
 def _animate(gpu: FakeGpu, clock: Callable[[], float] = time.time) -> None:

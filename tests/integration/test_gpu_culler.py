@@ -1,0 +1,101 @@
+"""The GPU culler on the real stack: a member whose leased GPU sits idle is warned on their
+hub home page (Chromium), then their server is stopped and the GPU goes to the next
+member; a member whose GPU works keeps it.
+
+The exporter's fake GPUs are held at 0 % and 80 % utilization (the control file); the
+culler reads that back from Prometheus, as it does on a real host. gpus.yaml is edited
+while the hub runs, as an admin would (the culler reads it every second): a 45 s idle
+timeout with a 20 s warning, checked every 3 s. About two minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from .browser import screenshot, submit_login
+from .fake_gpus import exporter_snapshot
+from .stack import HUB_URL, container_logs, wait_for
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
+
+pytestmark = pytest.mark.integration
+
+IDLE_TIMEOUT, WARN_BEFORE = 45, 20
+CULLING = STANDIN_GPUS + f"""  gpu_idle_timeout: {IDLE_TIMEOUT}s
+culling:
+  idle_below: 5%
+  warn_before: {WARN_BEFORE}s
+  check_every: 3s
+"""
+
+
+def notices(page, kind: str):
+    return page.locator(f"#gpu-notices .gpu-notice[data-kind={kind}]")
+
+
+def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
+        hub, lab_user, lab_config, gpus_yaml, fake_control, new_page):
+    lab_config.write("gpus.yaml", CULLING)
+    fake_control({"utilization": {"0": 0, "1": 80}})
+    wait_for(lambda: [g["utilization_ratio"] for g in exporter_snapshot()["gpus"]] == [0.0, 0.8],
+             30, what="the exporter to report the held utilizations")
+    idle, busy, after = lab_user("idle"), lab_user("busy"), lab_user("next")
+
+    idle.start_server({"gpus": 1})
+    started = time.monotonic()
+    busy.start_server({"gpus": 1})
+    assert gpus_of(idle.container)["label"] == GPU0
+    assert gpus_of(busy.container)["label"] == GPU1
+
+    # the idle member sees the warning on their home page while the server still runs
+    page = new_page()
+    submit_login(page, idle.name, idle.token, next_url="/hub/home")
+
+    def warned():
+        page.reload()
+        return notices(page, "warning").count() == 1
+
+    wait_for(warned, 120, interval=2, what="the GPU culler's warning on the home page")
+    seen = time.monotonic()
+    assert hub.server_model(idle.name) is not None, "stopped before the warning was shown"
+    text = notices(page, "warning").inner_text()
+    assert "Your server will be stopped in about" in text, text
+    assert f"its GPU stayed under 5% utilization for {IDLE_TIMEOUT} s" in text, text
+    screenshot(page, "gpu-culler-warning.png")
+
+    # then it is stopped, not before the timeout and the warning time
+    wait_for(lambda: hub.server_model(idle.name) is None, 120, interval=1,
+             what="the GPU culler to stop the idle server")
+    stopped = time.monotonic()
+    assert stopped - started >= IDLE_TIMEOUT, stopped - started
+    log = container_logs("gpulab-hub", 400)
+    warned_line = re.search(rf"GPU culler: warned {re.escape(idle.name)} that their server "
+                            rf"stops at", log)
+    stopped_line = re.search(rf"GPU culler: stopped {re.escape(idle.name)}'s server, warned "
+                             rf"(.+?) ago", log)
+    assert warned_line and stopped_line, log[-3000:]
+    print(f"idle server: warning seen {seen - started:.0f} s after its start, stopped after "
+          f"{stopped - started:.0f} s; the culler says it warned {stopped_line.group(1)} before")
+
+    # the member is told what happened when they come back
+    page.goto(f"{HUB_URL}/hub/home")
+    assert notices(page, "warning").count() == 0
+    text = notices(page, "stopped").inner_text()
+    assert "Your server was stopped: its GPU stayed under 5% utilization" in text, text
+    screenshot(page, "gpu-culler-stopped.png")
+
+    # and the GPU it held goes to the next member
+    after.start_server({"gpus": 1})
+    assert gpus_of(after.container)["label"] == GPU0
+
+    # the busy member's server, older than timeout + warning by now, was never warned
+    assert time.monotonic() - started > IDLE_TIMEOUT + WARN_BEFORE
+    assert hub.server_model(busy.name) is not None
+    assert f"warned {busy.name}" not in container_logs("gpulab-hub", 1000)
+
+    # starting again clears the stop notice
+    idle.start_server({"gpus": 0})
+    wait_for(lambda: (page.reload() or True) and notices(page, "stopped").count() == 0, 30,
+             interval=2, what="the stop notice to go once the server runs again")
