@@ -25,8 +25,8 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import live_config
-from ..yamlfile import ConfigError
 from ..prometheus_api import Prometheus, PrometheusUnavailable
+from ..yamlfile import ConfigError
 from . import notices as notes
 from .decide import (
     STOP,
