@@ -309,7 +309,7 @@ def test_without_nvidia_smi_main_says_so_and_exits_2(tmp_path, monkeypatch, caps
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here, even on a GPU host
     assert main(["--no-load"]) == 2
     err = capsys.readouterr().err
-    assert err == ("gpu host check: nvidia-smi is not on PATH: this check needs a host with "
+    assert err == ("gpu-host-check: nvidia-smi is not on PATH: this check needs a host with "
                    "an NVIDIA GPU and its driver (nvidia-smi comes with it)\n")
 
 

@@ -470,7 +470,9 @@ def run_check(poller: Poller, smi: Callable[[], str] = run_nvidia_smi, runs: int
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m gpulab_exporter.hostcheck",
-                                description=__doc__.split("\n\n")[0])
+                                description="Compare the exporter's values with nvidia-smi's on "
+                                            "every GPU, idle and under a torch matmul load, "
+                                            "and time a scrape each way.")
     p.add_argument("--runs", type=int, default=20, metavar="N",
                    help="scrapes timed per method (default: %(default)s)")
     p.add_argument("--no-load", action="store_true",
@@ -482,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check(poller, runs=max(1, args.runs),
                          load=None if args.no_load else matmul_load)
     except HostCheckError as e:
-        print(f"gpu host check: {e}", file=sys.stderr)
+        print(f"gpu-host-check: {e}", file=sys.stderr)
         return 2
     finally:
         poller.stop()
