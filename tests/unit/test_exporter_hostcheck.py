@@ -353,6 +353,7 @@ def host(smi_bin, tmp_path):
 
 def test_run_check_passes_when_both_agree_idle_and_under_load(host):
     assert host.check(load=host.load) == 0
+    assert "  power.draw [W]          77.71       77.71           0    ±7.77  OK" in host.out[0]
     assert f"GPU 0  {A}  [idle]" in host.text and f"GPU 0  {A}  [under load]" in host.text
     assert "utilization.gpu rise [%]       100         100" in host.text
     assert "nvidia-smi + CSV parse               2" in host.text

@@ -269,7 +269,8 @@ def failures(comparisons: Sequence[GpuComparison], phase: str) -> list[str]:
 def _num(v: float | None) -> str:
     if v is None:
         return "-"
-    return str(int(v)) if float(v).is_integer() else f"{v:.2f}"
+    v = round(float(v), 2)  # 77.71 - 77.71000000000001 reads 0, not 0.00
+    return str(int(v)) if v.is_integer() else f"{v:.2f}"
 
 
 _HEADER = ("field", "exporter", "nvidia-smi", "difference", "allowed", "verdict")
