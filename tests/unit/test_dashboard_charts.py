@@ -1,0 +1,162 @@
+"""gpulab.dashboard.charts: the history's SVG, parsed back with ElementTree; assertions
+on the polylines' points, the gaps, the holders' bands and the labels."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from gpulab.dashboard.charts import (
+    LEFT,
+    PLOT_HEIGHT,
+    RIGHT,
+    TOP,
+    WIDTH,
+    gaps,
+    gpu_chart,
+    holder_colour,
+    lanes,
+    time_ticks,
+)
+
+NS = {"s": "http://www.w3.org/2000/svg"}
+START = 1_700_002_800  # 2023-11-14 23:00:00 UTC
+END = START + 3600
+STEP = 15
+PLOT_W = WIDTH - LEFT - RIGHT
+
+
+def parse(svg: str) -> ET.Element:
+    root = ET.fromstring(svg)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return root
+
+
+def points(polyline: ET.Element) -> list[tuple[float, float]]:
+    return [tuple(float(v) for v in p.split(",")) for p in polyline.get("points").split()]
+
+
+def chart(**gpu) -> ET.Element:
+    model = {"index": 0, "uuid": "GPU-aaaa", "utilization": [], "memory": [], "holders": [],
+             "has_data": True, **gpu}
+    return parse(gpu_chart(model, START, END, STEP))
+
+
+@pytest.mark.parametrize("start, end, labels", [
+    (START, START + 3600, ["23:00", "23:10", "23:20", "23:30", "23:40", "23:50", "00:00"]),
+    (START + 60, START + 3600, ["23:10", "23:20", "23:30", "23:40", "23:50", "00:00"]),
+    (START, START + 86400, ["00:00", "03:00", "06:00", "09:00", "12:00", "15:00", "18:00",
+                            "21:00"]),
+    (START, START + 7 * 86400, ["Wed 15", "Thu 16", "Fri 17", "Sat 18", "Sun 19", "Mon 20",
+                                "Tue 21"]),
+])
+def test_time_ticks_fit_the_range(start, end, labels):
+    assert [label for _, label in time_ticks(start, end)] == labels
+    assert all(start <= t <= end for t, _ in time_ticks(start, end))
+
+
+@pytest.mark.parametrize("segments, expected", [
+    ([], [(START, END)]),
+    ([[[START, 0.1], [END, 0.1]]], []),
+    ([[[START, 0.1], [START + 15, 0.1]], [[START + 60, 0.2], [END, 0.2]]],
+     [(START + 15, START + 60)]),
+    ([[[START + 300, 0.1], [START + 600, 0.1]]], [(START, START + 300), (START + 600, END)]),
+    ([[[START + 5, 0.1], [END - 5, 0.1]]], []),  # less than a step short: no gap
+])
+def test_gaps_are_the_stretches_without_points(segments, expected):
+    assert gaps(segments, START, END, STEP) == expected
+
+
+@pytest.mark.parametrize("spans, expected", [
+    ([], []),
+    ([(0, 10), (10, 20), (25, 30)], [0, 0, 0]),  # one after another: one lane
+    ([(0, 10), (5, 20), (12, 30), (21, 22)], [0, 1, 0, 1]),  # shared at the same time
+])
+def test_holders_share_a_lane_unless_they_overlap(spans, expected):
+    assert lanes([{"start": a, "end": b} for a, b in spans]) == expected
+
+
+def test_lines_go_through_their_points_and_break_at_gaps():
+    root = chart(utilization=[[[START, 0.0], [START + 1800, 1.0]], [[START + 2700, 0.5],
+                                                                     [END, 0.25]]],
+                 memory=[[[START, 0.5], [END, 0.5]]])
+    util = root.findall("s:polyline[@class='line utilization']", NS)
+    assert [points(p) for p in util] == [
+        [(LEFT, TOP + PLOT_HEIGHT), (LEFT + PLOT_W / 2, TOP)],
+        [(LEFT + PLOT_W * 0.75, TOP + PLOT_HEIGHT / 2),
+         (LEFT + PLOT_W, TOP + PLOT_HEIGHT * 0.75)]]
+    mem = root.findall("s:polyline[@class='line memory']", NS)
+    assert [points(p) for p in mem] == [[(LEFT, TOP + PLOT_HEIGHT / 2),
+                                         (LEFT + PLOT_W, TOP + PLOT_HEIGHT / 2)]]
+    assert {p.get("stroke") for p in util} == {"#76b900"}
+    # the gap is shaded over exactly the missing stretch, and no line crosses it at 0
+    (gap,) = root.findall("s:rect[@class='gap']", NS)
+    assert (float(gap.get("x")), float(gap.get("width"))) == (LEFT + PLOT_W / 2, PLOT_W / 4)
+    assert root.find("s:text[@class='no-data']", NS) is None
+
+
+def test_values_outside_0_to_1_are_clipped_to_the_plot():
+    root = chart(utilization=[[[START, -0.5], [END, 1.7]]])
+    (line,) = root.findall("s:polyline[@class='line utilization']", NS)
+    assert points(line) == [(LEFT, TOP + PLOT_HEIGHT), (LEFT + PLOT_W, TOP)]
+
+
+def test_a_lone_point_is_a_dot():
+    root = chart(utilization=[[[START + 1800, 0.5]]])
+    assert root.findall("s:polyline", NS) == []
+    (dot,) = root.findall("s:circle[@class='point utilization']", NS)
+    assert (float(dot.get("cx")), float(dot.get("cy"))) == (LEFT + PLOT_W / 2,
+                                                            TOP + PLOT_HEIGHT / 2)
+
+
+def test_a_gpu_without_data_says_so_and_is_all_gap():
+    root = chart(has_data=False)
+    assert root.find("s:text[@class='no-data']", NS).text == "no data in this range"
+    (gap,) = root.findall("s:rect[@class='gap']", NS)
+    assert float(gap.get("width")) == PLOT_W
+
+
+def test_holders_are_labelled_bands_along_the_timeline():
+    evil = '<script>alert("x")</script>'
+    root = chart(holders=[
+        {"user": "alice", "server": "", "start": START, "end": START + 1800},
+        {"user": "bob", "server": "train", "start": START + 1800, "end": START + 1860},
+        {"user": evil, "server": "", "start": START + 2400, "end": END},
+    ])
+    holders = root.findall("s:g[@class='holders']/s:g[@class='holder']", NS)
+    assert [h.get("data-user") for h in holders] == ["alice", "bob", evil]
+    alice, bob, third = holders
+    rect = alice.find("s:rect", NS)
+    assert (float(rect.get("x")), float(rect.get("width"))) == (LEFT, PLOT_W / 2)
+    assert rect.get("fill") == holder_colour("alice")
+    assert alice.find("s:text", NS).text == "alice"
+    assert alice.find("s:title", NS).text == "alice: Tue 23:00 - Tue 23:30 UTC"
+    # one minute is too narrow for its name: the band has only its tooltip
+    assert bob.find("s:text", NS) is None
+    assert bob.find("s:title", NS).text.startswith("bob/train: ")
+    # consecutive holders share one lane
+    assert len({h.find("s:rect", NS).get("y") for h in holders}) == 1
+    # a name is text, never markup
+    assert third.find("s:text", NS).text == evil
+    assert "<script>" not in gpu_chart({"index": 0, "uuid": "u", "holders": [
+        {"user": evil, "server": "", "start": START, "end": END}]}, START, END, STEP)
+
+
+def test_a_gpu_nobody_held_says_so():
+    root = chart()
+    assert root.find("s:g[@class='holders']/s:text[@class='holder-none']", NS).text == (
+        "held by nobody")
+
+
+def test_title_legend_and_axis_labels():
+    root = chart(index=3, uuid="GPU-dddd")
+    assert root.find("s:text[@class='chart-title']", NS).text == "GPU 3 GPU-dddd"
+    assert [t.text for t in root.findall("s:text", NS) if "legend" in t.get("class")] == [
+        "— memory used", "— utilization"]
+    assert [t.text for t in root.findall("s:g[@class='grid']/s:text[@class='ylabel']", NS)] \
+        == ["0%", "50%", "100%"]
+    assert root.get("data-uuid") == "GPU-dddd"
+
+
+def test_holder_colours_are_stable_per_name():
+    assert holder_colour("alice") == holder_colour("alice")
+    assert len({holder_colour(n) for n in ("alice", "bob", "cy", "dee", "eve", "fay")}) > 2
