@@ -15,6 +15,7 @@ from gpulab.dashboard.charts import (
     gpu_chart,
     holder_colour,
     lanes,
+    legend_rows,
     time_ticks,
 )
 
@@ -130,8 +131,11 @@ def test_holders_are_labelled_bands_along_the_timeline():
     assert rect.get("fill") == holder_colour("alice")
     assert alice.find("s:text", NS).text == "alice"
     assert alice.find("s:title", NS).text == "alice: Tue 23:00 - Tue 23:30 UTC"
-    # one minute is too narrow for its name: the band has only its tooltip
-    assert bob.find("s:text", NS) is None
+    # one minute is too narrow for its name, which goes to its right, where the lane is free
+    assert bob.find("s:text", NS).text == "bob/train"
+    bob_rect = bob.find("s:rect", NS)
+    assert float(bob.find("s:text", NS).get("x")) == round(
+        float(bob_rect.get("x")) + float(bob_rect.get("width")) + 3, 1)
     assert bob.find("s:title", NS).text.startswith("bob/train: ")
     # consecutive holders share one lane
     assert len({h.find("s:rect", NS).get("y") for h in holders}) == 1
@@ -160,3 +164,46 @@ def test_title_legend_and_axis_labels():
 def test_holder_colours_are_stable_per_name():
     assert holder_colour("alice") == holder_colour("alice")
     assert len({holder_colour(n) for n in ("alice", "bob", "cy", "dee", "eve", "fay")}) > 2
+
+
+@pytest.mark.parametrize("spans, placed", [
+    # a short hold at the end of the range: its name goes left of the band
+    ([(END - 60, END)], [("end", "short-hold")]),
+    # a short hold squeezed between two long ones in the same lane: tooltip only
+    ([(START, START + 1770), (START + 1770, START + 1830), (START + 1830, END)],
+     [("start", "a"), (None, None), ("start", "c")]),
+])
+def test_a_name_too_long_for_its_band_goes_where_the_lane_is_free(spans, placed):
+    users = ["short-hold"] if len(spans) == 1 else ["a", "squeezed-between", "c"]
+    root = chart(holders=[{"user": u, "server": "", "start": a, "end": b}
+                          for u, (a, b) in zip(users, spans, strict=True)])
+    got = []
+    for h in root.findall("s:g[@class='holders']/s:g[@class='holder']", NS):
+        text = h.find("s:text", NS)
+        got.append((None, None) if text is None else (text.get("text-anchor", "start"),
+                                                       text.text))
+    assert got == placed
+
+
+@pytest.mark.parametrize("holders, width, rows", [
+    ([], 900, []),
+    (["alice", "bob/train", "alice"], 900, [[(0, "alice", "alice"), (59.2, "bob/train",
+                                                                        "bob")]]),
+    (["a" * 10, "b" * 10, "c" * 10], 150, [[(0, "a" * 10, "a" * 10)],
+                                           [(0, "b" * 10, "b" * 10)],
+                                           [(0, "c" * 10, "c" * 10)]]),
+])
+def test_the_legend_names_each_holder_once_in_rows_that_fit(holders, width, rows):
+    assert legend_rows(holders, width) == rows
+
+
+def test_every_holder_is_named_in_the_legend_even_when_its_band_is_too_short():
+    root = chart(holders=[{"user": "a-long-member-name", "server": "", "start": START,
+                           "end": START + 15},
+                          {"user": "bob", "server": "", "start": START + 15, "end": END}])
+    legend = root.findall("s:g[@class='holders']/s:g[@class='holder-legend']", NS)
+    assert [(g.get("data-user"), g.find("s:text", NS).text) for g in legend] == [
+        ("a-long-member-name", "a-long-member-name"), ("bob", "bob")]
+    assert legend[0].find("s:rect", NS).get("fill") == holder_colour("a-long-member-name")
+    assert float(root.get("height")) >= max(float(t.get("y")) for t in root.iter(
+        "{http://www.w3.org/2000/svg}text"))

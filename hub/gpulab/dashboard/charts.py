@@ -3,7 +3,8 @@ JavaScript and nothing fetched (the page works offline and under its strict CSP)
 
 A chart is a 0-100 % plot of utilization and memory used over the range, one polyline
 per unbroken run of points (a gap in the data stays a gap, shaded, never a line to 0),
-and under it, lanes of labelled bands: who held the GPU when. Built with ElementTree, so
+and under it, lanes of coloured bands, labelled where the name fits: who held the GPU
+when; then every holder's name beside their colour. Built with ElementTree, so
 every user name is escaped; :func:`gpu_chart` returns the ``<svg>`` as a string.
 """
 
@@ -22,6 +23,7 @@ LEFT, RIGHT, TOP = 44, 12, 22  # margins around the plot, px
 PLOT_HEIGHT = 110
 TICKS_HEIGHT = 16  # the time labels under the plot
 LANE_HEIGHT = 16  # one lane of holder bands
+LEGEND_HEIGHT = 14  # one row of the holders' names under the lanes
 CHAR_WIDTH = 6.6  # of the 11 px monospace labels, to decide whether a name fits
 
 LINES = (  # (field of the GPU's model, class, colour, legend)
@@ -91,7 +93,9 @@ def gpu_chart(gpu: dict[str, Any], start: float, end: float, step: float,
     lane_of = lanes(spans)
     n_lanes = max(lane_of, default=0) + 1
     holders_top = TOP + PLOT_HEIGHT + TICKS_HEIGHT + 4
-    height = holders_top + n_lanes * LANE_HEIGHT + 4
+    legend_top = holders_top + n_lanes * LANE_HEIGHT + 2
+    legend = legend_rows([_who(s) for s in spans], plot_w)
+    height = legend_top + len(legend) * LEGEND_HEIGHT + 4
     span_t = (end - start) or 1.0
 
     def x(t: float) -> float:
@@ -159,23 +163,66 @@ def gpu_chart(gpu: dict[str, Any], start: float, end: float, step: float,
     if not spans:
         ET.SubElement(band, "text", {"class": "holder-none", "x": str(LEFT),
                                      "y": str(holders_top + 12)}).text = "held by nobody"
-    for span, lane in zip(spans, lane_of, strict=True):
-        who = span["user"] + (f"/{span['server']}" if span.get("server") else "")
+    for i, (span, lane) in enumerate(zip(spans, lane_of, strict=True)):
+        who = _who(span)
         top = holders_top + lane * LANE_HEIGHT
         x0, x1 = x(span["start"]), x(span["end"])
         w = max(round(x1 - x0, 1), 2.0)
+        # free room in the lane around the band, for a name too long to fit inside it
+        before = max((x(o["end"]) for o, ol in zip(spans[:i], lane_of, strict=False)
+                      if ol == lane), default=LEFT)
+        after = min((x(o["start"]) for o, ol in zip(spans[i + 1:], lane_of[i + 1:],
+                                                     strict=True) if ol == lane),
+                    default=LEFT + plot_w)
         g = ET.SubElement(band, "g", {"class": "holder", "data-user": span["user"]})
         ET.SubElement(g, "title").text = (
             f"{who}: {_clock(span['start'])} - {_clock(span['end'])} UTC")
         ET.SubElement(g, "rect", {"x": str(x0), "y": str(top), "width": str(w),
                                   "height": str(LANE_HEIGHT - 3), "rx": "2",
                                   "fill": holder_colour(span["user"]), "fill-opacity": "0.75"})
-        if w >= (len(who) + 1) * CHAR_WIDTH:
-            ET.SubElement(g, "text", {"class": "holder-name", "x": str(round(x0 + 3, 1)),
-                                      "y": str(top + 10), "fill": "#000"}).text = who
+        need = (len(who) + 1) * CHAR_WIDTH
+        label = None
+        if w >= need:  # inside the band
+            label = {"x": str(round(x0 + 3, 1)), "fill": "#000"}
+        elif after - (x0 + w) >= need:  # to its right
+            label = {"x": str(round(x0 + w + 3, 1)), "fill": "#ddd"}
+        elif x0 - before >= need:  # to its left
+            label = {"x": str(round(x0 - 3, 1)), "fill": "#ddd", "text-anchor": "end"}
+        if label is not None:
+            ET.SubElement(g, "text", {"class": "holder-name", "y": str(top + 10),
+                                      **label}).text = who
     ET.SubElement(svg, "text", {"class": "ylabel", "x": str(LEFT - 4),
                                 "y": str(holders_top + 10), "text-anchor": "end"}).text = "held"
+    # every holder by name under the lanes: also those whose band is too short for it
+    for row, items in enumerate(legend):
+        y_row = legend_top + row * LEGEND_HEIGHT
+        for offset, who, user in items:
+            g = ET.SubElement(band, "g", {"class": "holder-legend", "data-user": user})
+            ET.SubElement(g, "rect", {"x": str(LEFT + offset), "y": str(y_row + 2),
+                                      "width": "9", "height": "9",
+                                      "fill": holder_colour(user)})
+            ET.SubElement(g, "text", {"x": str(LEFT + offset + 13),
+                                      "y": str(y_row + 10)}).text = who
     return ET.tostring(svg, encoding="unicode")
+
+
+def legend_rows(holders: Sequence[str], width: float) -> list[list[tuple[float, str, str]]]:
+    """Each distinct holder ("user" or "user/server") once, in order of first hold, as
+    rows of (x offset, label, user) that fit *width*."""
+    rows: list[list[tuple[float, str, str]]] = []
+    x = width
+    for who in dict.fromkeys(holders):
+        size = (len(who) + 2) * CHAR_WIDTH + 13
+        if x + size > width:
+            rows.append([])
+            x = 0.0
+        rows[-1].append((round(x, 1), who, who.split("/", 1)[0]))
+        x += size
+    return rows
+
+
+def _who(span: dict[str, Any]) -> str:
+    return span["user"] + (f"/{span['server']}" if span.get("server") else "")
 
 
 def _clock(t: float) -> str:
