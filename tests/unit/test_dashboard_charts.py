@@ -207,3 +207,23 @@ def test_every_holder_is_named_in_the_legend_even_when_its_band_is_too_short():
     assert legend[0].find("s:rect", NS).get("fill") == holder_colour("a-long-member-name")
     assert float(root.get("height")) >= max(float(t.get("y")) for t in root.iter(
         "{http://www.w3.org/2000/svg}text"))
+
+
+def test_names_beside_short_bands_never_overlap():
+    """Short holds close together (one test user after another): each name is drawn only
+    where the lane is free of bands and of names already drawn."""
+    holds = [(START + t, START + t + 20) for t in (0, 300, 420, 900, 1000, 1900, 2000,
+                                                   2100, 3000, 3500, 3560)]
+    root = chart(holders=[{"user": f"member-{i:02d}", "server": "", "start": a, "end": b}
+                          for i, (a, b) in enumerate(holds)])
+    drawn = []
+    for h in root.findall("s:g[@class='holders']/s:g[@class='holder']", NS):
+        text = h.find("s:text", NS)
+        if text is not None:
+            x0 = float(text.get("x"))
+            width = len(text.text) * 6.6
+            drawn.append((x0 - width, x0) if text.get("text-anchor") == "end"
+                         else (x0, x0 + width))
+    assert len(drawn) >= 5, drawn
+    drawn.sort()
+    assert all(a[1] <= b[0] for a, b in zip(drawn, drawn[1:], strict=False)), drawn

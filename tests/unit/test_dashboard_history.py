@@ -159,7 +159,7 @@ def test_the_model_has_each_gpu_its_lines_holders_and_the_members_hours():
                             matrix({"gpu": "2", "uuid": "GPU-cccc", "user": "bob",
                                     "server": ""}, [(T0, 1)])], step)
     model = history_model("1h", T0 - 3540, T0 + 60, step, util, mem, leases,
-                          {"bob": 0.25, "alice": 1.004, "cy": 0.0})
+                          {"bob": 0.25, "alice": 1.004, "cy": 0.0, "dee": 0.004})
     assert [(g["index"], g["uuid"], g["has_data"]) for g in model["gpus"]] == [
         (0, "GPU-aaaa", True), (1, "GPU-bbbb", True), (2, "GPU-cccc", False)]
     g0 = model["gpus"][0]

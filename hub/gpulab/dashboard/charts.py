@@ -163,14 +163,15 @@ def gpu_chart(gpu: dict[str, Any], start: float, end: float, step: float,
     if not spans:
         ET.SubElement(band, "text", {"class": "holder-none", "x": str(LEFT),
                                      "y": str(holders_top + 12)}).text = "held by nobody"
+    label_end: dict[int, float] = {}  # per lane, where the last name drawn in it ends
     for i, (span, lane) in enumerate(zip(spans, lane_of, strict=True)):
         who = _who(span)
         top = holders_top + lane * LANE_HEIGHT
         x0, x1 = x(span["start"]), x(span["end"])
         w = max(round(x1 - x0, 1), 2.0)
         # free room in the lane around the band, for a name too long to fit inside it
-        before = max((x(o["end"]) for o, ol in zip(spans[:i], lane_of, strict=False)
-                      if ol == lane), default=LEFT)
+        before = max([x(o["end"]) for o, ol in zip(spans[:i], lane_of, strict=False)
+                      if ol == lane] + [label_end.get(lane, LEFT)])
         after = min((x(o["start"]) for o, ol in zip(spans[i + 1:], lane_of[i + 1:],
                                                      strict=True) if ol == lane),
                     default=LEFT + plot_w)
@@ -182,12 +183,15 @@ def gpu_chart(gpu: dict[str, Any], start: float, end: float, step: float,
                                   "fill": holder_colour(span["user"]), "fill-opacity": "0.75"})
         need = (len(who) + 1) * CHAR_WIDTH
         label = None
-        if w >= need:  # inside the band
+        if w >= need and x0 >= before:  # inside the band
             label = {"x": str(round(x0 + 3, 1)), "fill": "#000"}
-        elif after - (x0 + w) >= need:  # to its right
-            label = {"x": str(round(x0 + w + 3, 1)), "fill": "#ddd"}
+            label_end[lane] = x0 + need
+        elif after - max(x0 + w, before) >= need:  # to its right
+            label = {"x": str(round(max(x0 + w, before) + 3, 1)), "fill": "#ddd"}
+            label_end[lane] = max(x0 + w, before) + need
         elif x0 - before >= need:  # to its left
             label = {"x": str(round(x0 - 3, 1)), "fill": "#ddd", "text-anchor": "end"}
+            label_end[lane] = x0
         if label is not None:
             ET.SubElement(g, "text", {"class": "holder-name", "y": str(top + 10),
                                       **label}).text = who

@@ -157,7 +157,9 @@ def history_model(range_name: str, start: float, end: float, step: int,
         g["has_data"] = bool(g["utilization"] or g["memory"])
     members = None
     if hours is not None:
-        members = [{"user": u, "hours": round(h, 2)} for u, h in hours.items() if h > 0]
+        # as the usage page, to 0.01 GPU-hours; holds that round to 0 are left out
+        members = [{"user": u, "hours": round(h, 2)} for u, h in hours.items()
+                   if round(h, 2) > 0]
         members.sort(key=lambda m: (-m["hours"], m["user"]))
     return {
         "range": range_name, "ranges": list(RANGES), "start": start, "end": end,
