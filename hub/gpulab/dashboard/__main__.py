@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from jupyterhub.services.auth import HubOAuth
 
 from gpulab.dashboard.app import DashboardConfig, make_app
+from gpulab.dashboard.history import PrometheusHistory
 from gpulab.dashboard.leases import (
     DockerContainers,
     HubServers,
@@ -79,8 +80,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "default: %(default)s)")
     p.add_argument("--prometheus-url", default=env.get("GPULAB_PROMETHEUS_URL")
                    or DEFAULT_PROMETHEUS_URL, metavar="URL",
-                   help="Prometheus, used when the exporter is unreachable; 'none' for no "
-                        "fallback (env GPULAB_PROMETHEUS_URL; default: %(default)s)")
+                   help="Prometheus: the GPUs' history, the usage page, and the table's data "
+                        "when the exporter is unreachable; 'none' for none of them (env "
+                        "GPULAB_PROMETHEUS_URL; default: %(default)s)")
     p.add_argument("--alertmanager-url", default=env.get("GPULAB_ALERTMANAGER_URL")
                    or DEFAULT_ALERTMANAGER_URL, metavar="URL",
                    help="Alertmanager, whose active alerts the page shows; 'none' for no "
@@ -119,10 +121,15 @@ async def serve(args: argparse.Namespace) -> None:
     if not args.no_leases:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
                             args.gpus_file, settings_path=args.settings_file)
+    usage = history = None
+    if args.prometheus_url.lower() != "none":
+        usage = PrometheusUsage(args.prometheus_url)
+        # the page waits for these: a hung Prometheus delays it by at most a few seconds
+        history = PrometheusHistory(args.prometheus_url, usage=usage,
+                                    timeout=max(args.timeout, 5.0))
     app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
-                   leases=leases, members=HubMembers(hub_auth.api_url),
-                   usage=PrometheusUsage(args.prometheus_url)
-                   if args.prometheus_url.lower() != "none" else None)
+                   leases=leases, members=HubMembers(hub_auth.api_url), usage=usage,
+                   history=history)
     server = app.listen(args.port, address=args.ip, xheaders=True)
     log.info("gpulab GPU dashboard on http://%s:%s%s (sources: %s)", args.ip, args.port,
              hub_auth.base_url, ", ".join(f"{s.name} {s.url}" for s in sources))

@@ -2,7 +2,9 @@
 
 Routes, under the service prefix (``/services/gpus/`` as a JupyterHub service):
 
-    GET {prefix}                 the nvidia-smi-style page (OAuth login via the hub)
+    GET {prefix}?range=1h|1d|1w  the nvidia-smi-style page (OAuth login via the hub),
+                                 with each GPU's history below the table
+    GET {prefix}api/history?range=1h|1d|1w  the history as JSON (gpulab.dashboard.history)
     GET {prefix}api/gpus         the same view model as JSON (cookie or
                                  ``Authorization: token ...``); never a login redirect
     GET {prefix}oauth_callback   JupyterHub's OAuth callback
@@ -51,9 +53,12 @@ from jupyterhub.services.auth import (
     UserNotAllowed,
 )
 from jupyterhub.utils import url_path_join
+from markupsafe import Markup
 from tornado import web
 
 from gpulab.contract import DASHBOARD_SERVICE
+from gpulab.dashboard.charts import gpu_chart
+from gpulab.dashboard.history import RANGE_WORDS, PrometheusHistory, parse_range
 from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
 from gpulab.dashboard.members import HubMembers, MemberError, parse_issue, parse_revoke
 from gpulab.dashboard.sources import SnapshotReader
@@ -65,7 +70,7 @@ from gpulab.dashboard.usage import (
     usage_csv,
     usage_model,
 )
-from gpulab.dashboard.view import build_view
+from gpulab.dashboard.view import build_view, format_duration
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -87,15 +92,31 @@ def _clock(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC") if ts else "never"
 
 
+def history_charts(history: dict[str, Any]) -> list[Markup]:
+    """One SVG per GPU of a :func:`gpulab.dashboard.history.history_model` (escaped by
+    ElementTree, so marked safe for the template)."""
+    if history.get("error"):
+        return []
+    return [Markup(gpu_chart(g, history["start"], history["end"], history["step"]))
+            for g in history["gpus"]]
+
+
 def render_page(env: Environment, view: dict[str, Any], *, api_url: str, refresh_seconds: float,
                 xsrf_token: str, user: str, leases_url: str | None = None,
-                members_url: str | None = None, usage_url: str | None = None) -> str:
+                members_url: str | None = None, usage_url: str | None = None,
+                history: dict[str, Any] | None = None, page_url: str = "") -> str:
     """The whole page for one view model (also used by tests without a server).
-    *leases_url*, *members_url*: the admins' pages, linked from the header (None: no link)."""
+    *leases_url*, *members_url*: the admins' pages, linked from the header (None: no link).
+    *history*: a :mod:`gpulab.dashboard.history` model, drawn below the table (None:
+    no history section); *page_url*: this page, for the range selector's links."""
     return env.get_template("dashboard.html").render(
         view=view, api_url=api_url, refresh_seconds=f"{refresh_seconds:g}",
         xsrf_token=xsrf_token, user=user, updated_text=_clock(view.get("timestamp")),
-        leases_url=leases_url, members_url=members_url, usage_url=usage_url)
+        leases_url=leases_url, members_url=members_url, usage_url=usage_url,
+        history=history, charts=history_charts(history) if history else [],
+        history_updated=_clock(history.get("end")) if history else None,
+        history_step=format_duration(history.get("step")) if history else None,
+        range_words=RANGE_WORDS, page_url=page_url)
 
 
 def render_leases(env: Environment, model: dict[str, Any], *, api_url: str, release_url: str,
@@ -114,7 +135,8 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
                    templates: Environment, access_scopes: frozenset[str],
                    leases: LeaseAdmin | None = None,
                    members: HubMembers | None = None,
-                   usage: PrometheusUsage | None = None) -> None:
+                   usage: PrometheusUsage | None = None,
+                   history: PrometheusHistory | None = None) -> None:
         self.hub_auth = hub_auth
         self.reader = reader
         self.config = config
@@ -123,6 +145,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         self.leases = leases
         self.members = members
         self.usage = usage
+        self.history = history
         # what went wrong on an admin or usage page, and what to do (the error page)
         self.page_error: tuple[str, str | None] | None = None
         self.denied_user: dict[str, Any] | None = None
@@ -205,14 +228,35 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         return (self._reason, None)
 
 
-class PageHandler(_Handler):
+class _History:
+    def history_range(self) -> str:
+        """?range=1h|1d|1w, or 400 saying which ranges there are."""
+        try:
+            return parse_range(self.get_argument("range", None))
+        except ValueError as e:
+            self.page_error = (str(e), None)
+            raise web.HTTPError(400) from None
+
+    async def read_history(self, range_name: str) -> dict[str, Any] | None:
+        """The history model (its ``error`` says when Prometheus did not answer); None
+        without a Prometheus."""
+        if self.history is None:
+            return None
+        return await self.history.read(range_name, datetime.now(UTC).timestamp())
+
+
+class PageHandler(_History, _Handler):
     async def get(self) -> None:
         if self.current_user is None:
             if self.denied_user is not None:
                 raise web.HTTPError(403)
             self.redirect(self.get_login_url())
             return
-        view = build_view(await self.reader.read())
+        range_name = self.history_range()
+        # the table does not wait for Prometheus' range queries any longer than for itself
+        snapshot, history = await asyncio.gather(self.reader.read(),
+                                                 self.read_history(range_name))
+        view = build_view(snapshot)
         self.write(render_page(
             self.templates, view,
             api_url=self.url("api/gpus"),
@@ -221,7 +265,8 @@ class PageHandler(_Handler):
             user=self.current_user.get("name", ""),
             leases_url=self.url("leases") if self.leases and self.is_admin else None,
             members_url=self.url("members") if self.members and self.is_admin else None,
-            usage_url=self.url("usage") if self.usage else None))
+            usage_url=self.url("usage") if self.usage else None,
+            history=history, page_url=self.hub_auth.base_url))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message, hint = self._refusal(status_code)
@@ -413,6 +458,16 @@ class RevokeHandler(_MembersApi):
         await self.act(revoke)
 
 
+class HistoryApiHandler(_History, _JsonErrors):
+    async def get(self) -> None:
+        if self.current_user is None:
+            raise web.HTTPError(403 if self.denied_user is not None else 401)
+        model = await self.read_history(self.history_range())
+        if model is None:
+            raise web.HTTPError(404)
+        self.write(model)
+
+
 class UsageApiHandler(_Usage, _JsonErrors):
     async def get(self) -> None:
         self.write(await self.usage_model())
@@ -450,21 +505,24 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
              cookie_secret: bytes | None = None,
              leases: LeaseAdmin | None = None,
              members: HubMembers | None = None,
-             usage: PrometheusUsage | None = None) -> web.Application:
+             usage: PrometheusUsage | None = None,
+             history: PrometheusHistory | None = None) -> web.Application:
     """The app under ``hub_auth.base_url`` (the service prefix). ``cookie_secret`` signs
     the OAuth token cookie; a random one (the default) only means users go through the
     hub's OAuth redirect again after a restart, without a prompt (oauth_no_confirm).
-    *leases*, *members*: the admins' lease and members pages (left out when None)."""
+    *leases*, *members*: the admins' lease and members pages (left out when None);
+    *history*: the GPUs' history under the table and at api/history (None: none)."""
     prefix = hub_auth.base_url.rstrip("/") + "/"
     scopes = frozenset(hub_auth.access_scopes) or frozenset(
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
             "templates": make_templates(), "access_scopes": scopes, "leases": leases,
-            "members": members, "usage": usage}
+            "members": members, "usage": usage, "history": history}
     routes = [
         (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
         (prefix, PageHandler, args),
         (url_path_join(prefix, "api/gpus/?"), ApiHandler, args),
+        (url_path_join(prefix, "api/history/?"), HistoryApiHandler, args),
         (url_path_join(prefix, "oauth_callback"), CallbackHandler, {"hub_auth": hub_auth}),
     ]
     if leases is not None:

@@ -5,9 +5,10 @@ Prometheus records every 15 s how many GPUs each hub user holds
 the sum of that day's samples times 15 s. A held GPU counts whether or not it is busy:
 this is who kept which GPUs from the others, the number a PI shares out.
 
-`month_days`, `usage_model` and `usage_csv` are pure; `PrometheusUsage` asks Prometheus
-for one month (one query per day, each an instant ``sum_over_time`` ending at the day's
-end, or now for today).
+`gpu_hours_query`, `month_days`, `usage_model` and `usage_csv` are pure;
+`PrometheusUsage` asks Prometheus for one month (one query per day, each an instant
+``sum_over_time`` ending at the day's end, or now for today), or for any period
+(``gpu_hours``: the dashboard's history uses it for its hour, day or week).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ SAMPLE_SECONDS = 15  # the recording rule's interval (usage.yml)
 
 class UsageUnavailable(Exception):
     """Prometheus did not answer with usage; the message says why."""
+
+
+def gpu_hours_query(seconds: int) -> str:
+    """PromQL: {user: GPU-hours held} over the *seconds* before the query's time."""
+    return f"sum_over_time({RECORD}[{seconds}s]) * {SAMPLE_SECONDS} / 3600"
 
 
 def parse_month(text: str | None, today: date) -> date:
@@ -114,14 +120,16 @@ class PrometheusUsage:
             raise UsageUnavailable(f"Prometheus could not run {expr!r}: {data.get('error')}")
         return data["data"]["result"]
 
-    async def day(self, end: datetime, seconds: int) -> dict[str, float]:
-        expr = f"sum_over_time({RECORD}[{seconds}s]) * {SAMPLE_SECONDS} / 3600"
+    async def gpu_hours(self, end: datetime, seconds: int) -> dict[str, float]:
+        """{user: GPU-hours} held in the *seconds* before *end* (a day here; the
+        dashboard's history asks for its hour, day or week)."""
+        expr = gpu_hours_query(seconds)
         return {s["metric"].get("user", ""): float(s["value"][1])
                 for s in await self._query(expr, end)}
 
     async def month(self, month: date, now: datetime) -> dict[date, dict[str, float]]:
         days = month_days(month, now)
-        hours = await asyncio.gather(*(self.day(end, seconds) for _, end, seconds in days))
+        hours = await asyncio.gather(*(self.gpu_hours(end, seconds) for _, end, seconds in days))
         return {day: h for (day, _, _), h in zip(days, hours, strict=True)}
 
 

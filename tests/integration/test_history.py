@@ -1,0 +1,139 @@
+"""The GPU dashboard's history (below the live table at /services/gpus/), on the real
+stack: the exporter's FAKE GPUs (--fake-gpus 2, whose utilization drifts on its own slow
+wave), Prometheus scraping them every 15 s, and the page's SVG in Chromium.
+
+A member holds one GPU while the test gives it a known memory pattern through the fake
+NVML control file (20 GiB, then 100 GiB) and loses the other GPU for 50 s (as a GPU
+that fell off the bus: a gap, shorter than GpulabGpuLost's `for: 1m`). The history's
+JSON must show the pattern, the holder and the gap; the page, opened as an admin, must
+draw a utilization line that is not flat, a memory line with the step, the member's
+name along the held GPU's timeline and the gap as a break. The screenshot goes to
+artifacts/dashboard-history.png. About two minutes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from .browser import screenshot, submit_login
+from .fake_gpus import exporter_snapshot
+from .stack import HUB_URL, docker, wait_for
+from .standin import GPU0, GPU1
+
+pytestmark = pytest.mark.integration
+
+GiB = 1 << 30
+TOTAL = 141 * GiB  # a fake H200's memory
+LOST_SECONDS = 50
+
+
+def history_json(admin, range_name: str = "1h") -> dict:
+    r = requests.get(f"{HUB_URL}/services/gpus/api/history", params={"range": range_name},
+                     headers={"Authorization": f"token {admin.token}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def values(segments, since: float) -> set[float]:
+    return {round(v, 3) for seg in segments for t, v in seg if t >= since}
+
+
+def gap_within(segments, lost_at: float, back_at: float) -> bool:
+    """Two consecutive segments with the break between them during the lost stretch."""
+    return any(a[-1][0] < back_at + 20 and b[0][0] > lost_at
+               for a, b in zip(segments, segments[1:], strict=False))
+
+
+def ys(points: str) -> list[float]:
+    return [float(p.split(",")[1]) for p in points.split()]
+
+
+def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_yaml,
+                                                fake_control, new_page):
+    member = lab_user("hist")
+    member.start_server({"gpus": 1})
+
+    def held():
+        for g in exporter_snapshot()["gpus"]:
+            if member.name in [le["user"] for le in g["leases"]]:
+                return g["uuid"]
+        return None
+    held_uuid = wait_for(held, 40, interval=1, what="the exporter to see the member's lease")
+    other_uuid = GPU1 if held_uuid == GPU0 else GPU0
+    held_i, other_i = [0, 1] if held_uuid == GPU0 else [1, 0]
+    pid = int(docker("inspect", "-f", "{{.State.Pid}}", member.container))
+
+    lost_at = time.time()
+    fake_control({"processes": {str(held_i): [[pid, 20 * GiB]]}, "lost": [other_i]})
+    time.sleep(LOST_SECONDS)
+    back_at = time.time()
+    fake_control({"processes": {str(held_i): [[pid, 100 * GiB]]}})
+    low, high = round(20 * GiB / TOTAL, 3), round(100 * GiB / TOTAL, 3)
+
+    def history_shows_it():
+        gpus = {g["uuid"]: g for g in history_json(hub_admin)["gpus"]}
+        mine, other = gpus.get(held_uuid), gpus.get(other_uuid)
+        return (mine and other and {low, high} <= values(mine["memory"], lost_at)
+                and any(s["user"] == member.name for s in mine["holders"])
+                and gap_within(other["utilization"], lost_at, back_at)) and gpus
+    # the exporter polls every 5 s, Prometheus scrapes every 15 s
+    gpus = wait_for(history_shows_it, 90, interval=5,
+                    what="Prometheus' history to show the memory step, holder and gap")
+    util = values(gpus[held_uuid]["utilization"], lost_at)
+    assert len(util) > 1, f"the fake GPU's utilization drifts, but was flat: {util}"
+    assert all(0 <= v <= 1 for v in util)
+
+    # the three ranges answer, each with its own step
+    steps = {r: history_json(hub_admin, r)["step"] for r in ("1h", "1d", "1w")}
+    assert steps == {"1h": 15, "1d": 300, "1w": 2025}
+
+    # the page, in Chromium, as an admin reads it
+    page = new_page()
+    submit_login(page, hub_admin.name, hub_admin.token, next_url="/hub/home")
+    assert page.goto(f"{HUB_URL}/services/gpus/").status == 200
+    assert page.locator("#gpu-rows tr.gpu").count() == 2  # the live table stays on top
+    assert page.locator("#range-1h.current").count() == 1
+    mine = page.locator(f'svg.history-chart[data-uuid="{held_uuid}"]')
+    other = page.locator(f'svg.history-chart[data-uuid="{other_uuid}"]')
+    util_ys = [y for p in mine.locator("polyline.utilization").all()
+               for y in ys(p.get_attribute("points"))]
+    assert max(util_ys) - min(util_ys) > 1, "the utilization line is flat"
+    mem_ys = [y for p in mine.locator("polyline.memory").all()
+              for y in ys(p.get_attribute("points"))]
+    assert max(mem_ys) - min(mem_ys) > 30, "the memory line lacks the 20 -> 100 GiB step"
+    band = mine.locator(f'g.holder[data-user="{member.name}"]')
+    assert band.count() >= 1 and band.last.locator("rect").is_visible()
+    assert member.name in band.last.locator("title").text_content()
+    legend = mine.locator(f'g.holder-legend[data-user="{member.name}"] text')
+    assert legend.text_content() == member.name and legend.is_visible()
+    assert other.locator("polyline.utilization").count() >= 2, "the lost GPU's gap is not a gap"
+    assert other.locator("rect.gap").count() >= 1
+    row = page.locator("#history-hours tr.member", has_text=member.name)
+    assert row.count() == 1
+    page.locator("#history").scroll_into_view_if_needed()
+    screenshot(page, "dashboard-history.png")
+
+    # another range is a link away, and the live table keeps refreshing under it
+    with page.expect_navigation():
+        page.click("#range-1d")
+    assert page.locator("#range-1d.current").count() == 1
+    assert page.locator(f'svg.history-chart[data-uuid="{held_uuid}"]').count() == 1
+
+
+def test_prometheus_down_leaves_the_table_and_says_so(hub, hub_admin, new_page):
+    page = new_page()
+    submit_login(page, hub_admin.name, hub_admin.token, next_url="/hub/home")
+    docker("stop", "-t", "5", "gpulab-prometheus")
+    try:
+        assert page.goto(f"{HUB_URL}/services/gpus/").status == 200
+        assert page.locator("#gpu-rows tr.gpu").count() == len(exporter_snapshot()["gpus"])
+        error = page.locator("#history-error").inner_text()
+        assert error.startswith("No history: Prometheus at ") and "stays live" in error
+        assert page.locator("svg.history-chart").count() == 0
+    finally:
+        docker("start", "gpulab-prometheus")
+    wait_for(lambda: history_json(hub_admin)["error"] is None, 60, interval=1,
+             what="Prometheus to answer the history again")
