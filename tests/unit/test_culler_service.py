@@ -187,6 +187,8 @@ def test_notices_round_trip_and_what_a_member_reads(tmp_path):
     assert shown[0]["text"].startswith("Your server was stopped: its GPU")
     assert shown[1]["iso"] == "2025-11-30T11:03:20+00:00"
     assert notes.notices_for(notes.read(path), "bob", T0) == []
+    soon = notes.notices_for(notes.read(path), "alice", T0 + 540)[1]["text"]
+    assert soon.startswith("Your server 'big' will be stopped in less than a minute: ")
 
 
 def test_a_broken_notices_file_is_no_notices(tmp_path, caplog):

@@ -103,10 +103,12 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
     for w in notices.warnings.values():
         if w.user != user:
             continue
-        minutes = max(0, round((w.stop_at - now) / 60))
+        left = w.stop_at - now
+        when = ("in less than a minute" if left < 90 else
+                f"in about {round(left / 60)} min")
         out.append({"kind": "warning", "server": w.server, "at": w.stop_at,
-                    "text": f"Your {server_label(w.server)} will be stopped in about "
-                            f"{minutes} min: {w.message}. "
+                    "text": f"Your {server_label(w.server)} will be stopped {when}: "
+                            f"{w.message}. "
                             + ("Use its GPU, or stop the server yourself to give the GPU "
                                "back now." if w.reason == "idle" else
                                "Save your work; you can start it again afterwards.")})
