@@ -44,6 +44,9 @@ class Prometheus:
         try:
             response = await AsyncHTTPClient().fetch(request)
         except HTTPClientError as e:
+            if e.code == 599:  # tornado's own: timed out or the connection dropped
+                raise PrometheusUnavailable(f"Prometheus at {self.url} did not answer "
+                                            f"within {self.timeout:g}s ({e})") from None
             reason = _error(e.response.body) if e.response is not None else None
             raise PrometheusUnavailable(
                 f"Prometheus at {self.url} answered {e.code} to {expr!r}"

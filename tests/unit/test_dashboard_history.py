@@ -242,7 +242,7 @@ async def test_the_shell_asks_one_range_query_per_line_on_the_grid(prometheus):
                     if path == "/api/v1/query_range")
     assert ranges == sorted(Q.values())
     assert {(p["start"], p["end"], p["step"]) for path, p in prometheus.requests
-            if path == "/api/v1/query_range"} == {(str(T0 - 3600), str(T0), "15")}
+            if path == "/api/v1/query_range"} == {(f"{T0 - 3600:.3f}", f"{T0:.3f}", "15")}
     assert ("/api/v1/query", {"query": gpu_hours_query(3600), "time": f"{T0:.3f}"}) in \
         prometheus.requests
     assert model["error"] is None

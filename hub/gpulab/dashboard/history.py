@@ -22,10 +22,10 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
 
 from gpulab.dashboard.sources import Source, SourceUnreachable, _float
 from gpulab.dashboard.usage import PrometheusUsage, UsageUnavailable
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 # The ranges the page offers, in seconds, in the selector's order.
 RANGES: dict[str, int] = {"1h": 3600, "1d": 86400, "1w": 7 * 86400}
@@ -191,15 +191,10 @@ class PrometheusHistory(Source):
 
     async def query_range(self, expr: str, start: int, end: int,
                           step: int) -> list[dict[str, Any]]:
-        query = urlencode({"query": expr, "start": start, "end": end, "step": step})
-        data = await self._get_json(f"{self.url}/api/v1/query_range?{query}")
-        if not isinstance(data, dict) or data.get("status") != "success":
-            error = data.get("error") if isinstance(data, dict) else None
-            raise SourceUnreachable(f"query {expr!r} failed: {error or 'no status'}")
-        result = (data.get("data") or {}).get("result")
-        if not isinstance(result, list):
-            raise SourceUnreachable(f"query {expr!r}: no result matrix")
-        return result
+        try:
+            return await Prometheus(self.url, self.timeout).query_range(expr, start, end, step)
+        except PrometheusUnavailable as e:
+            raise SourceUnreachable(str(e)) from e
 
     async def read(self, range_name: str, now: float) -> dict[str, Any]:
         """The model for *range_name* ending at *now*; a Prometheus that does not answer

@@ -19,9 +19,10 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
 DEFAULT_PROMETHEUS_URL = "http://prometheus:9090"
@@ -94,15 +95,15 @@ class PrometheusSource(Source):
                                     "is it scraping the exporter (job gpulab-exporter)?")
         return snapshot_from_prometheus(series, timestamp=scraped_at)
 
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        super().__init__(url, timeout)
+        self.api = Prometheus(self.url, timeout)
+
     async def _query(self, query: str) -> list[dict[str, Any]]:
-        data = await self._get_json(f"{self.url}/api/v1/query?{urlencode({'query': query})}")
-        if not isinstance(data, dict) or data.get("status") != "success":
-            error = data.get("error") if isinstance(data, dict) else None
-            raise SourceUnreachable(f"query {query!r} failed: {error or 'no status'}")
-        result = (data.get("data") or {}).get("result")
-        if not isinstance(result, list):
-            raise SourceUnreachable(f"query {query!r}: no result vector")
-        return result
+        try:
+            return await self.api.query(query)
+        except PrometheusUnavailable as e:
+            raise SourceUnreachable(str(e)) from e
 
 
 class AlertmanagerAlerts(Source):

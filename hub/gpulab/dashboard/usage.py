@@ -19,9 +19,10 @@ import io
 import json
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 RECORD = "gpulab:user_gpus_held"
 SAMPLE_SECONDS = 15  # the recording rule's interval (usage.yml)
@@ -106,19 +107,11 @@ class PrometheusUsage:
         self.timeout = timeout
 
     async def _query(self, expr: str, at: datetime) -> list[dict[str, Any]]:
-        query = urlencode({"query": expr, "time": f"{at.timestamp():.3f}"})
-        request = HTTPRequest(f"{self.url}/api/v1/query?{query}", request_timeout=self.timeout,
-                              connect_timeout=self.timeout)
         try:
-            response = await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            raise UsageUnavailable(f"Prometheus answered {e.code} to {expr!r}") from None
-        except OSError as e:
-            raise UsageUnavailable(f"Prometheus at {self.url} did not answer: {e}") from None
-        data = json.loads(response.body)
-        if data.get("status") != "success":
-            raise UsageUnavailable(f"Prometheus could not run {expr!r}: {data.get('error')}")
-        return data["data"]["result"]
+            return await Prometheus(self.url, self.timeout).query(expr, at.timestamp())
+        except PrometheusUnavailable as e:
+            raise UsageUnavailable(str(e)) from None
+
 
     async def gpu_hours(self, end: datetime, seconds: int) -> dict[str, float]:
         """{user: GPU-hours} held in the *seconds* before *end* (a day here; the
