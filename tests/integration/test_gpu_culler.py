@@ -85,6 +85,10 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     text = notices(page, "stopped").inner_text()
     assert "Your server was stopped: its GPU stayed under 5% utilization" in text, text
     screenshot(page, "gpu-culler-stopped.png")
+    # also where JupyterLab's tab lands when it reconnects: "Server not running"
+    page.goto(f"{HUB_URL}/user/{idle.name}/lab")
+    assert "Server not running" in page.locator("h1").first.inner_text()
+    assert "its GPU stayed under 5% utilization" in notices(page, "stopped").inner_text()
 
     # and the GPU it held goes to the next member
     after.start_server({"gpus": 1})
