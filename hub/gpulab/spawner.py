@@ -34,6 +34,7 @@ from traitlets import Any, Dict, Float, List, Unicode, default
 from . import live_config
 from .allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
 from .containers import container_options
+from .culler.decide import policy_note
 from .leases import LeaseBook, lease_book
 from .naming import container_name
 from .settings import ConfigError, Settings
@@ -166,7 +167,8 @@ class GpulabSpawner(DockerSpawner):
 <table class="table table-condensed" id="gpulab-gpu-table">
   <thead><tr><th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
   <tbody>{''.join(rows)}</tbody>
-</table>"""
+</table>
+<p class="form-text" id="gpulab-culling">{escape(policy_note(policy, config.culling))}</p>"""
 
 
     # ------------------------------------------------------------- progress

@@ -67,6 +67,10 @@ def test_spawn_form_shows_gpus_names_holders_to_admins_and_the_choice_reaches_th
     assert page.locator("#gpulab-gpus option").all_inner_texts() == ["0", "1"]
     assert gpu_table(page) == [("0", "in use"), ("1", "free")]
     assert holder.name not in page.content()  # members are not told who holds a GPU
+    # and when GPUs come back (the shipped defaults: 2 h idle, a 15 min warning)
+    assert page.locator("#gpulab-culling").inner_text() == (
+        "A server holding GPUs is stopped when its GPUs stay under 5% utilization for 2 h, "
+        "after a warning 15 min ahead on your hub home page. Your files stay in your home.")
     screenshot(page, "spawn-form-member.png")
     spawn_from_form(page, "1")
     wait_for(lambda: (hub.server_model(member.name) or {}).get("ready"), 120,

@@ -18,6 +18,7 @@ from gpulab.culler.decide import (
     idle_since,
     longest_idle_window,
     plan,
+    policy_note,
     query_step,
 )
 from gpulab.gpus_config import Culling, Policy
@@ -169,3 +170,16 @@ def test_query_step(window, expected):
 ])
 def test_duration_text(seconds, text):
     assert duration_text(seconds) == text
+
+
+@pytest.mark.parametrize("idle, age, warn, note", [
+    (2 * HOUR, 0, 900, "A server holding GPUs is stopped when its GPUs stay under 5% "
+                       "utilization for 2 h, after a warning 15 min ahead on your hub home "
+                       "page. Your files stay in your home."),
+    (HOUR, 86400, 0, "A server holding GPUs is stopped when its GPUs stay under 5% "
+                     "utilization for 1 h or 1 day after it starts. Your files stay in your "
+                     "home."),
+    (0, 0, 900, ""),
+])
+def test_policy_note_for_the_spawn_form(idle, age, warn, note):
+    assert policy_note(policy(idle=idle, age=age), Culling(warn_before=warn)) == note

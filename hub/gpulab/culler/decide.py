@@ -151,3 +151,20 @@ def duration_text(seconds: float) -> str:
              f"{hours} h" if hours else "", f"{minutes} min" if minutes else "",
              f"{secs} s" if secs and not days and not hours else ""]
     return " ".join(p for p in parts if p) or "0 s"
+
+
+def policy_note(policy: Policy, culling: Culling) -> str:
+    """What a member is told on the spawn form about when their GPUs come back ("" when
+    neither clock runs for them)."""
+    rules = []
+    if policy.gpu_idle_timeout:
+        rules.append(f"when its GPUs stay under {culling.idle_below:.0%} utilization for "
+                     f"{duration_text(policy.gpu_idle_timeout)}")
+    if policy.max_server_age:
+        rules.append(f"{duration_text(policy.max_server_age)} after it starts")
+    if not rules:
+        return ""
+    warning = (f", after a warning {duration_text(culling.warn_before)} ahead on your hub "
+               f"home page" if culling.warn_before else "")
+    return (f"A server holding GPUs is stopped {' or '.join(rules)}{warning}. "
+            f"Your files stay in your home.")
