@@ -6,7 +6,7 @@ Pure, and tested on their own: :func:`parse_range`, :func:`choose_step`,
 ``query_range`` matrix -> series split at their gaps), :func:`holder_spans` and
 :func:`history_model` (everything -> the page's model, plain JSON types).
 :class:`PrometheusHistory` is the thin I/O shell (``/api/v1/query_range`` through
-:class:`gpulab.dashboard.sources.Source`); the GPU-hours come from the usage page's own
+:mod:`gpulab.prometheus_api`); the GPU-hours come from the usage page's own
 query (:meth:`gpulab.dashboard.usage.PrometheusUsage.gpu_hours`).
 
 Every point is a ``max_over_time`` over the step before it (at least two scrapes), so a
