@@ -5,7 +5,7 @@ member; a member whose GPU works keeps it.
 The exporter's fake GPUs are held at 0 % and 80 % utilization (the control file); the
 culler reads that back from Prometheus, as it does on a real host. gpus.yaml is edited
 while the hub runs, as an admin would (the culler reads it every second): a 45 s idle
-timeout with a 20 s warning, checked every 3 s. About two minutes.
+timeout with a 20 s warning, checked every 3 s. About three minutes.
 """
 
 from __future__ import annotations
@@ -104,3 +104,25 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     idle.start_server({"gpus": 0})
     wait_for(lambda: (page.reload() or True) and notices(page, "stopped").count() == 0, 30,
              interval=2, what="the stop notice to go once the server runs again")
+
+    # the next member leaves GPU 0 idle too and is warned; their GPU then works again
+    # (within the warning time, made longer than Prometheus' 15 s scrape needs to see
+    # it): the warning goes and the server stays
+    lab_config.write("gpus.yaml", CULLING.replace(f"warn_before: {WARN_BEFORE}s",
+                                                  "warn_before: 60s"))
+    page = new_page()
+    submit_login(page, after.name, after.token, next_url="/hub/home")
+
+    def warned_next():
+        page.reload()
+        return notices(page, "warning").count() == 1
+
+    wait_for(warned_next, 90, interval=2, what="the next member's warning")
+    fake_control({"utilization": {"0": 80, "1": 80}})
+    busy_again = time.monotonic()
+    wait_for(lambda: not warned_next(), 60, interval=2,
+             what="the warning to be withdrawn once the GPU works")
+    time.sleep(max(0.0, busy_again + 60 + 10 - time.monotonic()))  # past any stop time
+    assert hub.server_model(after.name) is not None
+    assert re.search(rf"GPU culler: {re.escape(after.name)}'s server is no longer due to "
+                     rf"stop; warning withdrawn", container_logs("gpulab-hub", 1000))
