@@ -134,7 +134,7 @@ $(VENV)/.installed: pyproject.toml monitoring/exporter/pyproject.toml
 venv: $(VENV)/.installed
 
 lint: venv
-	$(VENV)/bin/ruff check hub tests bench monitoring
+	$(VENV)/bin/ruff check hub tests bench monitoring images
 
 test-unit: venv
 	$(VENV)/bin/pytest -m "not integration" tests

@@ -7,9 +7,12 @@ about 210 MB, most of it torch and sympy code that no start touches; this compil
 a start touches, about 55 MB:
 
 * the server: `jupyter lab` with the image's server extensions (the same ones
-  jupyterhub-singleuser loads), asked for the pages and APIs JupyterLab requests when it
-  opens, plus the jupyterhub.singleuser extension itself;
-* the first cell: a kernel that imports torch and numpy and runs one backward pass.
+  jupyterhub-singleuser loads, jupyter-server-proxy among them), asked for the pages and
+  APIs JupyterLab requests when it opens, plus the jupyterhub.singleuser extension itself;
+* the launcher's TensorBoard and GPU panel, opened through that server's proxy (each is
+  a process of its own, started on first use, that members would otherwise wait for);
+* the first cells: a kernel that imports torch and numpy and runs one backward pass,
+  then draws a matplotlib plot, makes a widget and a TensorBoard summary writer.
 
 Python writes the bytecode of each module it imports next to the source
 (__pycache__, readable by everyone). Run as root during `docker build`; exits non-zero,
@@ -32,8 +35,19 @@ URL = f"http://127.0.0.1:{PORT}"
 # What JupyterLab asks of its server when a member opens it.
 PAGES = ["/lab", "/lab/tree", "/lab/api/settings", "/lab/api/translations",
          "/lab/api/workspaces", "/api/me", "/api/status", "/api/kernelspecs",
-         "/api/contents", "/api/sessions", "/api/terminals", "/api/kernels"]
+         "/api/contents", "/api/sessions", "/api/terminals", "/api/kernels",
+         "/server-proxy/servers-info"]
+# What the launcher's TensorBoard and GPUs cards open (jupyter_server_config.py), and
+# what those pages then ask for.
+PROXIED = ["/tensorboard/", "/tensorboard/data/environment", "/tensorboard/data/plugins_listing",
+           "/tensorboard/data/runs", "/gpus/", "/gpus/gpus.json"]
 FIRST_CELL = "import torch, numpy\ntorch.ones(2, requires_grad=True).sum().backward()"
+LAB_CELL = """
+import matplotlib.pyplot as plt, ipywidgets
+from torch.utils.tensorboard import SummaryWriter
+plt.plot([1, 2, 3]); plt.show()
+ipywidgets.IntSlider()
+"""
 
 
 def request(path: str, body: bytes | None = None) -> bytes:
@@ -59,7 +73,7 @@ def warm_server() -> None:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("compile_start_path: jupyter lab did not start") from None
                 time.sleep(0.3)
-        for page in PAGES:
+        for page in PAGES + PROXIED:
             request(page)
         kernel = json.loads(request("/api/kernels", b"{}"))  # the server's kernel machinery
         time.sleep(2)
@@ -72,9 +86,10 @@ def warm_server() -> None:
 def warm_first_cell() -> None:
     manager, client = start_new_kernel(startup_timeout=120)
     try:
-        reply = client.execute_interactive(FIRST_CELL, timeout=300, output_hook=lambda msg: None)
-        if reply["content"]["status"] != "ok":
-            raise SystemExit(f"compile_start_path: the first cell failed: {reply['content']}")
+        for cell in (FIRST_CELL, LAB_CELL):
+            reply = client.execute_interactive(cell, timeout=300, output_hook=lambda msg: None)
+            if reply["content"]["status"] != "ok":
+                raise SystemExit(f"compile_start_path: a first cell failed: {reply['content']}")
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

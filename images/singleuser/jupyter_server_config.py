@@ -9,6 +9,7 @@
 # /opt/venv/etc/jupyter, which jupyterhub-singleuser reads at start; it replaces only
 # that one lookup, and tests/integration/test_claims.py checks it on the real stack.
 import os
+import sys
 
 from jupyterhub.services.auth import HubAuth
 
@@ -25,3 +26,37 @@ HubAuth._get_token_url = _no_token_from_the_url
 if os.environ.get("JUPYTERHUB_PUBLIC_URL", "").startswith("https://"):
     # a plain dict: jupyterhub-singleuser reads this setting as one at start
     c.ServerApp.tornado_settings = {"xsrf_cookie_kwargs": {"secure": True}}  # noqa: F821
+
+
+# TensorBoard and the GPU panel, as cards in JupyterLab's launcher (README, "What the
+# image carries"). jupyter-server-proxy starts each one when it is first opened and
+# proxies it under the server's URL, behind the hub's sign-in like the rest of it:
+# /user/NAME/tensorboard/ (a browser tab) and /user/NAME/gpus/ (a JupyterLab tab).
+ICONS = "/opt/venv/share/gpulab/icons"
+
+
+def _tensorboard_command(port):
+    """TensorBoard on ~/runs: where torch.utils.tensorboard's SummaryWriter() writes by
+    default from a notebook in the home folder (runs/DATE_HOST); made if missing."""
+    logdir = os.path.expanduser("~/runs")
+    os.makedirs(logdir, exist_ok=True)
+    return [sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
+c.ServerProxy.servers = {  # noqa: F821
+    "tensorboard": {
+        "command": _tensorboard_command,
+        "timeout": 60,  # its first start imports a lot (seconds on a busy 2-core host)
+        "launcher_entry": {"title": "TensorBoard", "category": "Other",
+                           "icon_path": f"{ICONS}/tensorboard.svg"},
+        "new_browser_tab": True,
+    },
+    "gpus": {
+        "command": [sys.executable, "-m", "gpulab_gpus", "--port", "{port}"],
+        "timeout": 20,
+        "launcher_entry": {"title": "GPUs", "category": "Other",
+                           "icon_path": f"{ICONS}/gpus.svg"},
+        "new_browser_tab": False,
+    },
+}

@@ -3,7 +3,8 @@
 Every start of a member's server used to compile its imports from source (members cannot
 write bytecode to root's /opt/venv), and to build rfc3987-syntax's grammar (0.9 s) for a
 format check nothing uses. The image now carries bytecode for what a start and a first
-`import torch` import (images/singleuser/compile_start_path.py), and no rfc3987-syntax.
+`import torch` import, and what opening TensorBoard or the GPU panel and a first plot
+import (images/singleuser/compile_start_path.py), and no rfc3987-syntax.
 These tests run the image as a member's server runs (uid 1000, read-only root) and a
 real member's server on the stack; bench/spawn.py measures what it gains.
 """
@@ -59,6 +60,21 @@ SERVER_START = """
                          "--ServerApp.open_browser=False"])
     import ipykernel.kernelapp, ipykernel.ipkernel, torch, numpy
 """
+# What the launcher's TensorBoard and GPUs cards start (processes of their own, started
+# when a member opens them), and a cell that plots, shows a widget and logs for TensorBoard.
+TOOLS_START = """
+    import gpulab_gpus, pynvml, tensorboard.main
+    from tensorboard import default, program
+    program.TensorBoard(default.get_plugins())
+    gpulab_gpus.snapshot()
+    import matplotlib
+    matplotlib.use("module://matplotlib_inline.backend_inline")
+    import matplotlib.pyplot as plt, ipywidgets
+    from torch.utils.tensorboard import SummaryWriter
+    plt.plot([1, 2, 3])
+    plt.gcf().canvas.print_figure(__import__("io").BytesIO(), format="png")
+    ipywidgets.IntSlider()
+"""
 # The hub and the Docker proxies (gpulab/hub; read-only root filesystems, so they cannot
 # cache bytecode either) and the exporter: pip compiles what it installs.
 HUB_START = """
@@ -78,6 +94,11 @@ def assert_compiled(report: dict, image: str) -> None:
 def test_what_a_server_start_imports_is_compiled_in_the_image(image):
     report = json.loads(run_as_member(image, uncompiled(SERVER_START)).splitlines()[-1])
     assert report["modules"] > 1000, report
+    assert_compiled(report, image)
+
+
+def test_what_opening_tensorboard_the_gpu_panel_and_a_plot_imports_is_compiled(image):
+    report = json.loads(run_as_member(image, uncompiled(TOOLS_START)).splitlines()[-1])
     assert_compiled(report, image)
 
 
