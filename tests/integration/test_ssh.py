@@ -219,6 +219,9 @@ def test_file_transfer_and_port_forwarding_are_refused(ssh, lab_user):
     frank = lab_user("sshnofiles")
     frank.start_server()
     r = ssh.run(frank.name, frank.token, "-s", command="sftp")
-    assert r.returncode == 1 and "'sftp' subsystem is not available" in r.stderr, r
+    assert r.returncode == 255 and "subsystem request failed" in r.stderr, r
+    r = ssh.run(frank.name, frank.token, "-s", command="other")
+    assert r.returncode == 1 and "'other' subsystem is not available" in r.stderr, r
     r = ssh.run(frank.name, frank.token, "-W", "127.0.0.1:8888")
     assert r.returncode == 255 and "administratively prohibited" in r.stderr, r
+    assert "forwards no ports" in r.stderr

@@ -102,3 +102,12 @@ def test_a_real_terminal_echoes_the_typed_line_without_the_markers():
     raw = run_in_pty(command_line("true", NONCE, pty=False))
     assert "\\036B" + NONCE in raw  # the echo shows the escapes, not the marker bytes
     assert raw.count(f"\x1eB{NONCE}\x1e") == 1
+
+
+@pytest.mark.skipif(not shutil.which("bash") or not shutil.which("base64"),
+                    reason="needs bash and base64")
+def test_with_a_terminal_requested_the_command_gets_echo_and_crlf():
+    p = ExecOutput(NONCE)
+    got = p.feed(run_in_pty(command_line("stty -a | grep -o -w -- -*echo; echo hi", NONCE,
+                                         pty=True)))
+    assert (got, p.status) == ("echo\r\nhi\r\n", 0)

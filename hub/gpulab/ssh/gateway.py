@@ -42,6 +42,7 @@ log = logging.getLogger("gpulab.ssh")
 
 MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
 PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
+NO_FORWARDING = "gpulab-ssh forwards no ports: open a terminal or run a command"
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,7 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
             pass
         await term.send_stdin(line)
 
-    async def from_client() -> bool:
-        """True when the session should end (end of input to an interactive shell)."""
+    async def from_client() -> None:
         last = "\n"
         while True:
             try:
@@ -198,14 +198,17 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
                 data = "\x03"
             except asyncssh.SignalReceived:
                 continue
-            if not data:
-                if parser is None:
-                    return True
-                await command_started.wait()
-                # ^D ends the command's input (twice after a line without newline)
-                await term.send_stdin("\x04" if last.endswith("\n") else "\x04\x04")
-                return False
             await command_started.wait()  # input is for the command, never the shell
+            if not data:
+                # End of the client's input. A command gets ^D, as from a keyboard (twice
+                # after a line without a newline), and the session ends with its output.
+                # An interactive shell gets nothing, as from OpenSSH's sshd: what was
+                # typed ahead (`printf 'make\nexit\n' | ssh -tt ...`) still runs, and the
+                # session ends when the shell does.
+                if parser is not None:
+                    await term.send_stdin("\x04" if last.endswith(("\n", "\r"))
+                                          else "\x04\x04")
+                return
             await term.send_stdin(data)
             last = data
 
@@ -223,9 +226,9 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
                 return out_task.result()
             if closed in done:
                 return 255  # the client went away
-            waiting.discard(in_task)  # the client's input ended: the shell ends with it,
-            if in_task.exception() is not None or in_task.result():  # a command need not
-                return 0
+            waiting.discard(in_task)  # the client's input ended (or the terminal went)
+            if in_task.exception() is not None:
+                return 255
     finally:
         for t in tasks:
             t.cancel()
@@ -262,6 +265,17 @@ class _Connection(asyncssh.SSHServer):
     async def validate_password(self, username, password):
         self.member = await self.gateway.sign_in(self.conn, self.address, username, password)
         return self.member is not None
+
+    def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                        NO_FORWARDING)
+
+    def unix_connection_requested(self, dest_path):
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                        NO_FORWARDING)
+
+    def server_requested(self, listen_host, listen_port):
+        return False  # remote forwarding (ssh -R)
 
     def session_requested(self):
         member = self.member
