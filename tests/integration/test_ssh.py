@@ -72,8 +72,11 @@ class SSH:
                 "GPULAB_TEST_SSH_PASSWORD": str(secret), "DISPLAY": ""}
 
     def run(self, user: str, password: str, *extra: str, command: str | None = None,
-            stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        args = self.args(user, *extra) + ([command] if command is not None else [])
+            stdin: str | None = None, timeout: float = 60,
+            netns: str | None = None) -> subprocess.CompletedProcess:
+        """`ssh` as *user* with *password*; in network namespace *netns* if given."""
+        where = ["ip", "netns", "exec", netns] if netns else []
+        args = where + self.args(user, *extra) + ([command] if command is not None else [])
         return subprocess.run(args, input=stdin, stdin=None if stdin is not None else
                               subprocess.DEVNULL, capture_output=True, text=True,
                               env=self.env(password), timeout=timeout)
