@@ -27,6 +27,8 @@ import time
 
 import pytest
 
+from gpulab.ssh.hostkey import known_hosts_line
+
 from .stack import container_logs, docker
 from .throttle_rows import SSH_CONTAINER, SSH_THROTTLE, failures_undone
 
@@ -48,9 +50,8 @@ class SSH:
             .rpartition(":")
         self.port = int(port)
         key = docker("exec", SSH_CONTAINER, "cat", "/run/secrets/ssh/ssh_host_ed25519_key.pub")
-        kind, data = key.split()[:2]
         self.known_hosts = folder / "known_hosts"
-        self.known_hosts.write_text(f"[{self.host}]:{self.port} {kind} {data}\n")
+        self.known_hosts.write_text(known_hosts_line(key, self.host, self.port))
         self.askpass = folder / "askpass.sh"
         self.askpass.write_text('#!/bin/sh\ncat "$GPULAB_TEST_SSH_PASSWORD"\n')
         self.askpass.chmod(0o700)
