@@ -250,7 +250,7 @@ from gpulab.cli import HubClient
 hub = HubClient.from_env()
 hub.request("POST", "/users/httpsmember/server", {}, ok=(201, 202))
 for _ in range(120):
-    if (hub.request("GET", "/users/httpsmember")["servers"].get("") or {}).get("ready"):
+    if (hub.request("GET", "/users/httpsmember")[1]["servers"].get("") or {}).get("ready"):
         break
     time.sleep(1)
 else:
