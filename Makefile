@@ -31,6 +31,12 @@ WAIT_CURL_ARGS = --resolve $(GPULAB_HOSTNAME):$(GPULAB_PORT):$(HUB_HOST) \
   $(if $(GPULAB_TLS_CERT),,--cacert secrets/tls/ca.crt)
 endif
 HUB_URL ?= http://$(HUB_HOST):$(or $(GPULAB_PORT),8000)
+# The SSH gateway (gpulab-ssh) listens on GPULAB_BIND_ADDRESS too. Members are told the
+# hub's URL when their server is not running, unless it is only a loopback stand-in for
+# an address bound everywhere.
+SSH_PORT := $(or $(GPULAB_SSH_PORT),2222)
+SSH_HOST := $(or $(GPULAB_HOSTNAME),$(HUB_HOST))
+SSH_PUBLIC_URL := $(if $(filter 0.0.0.0,$(GPULAB_BIND_ADDRESS)),$(if $(GPULAB_HOSTNAME),$(HUB_URL)),$(HUB_URL))
 
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
@@ -42,7 +48,7 @@ export GPULAB_DOCKER_GID = $(shell stat -c %g /var/run/docker.sock 2>/dev/null |
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets tls test test-host test-unit lint venv check-config bench
+.PHONY: help up down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -79,11 +85,19 @@ tls: images secrets
 	  $(if $(GPULAB_TLS_CERT),--cert "$(abspath $(GPULAB_TLS_CERT))") \
 	  $(if $(GPULAB_TLS_KEY),--key "$(abspath $(GPULAB_TLS_KEY))") | sed 's/^/[gpulab] /'
 
+# The SSH gateway's host key (gpulab.ssh.hostkey): made once in secrets/ssh/, then kept,
+# so that members' known_hosts stay valid; readable by the gateway's user (nobody) only.
+ssh-key: images secrets
+	@install -d -m 755 secrets/ssh
+	@set -o pipefail; docker run --rm --network none -v "$(CURDIR)/secrets/ssh:$(CURDIR)/secrets/ssh" \
+	  gpulab/hub:latest gpulab-ssh keygen --dir "$(CURDIR)/secrets/ssh" --owner 65534:65534 \
+	  | sed 's/^/[gpulab] /'
+
 images: docker
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
 
-up: images secrets $(if $(GPULAB_HOSTNAME),tls)
+up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Alertmanager would crash-loop on a bad config/alertmanager.yml: refuse it here.
@@ -98,11 +112,13 @@ up: images secrets $(if $(GPULAB_HOSTNAME),tls)
 	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
 	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum config/alertmanager.yml | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
+	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
 	  $(COMPOSE) up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
+	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
 
 down:
 	@if docker info >/dev/null 2>&1; then \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make this host ready for the whole test suite (`make test` runs it before `make up`):
-#  - the browser the Chromium tests drive and promtool for the alert-rule tests;
+#  - the browser the Chromium tests drive, promtool for the alert-rule tests and the
+#    OpenSSH client for the SSH gateway's tests;
 #  - on a host WITHOUT an NVIDIA GPU, a dockerd that can start containers with GPU
 #    requests: dockerd registers its nvidia device driver only when it finds
 #    nvidia-container-runtime-hook on its PATH at start, so the STAND-IN hook in
@@ -19,6 +20,8 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # test_https.py: certutil puts the local CA in a test browser's NSS database; openssl.
 command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# test_ssh.py: the real OpenSSH client against gpulab-ssh.
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "The tests need ${need[*]}: apt-get install --no-install-recommends ${need[*]}"

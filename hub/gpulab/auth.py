@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -50,17 +49,11 @@ from .forwarded import TrustedProxies, client_address
 from .login_tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
 from .redirects import safe_next_url
 from .throttle import Decision, Policy, Throttle
+from .usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
 __all__ = ["LOGIN_TOKEN_NOTE", "GpulabLoginHandler", "TokenAuthenticator", "TrustedProxies",
            "client_address", "configure_login"]
 
-# 1-32 characters: lowercase letters and digits, with single ".", "_" or "-" between
-# them. No leading/trailing punctuation, so "." and ".." and "-x" are impossible.
-USERNAME_PATTERN = r"^(?=.{1,32}\Z)[a-z0-9]+(?:[._-][a-z0-9]+)*\Z"
-USERNAME_RULES = (
-    "A username is 1 to 32 characters: lowercase letters a-z and digits, with single "
-    "'.', '_' or '-' between them (for example alice or j.smith)."
-)
 # Query parameters that would put a credential into a URL (and so into logs and
 # browser history). JupyterHub's log scrubber does not know "password".
 CREDENTIAL_PARAMS = ("password", "token")
@@ -390,8 +383,7 @@ class TokenAuthenticator(Authenticator):
     def normalize_username(self, username):
         """``" Alice "`` -> ``alice``; full-width and other compatibility forms fold
         to their plain letters (NFKC) before JupyterHub lowercases them."""
-        username = unicodedata.normalize("NFKC", username or "").strip()
-        return super().normalize_username(username)
+        return super().normalize_username(fold(username))
 
     async def authenticate(self, handler, data):
         data = data or {}

@@ -34,11 +34,12 @@ INFRA_CONTAINERS = (
     "gpulab-exporter",
     "gpulab-prometheus",
     "gpulab-alertmanager",
+    "gpulab-ssh",
 )
 
 # The stack's own volumes: no user's home volume may ever be given one of these names.
 INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-alertmanager-data",
-                 "gpulab-datasets")
+                 "gpulab-ssh-data", "gpulab-datasets")
 
 # JupyterHub service names.
 DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page

@@ -58,10 +58,11 @@ def test_user_container_is_hardened(hub, lab_user):
     assert through_proxy.status_code == 403
 
 
-def test_only_the_proxy_publishes_a_port_and_on_loopback(hub):
+def test_only_the_proxy_and_the_ssh_gateway_publish_a_port_and_on_loopback(hub):
     assert docker("port", "gpulab-proxy") == "8000/tcp -> 127.0.0.1:8000"
+    assert docker("port", "gpulab-ssh") == "2222/tcp -> 127.0.0.1:2222"
     for name in INFRA_CONTAINERS:
-        if name != "gpulab-proxy":
+        if name not in ("gpulab-proxy", "gpulab-ssh"):
             assert docker("port", name) == "", name
 
 

@@ -18,12 +18,15 @@ runs after the other tests.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+
+from gpulab.naming import container_name
 
 from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot
 from .stack import REPO, Hub, container_logs, docker, exporter_flags, make, wait_for
@@ -239,6 +242,55 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
                             DELETE_MEMBER.replace("httpsmember", name)],
                            capture_output=True, text=True, timeout=120)
             docker("volume", "rm", "-f", f"gpulab-home-{name}", check=False)
+
+
+START_SERVER = """
+import time
+from gpulab.cli import HubClient
+hub = HubClient.from_env()
+hub.request("POST", "/users/httpsmember/server", {}, ok=(201, 202))
+for _ in range(120):
+    if (hub.request("GET", "/users/httpsmember")[1]["servers"].get("") or {}).get("ready"):
+        break
+    time.sleep(1)
+else:
+    raise SystemExit("httpsmember's server did not get ready")
+"""
+
+
+def test_ssh_from_a_members_machine_through_the_https_proxy(https_stack, lab_network,
+                                                            tmp_path):
+    """gpulab-ssh on the lab's address reaches the hub and the member's server through the
+    proxy's TLS port, trusting exactly the certificate the proxy serves; it tells a member
+    the hub's https:// address and counts her failures against her own machine."""
+    from .test_ssh import SSH, SSH_CONTAINER, SSH_THROTTLE
+
+    name = f"https-ssh-{uuid.uuid4().hex[:6]}"
+    issued = subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "token", "issue", name,
+                             "--expires", "1h"], capture_output=True, text=True, timeout=60)
+    assert issued.returncode == 0, issued.stderr
+    token = re.search(r"\b[0-9a-f]{32,}\b", issued.stdout).group(0)
+    ssh = SSH(tmp_path)
+    assert (ssh.host, ssh.port) == (HUB_IP, 2222)
+    try:
+        r = ssh.run(name, token, command="true", netns=lab_network)
+        assert r.returncode == 1 and (f"Your server is not running; start it at {URL}:443"
+                                      f"/hub/home") in r.stderr, r
+        docker("exec", "gpulab-hub", "python3", "-c", START_SERVER.replace("httpsmember", name))
+        r = ssh.run(name, token, command="whoami; hostname", netns=lab_network)
+        hostname = json.loads(docker("inspect", container_name(name)))[0]["Config"]["Hostname"]
+        assert (r.returncode, r.stdout.split()) == (0, ["jovyan", hostname]), r
+        r = ssh.run(name, "0" * 40, command="true", netns=lab_network)
+        assert r.returncode == 255, r
+        rows = throttle("read", container=SSH_CONTAINER, path=SSH_THROTTLE)
+        assert rows.get(f"address|{CLIENT_IP}", [0])[0] == 1, rows
+    finally:
+        throttle("forget", container=SSH_CONTAINER, path=SSH_THROTTLE,
+                 addresses=[CLIENT_IP], users=[name])
+        subprocess.run(["docker", "exec", "gpulab-hub", "python3", "-c",
+                        DELETE_MEMBER.replace("httpsmember", name)],
+                       capture_output=True, text=True, timeout=120)
+        docker("volume", "rm", "-f", f"gpulab-home-{name}", check=False)
 
 
 # The member's server and account go through the hub's own API from inside its

@@ -143,6 +143,8 @@ def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
         "exporter": ("exporter", 9445),
         "docker_proxy": ("docker-proxy", 2375),
         "prometheus_by_ip": (ip_on("gpulab-prometheus", "gpulab-monitoring"), 9090),
+        "ssh_gateway_by_ip": (ip_on("gpulab-ssh", "gpulab-ssh"), 2222),
+        "ssh_gateway": ("gpulab-ssh", 2222),
     })
     assert seen == {
         "hub_api": "open",
@@ -153,6 +155,8 @@ def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
         "exporter": "no such host",
         "docker_proxy": "no such host",
         "prometheus_by_ip": "unreachable",
+        "ssh_gateway_by_ip": "unreachable",
+        "ssh_gateway": "no such host",
     }
     # Controls: those ports do answer, to whom they are for.
     # (the dashboard listens on the hub's address on the gpulab network, where the proxy

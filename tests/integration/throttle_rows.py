@@ -1,6 +1,7 @@
-"""The hub's login throttle, read and put back by the sign-in tests.
+"""The login throttles, read and put back by the sign-in tests.
 
-Failed sign-ins count in the hub's throttle (a sqlite file in the hub's volume). Tests
+Failed sign-ins count in the hub's throttle (a sqlite file in the hub's volume), and
+failed SSH sign-ins in the SSH gateway's own (same schema, in its volume). Tests
 that fail on purpose refuse to start while an address is locked, and afterwards put back
 what they changed: address counters that saw no new lockout go back to what they were,
 and the usernames they failed as are forgotten, so that running the suite again (or a
@@ -12,18 +13,20 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
 from .stack import docker, wait_for
 
 HUB_CONTAINER = "gpulab-hub"
+SSH_CONTAINER, SSH_THROTTLE = "gpulab-ssh", "/var/lib/gpulab-ssh/throttle.sqlite"
 
 SCRIPT = r"""
 import json, os, sqlite3, sys
-path = os.path.join(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"),
-                    "gpulab-login-throttle.sqlite")
 cmd = json.loads(sys.argv[1])
+path = cmd.get("path") or os.path.join(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"),
+                                       "gpulab-login-throttle.sqlite")
 if not os.path.exists(path):
     print("{}"); sys.exit(0)
 db = sqlite3.connect(path, timeout=10)
@@ -55,29 +58,33 @@ elif cmd["op"] == "forget":
 """
 
 
-def throttle(op: str, **kw) -> dict:
-    """Run one operation (read, restore, forget) on the hub's throttle file."""
-    out = docker("exec", HUB_CONTAINER, "python3", "-c", SCRIPT, json.dumps({"op": op, **kw}))
+def throttle(op: str, container: str = HUB_CONTAINER, path: str | None = None, **kw) -> dict:
+    """Run one operation (read, restore, forget) on a throttle file: the hub's, or with
+    *container* and *path* another one (the SSH gateway's)."""
+    out = docker("exec", container, "python3", "-c", SCRIPT,
+                 json.dumps({"op": op, "path": path, **kw}))
     return json.loads(out or "{}")
 
 
 @contextmanager
-def failures_undone(hub, failed_usernames: list[str]):
+def failures_undone(hub, failed_usernames: list[str], container: str = HUB_CONTAINER,
+                    path: str | None = None):
     """Around a module that fails sign-ins on purpose (see the module docstring)."""
-    before = throttle("read")
+    run = partial(throttle, container=container, path=path)
+    before = run("read")
     now = time.time()
     locked = {k: v[2] for k, v in before.items() if k.startswith("address|") and v[2] > now}
     if locked:
-        pytest.fail(f"the hub's login throttle has locked {locked} (locked_until, epoch "
+        pytest.fail(f"the login throttle of {container} has locked {locked} (locked_until, epoch "
                     "seconds): sign-in tests cannot run until then")
     yield
     try:
         wait_for(hub.is_up, 120, interval=1, what="the hub to answer")
-        after = throttle("read")
+        after = run("read")
         rows = {key: (row, before.get(key)) for key, row in after.items()
                 if key.startswith("address|") and row != before.get(key)
                 and row[3] == (before.get(key) or [0, 0, 0, 0, 0])[3]}
-        throttle("restore", rows=rows)
-        throttle("forget", addresses=[], users=failed_usernames)
+        run("restore", rows=rows)
+        run("forget", addresses=[], users=failed_usernames)
     except Exception as e:  # cleanup only: report, do not turn a pass into an error
         print(f"\ncould not restore the login throttle's counters: {e}")

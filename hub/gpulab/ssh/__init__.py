@@ -1,0 +1,17 @@
+"""gpulab-ssh: ``ssh -p 2222 alice@lab`` opens a shell in alice's own running server.
+
+The design of yuvipanda/jupyterhub-ssh: an SSH server on asyncssh that takes the
+member's login token as the password, checks it with the hub's REST API, and attaches
+the session to a Jupyter terminal in the member's server. Everything goes through the
+hub's proxy with the member's own token, so the gateway holds no credential of its own
+and can reach nothing the token cannot: not another member's server, not Docker.
+
+* :mod:`gpulab.ssh.policy`: pure decisions: usernames, who a token belongs to, whether
+  it may open the server, where the server is, the messages members see.
+* :mod:`gpulab.ssh.execwrap`: pure: a command (``ssh alice@lab CMD``) typed into a
+  terminal with markers around it, and the parser that finds its output and exit status.
+* :mod:`gpulab.ssh.terminal`: the Jupyter terminal client (REST + terminado websocket).
+* :mod:`gpulab.ssh.hostkey`: the host key, made once and kept.
+* :mod:`gpulab.ssh.gateway`: the asyncssh server, the throttle (:mod:`gpulab.throttle`)
+  and the ``gpulab-ssh`` command.
+"""

@@ -1,0 +1,3 @@
+from .gateway import main
+
+main()

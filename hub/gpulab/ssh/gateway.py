@@ -1,0 +1,383 @@
+"""gpulab-ssh: the SSH gateway process (asyncssh), and the ``gpulab-ssh`` command.
+
+One connection, step by step:
+
+1. Password authentication (keyboard-interactive asks for the same password). The
+   throttle (:mod:`gpulab.throttle`, its own sqlite file on the gateway's volume) is
+   asked first: a locked username or client address is refused without asking the hub,
+   with an SSH banner saying when to try again. Public keys, agent, X11 and port
+   forwarding are all refused.
+2. The password goes to the hub as a token (``GET /hub/api/user``) and
+   :func:`gpulab.ssh.policy.judge` decides. A wrong, revoked or expired token, or one
+   that names someone else, counts one failure against the username and the address.
+   The token is kept in memory for this connection only and never logged.
+3. Each session asks the hub again (a token revoked meanwhile stops new sessions),
+   finds the member's running server or says how to start it, opens a Jupyter terminal
+   there through the proxy (:mod:`gpulab.ssh.terminal`) and pipes it to the client:
+   a shell (with window-size changes forwarded), or one command
+   (:mod:`gpulab.ssh.execwrap`) whose exit status becomes the session's.
+
+``gpulab-ssh serve`` runs the gateway; ``gpulab-ssh keygen`` makes the host key once
+and ``gpulab-ssh fingerprint`` shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from ..throttle import Policy, Throttle
+from . import execwrap, hostkey, policy
+from .terminal import HubClient, HubError, Terminal
+
+log = logging.getLogger("gpulab.ssh")
+
+MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
+PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
+NO_FORWARDING = "gpulab-ssh forwards no ports: open a terminal or run a command"
+
+
+@dataclass(frozen=True)
+class Settings:
+    hub_url: str  # where the gateway reaches the hub's proxy (http://proxy:8000)
+    public_url: str  # what members are told to open ("" when unknown)
+    tls_trust: Path | None = None  # HTTPS: the proxy's certificate file, trusted as is
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    token: str
+
+    def __repr__(self) -> str:  # never the token, whatever logs it
+        return f"Member({self.name!r})"
+
+
+class Gateway:
+    """What all connections share: the settings, the throttle and the hub client."""
+
+    def __init__(self, settings: Settings, throttle: Throttle):
+        self.settings = settings
+        self.throttle = throttle
+        self.hub = HubClient(settings.hub_url, settings.tls_trust)
+
+    async def sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
+                      raw_username: str, token: str) -> Member | None:
+        name = policy.ssh_username(raw_username)
+        shown = name or f"{raw_username[:32]!r} (invalid)"
+        decision = self.throttle.check(name, address)
+        if decision.locked:
+            log.warning("ssh sign-in refused for %s from %s: locked for %ss",
+                        shown, address, decision.retry_after)
+            _banner(conn, decision.message())
+            return None
+        if name is None:
+            self.throttle.record_failure(None, address)
+            log.warning("ssh sign-in with invalid username %s from %s", shown, address)
+            return None
+        token = token.strip()
+        if not token or len(token) > MAX_TOKEN_LENGTH or not token.isprintable():
+            verdict = policy.Verdict(policy.FAILED, "malformed token")
+        else:
+            status, model = await self.hub.whoami(token)
+            verdict = policy.judge(name, status, model)
+        if verdict.outcome == policy.OK:
+            self.throttle.record_success(name)
+            log.info("ssh sign-in: %s from %s", name, address)
+            return Member(name, token)
+        if verdict.outcome == policy.FAILED:
+            decision = self.throttle.record_failure(name, address)
+            log.warning("failed ssh sign-in for %s from %s: %s", name, address, verdict.reason)
+            if decision.locked:
+                _banner(conn, decision.message())
+        else:
+            log.warning("ssh sign-in refused for %s from %s: %s", name, address, verdict.reason)
+            _banner(conn, verdict.message)
+        return None
+
+    async def session(self, member: Member, stdin: asyncssh.SSHReader,
+                      stdout: asyncssh.SSHWriter, stderr: asyncssh.SSHWriter) -> None:
+        chan = stdin.channel
+        try:
+            status = await self._session(member, chan, stdin, stdout, stderr)
+        except HubError as e:
+            log.warning("ssh session of %s: %s", member.name, e)
+            stderr.write("Could not open a terminal in your server; try again, or open "
+                         "it in JupyterLab.\r\n")
+            status = 1
+        except (asyncssh.Error, BrokenPipeError, ConnectionError):
+            status = 255  # the client went away
+        if not chan.is_closing():
+            chan.exit(status)
+
+    async def _session(self, member: Member, chan, stdin, stdout, stderr) -> int:
+        subsystem = chan.get_subsystem()
+        if subsystem:
+            stderr.write(policy.UNSUPPORTED_SUBSYSTEM.format(name=subsystem))
+            return 1
+        code, model = await self.hub.whoami(member.token)
+        if code != 200 or policy.judge(member.name, code, model).outcome != policy.OK:
+            stderr.write("Your token no longer works here (revoked or expired?); ask the "
+                         "lab admin for a new one.\r\n" if code in (401, 403) else
+                         "The hub is not answering; try again in a minute.\r\n")
+            return 1
+        path = policy.server_path(model)
+        if path is None:
+            stderr.write(policy.not_running_message(self.settings.public_url,
+                                                    policy.pending_of(model)))
+            return 1
+        pty = chan.get_terminal_type() is not None
+        command = chan.get_command()
+        if command is None and not pty:
+            command = execwrap.SCRIPT_FROM_STDIN
+        nonce = execwrap.new_nonce()
+        try:
+            line = None if command is None else execwrap.command_line(command, nonce, pty=pty)
+        except execwrap.CommandTooLong as e:
+            stderr.write(f"{e}\r\n")
+            return 1
+        log.info("ssh session of %s: %s%s", member.name,
+                 "shell" if command is None else "command", " with a terminal" if pty else "")
+        async with Terminal(self.settings.hub_url, path, member.token,
+                            self.settings.tls_trust) as term:
+            if pty:
+                width, height = chan.get_terminal_size()[:2]
+                await term.set_size(height, width)
+            return await _pipe(chan, term, stdin, stdout, line, nonce)
+
+
+async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: str) -> int:
+    """Terminal output to the client, the client's input (and window size) to the
+    terminal, until the shell or the command ends or the client goes; the exit status."""
+    parser = execwrap.ExecOutput(nonce) if line is not None else None
+    first_output = asyncio.Event()
+    command_started = asyncio.Event()
+    if parser is None:
+        command_started.set()
+
+    async def to_client() -> int:
+        while True:
+            text = await term.read()
+            if text is None:
+                return 0 if parser is None else 255  # the shell ended before the command
+            if text:
+                first_output.set()
+            if parser is not None:
+                text = parser.feed(text)
+                if parser.started:
+                    command_started.set()
+            if text:
+                stdout.write(text)
+            if parser is not None and parser.done:
+                return parser.status
+
+    async def type_command() -> None:
+        try:  # after the shell's prompt: it then reads the line in raw mode
+            await asyncio.wait_for(first_output.wait(), PROMPT_WAIT)
+        except TimeoutError:
+            pass
+        await term.send_stdin(line)
+
+    async def from_client() -> None:
+        last = "\n"
+        while True:
+            try:
+                data = await stdin.read(4096)
+            except asyncssh.TerminalSizeChanged as e:
+                await term.set_size(e.height, e.width)
+                continue
+            except asyncssh.BreakReceived:
+                data = "\x03"
+            except asyncssh.SignalReceived:
+                continue
+            await command_started.wait()  # input is for the command, never the shell
+            if not data:
+                # End of the client's input. A command gets ^D, as from a keyboard (twice
+                # after a line without a newline), and the session ends with its output.
+                # An interactive shell gets nothing, as from OpenSSH's sshd: what was
+                # typed ahead (`printf 'make\nexit\n' | ssh -tt ...`) still runs, and the
+                # session ends when the shell does.
+                if parser is not None:
+                    await term.send_stdin("\x04" if last.endswith(("\n", "\r"))
+                                          else "\x04\x04")
+                return
+            await term.send_stdin(data)
+            last = data
+
+    out_task = asyncio.create_task(to_client())
+    in_task = asyncio.create_task(from_client())
+    closed = asyncio.create_task(chan.wait_closed())
+    tasks = [out_task, in_task, closed]
+    if line is not None:
+        tasks.append(asyncio.create_task(type_command()))
+    try:
+        waiting = {out_task, in_task, closed}
+        while True:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if out_task in done:
+                return out_task.result()
+            if closed in done:
+                return 255  # the client went away
+            waiting.discard(in_task)  # the client's input ended (or the terminal went)
+            if in_task.exception() is not None:
+                return 255
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _banner(conn: asyncssh.SSHServerConnection, message: str) -> None:
+    if message:
+        try:
+            conn.send_auth_banner(message.rstrip() + "\r\n")
+        except OSError:
+            pass  # authentication already over
+
+
+class _Connection(asyncssh.SSHServer):
+    """One client connection: its address and, once signed in, its member."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.address = ""
+        self.member: Member | None = None
+
+    def connection_made(self, conn):
+        self.conn = conn
+        peer = conn.get_extra_info("peername") or ("",)
+        self.address = str(peer[0])
+
+    def begin_auth(self, username):
+        return True  # every username must authenticate
+
+    def password_auth_supported(self):
+        return True
+
+    async def validate_password(self, username, password):
+        self.member = await self.gateway.sign_in(self.conn, self.address, username, password)
+        return self.member is not None
+
+    def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                        NO_FORWARDING)
+
+    def unix_connection_requested(self, dest_path):
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                        NO_FORWARDING)
+
+    def server_requested(self, listen_host, listen_port):
+        return False  # remote forwarding (ssh -R)
+
+    def session_requested(self):
+        member = self.member
+
+        async def handler(stdin, stdout, stderr):
+            await self.gateway.session(member, stdin, stdout, stderr)
+
+        return handler
+
+
+async def serve(listen: str, host_key: Path, gateway: Gateway) -> None:
+    host, _, port = listen.rpartition(":")
+    server = await asyncssh.listen(
+        host or "0.0.0.0", int(port),
+        server_factory=lambda: _Connection(gateway),
+        server_host_keys=[str(host_key)],
+        line_editor=False,  # the terminal's own shell edits lines
+        agent_forwarding=False, x11_forwarding=False, allow_scp=False,
+        login_timeout=30, keepalive_interval=30, errors="replace",
+    )
+    log.info("gpulab-ssh listening on %s (host key %s), hub at %s", listen,
+             asyncssh.read_private_key(str(host_key)).get_fingerprint("sha256"),
+             gateway.settings.hub_url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await server.wait_closed()
+
+
+def _owner(value: str) -> tuple[int, int]:
+    uid, _, gid = value.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="gpulab-ssh", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd")
+    s = sub.add_parser("serve", help="run the gateway (the default)")
+    s.add_argument("--listen", default="0.0.0.0:2222", help="host:port (default 0.0.0.0:2222)")
+    s.add_argument("--hub-url", default=os.environ.get("GPULAB_SSH_HUB_URL",
+                                                       "http://proxy:8000"),
+                   help="the hub's proxy as the gateway reaches it (env GPULAB_SSH_HUB_URL, "
+                        "default http://proxy:8000)")
+    s.add_argument("--public-url", default=os.environ.get("GPULAB_SSH_PUBLIC_URL", ""),
+                   help="the hub's address as members know it, for messages "
+                        "(env GPULAB_SSH_PUBLIC_URL; example https://gpu.lab.example)")
+    s.add_argument("--tls-trust", type=Path,
+                   default=Path(os.environ["GPULAB_SSH_TLS_TRUST"])
+                   if os.environ.get("GPULAB_SSH_TLS_TRUST") else None,
+                   help="with an https:// hub URL: the certificate file the proxy serves, "
+                        "trusted as it is (env GPULAB_SSH_TLS_TRUST)")
+    s.add_argument("--host-key", type=Path,
+                   default=Path("/run/secrets/ssh") / hostkey.KEY_FILE,
+                   help="the private host key (made by `gpulab-ssh keygen`)")
+    s.add_argument("--throttle-db", type=Path,
+                   default=Path("/var/lib/gpulab-ssh/throttle.sqlite"),
+                   help="failed sign-ins and lockouts, kept across restarts")
+    s.add_argument("--max-failures", type=int, default=5,
+                   help="failures per username within --window that lock it (default 5)")
+    s.add_argument("--max-failures-per-address", type=int, default=20,
+                   help="failures per client address (IPv6: per /64) within --window "
+                        "that lock it (default 20)")
+    s.add_argument("--window", type=float, default=900, help="seconds (default 900)")
+    s.add_argument("--lockout", type=float, default=900,
+                   help="seconds of the first lockout, doubled for each next one (default 900)")
+    s.add_argument("--max-lockout", type=float, default=86400,
+                   help="longest lockout in seconds (default 86400)")
+    k = sub.add_parser("keygen", help="make the host key once (kept afterwards); print its "
+                                      "fingerprint")
+    k.add_argument("--dir", type=Path, required=True)
+    k.add_argument("--owner", type=_owner, help="uid[:gid] that will run the gateway")
+    f = sub.add_parser("fingerprint", help="print the host key's type and SHA-256 fingerprint")
+    f.add_argument("--host-key", type=Path, default=Path("/run/secrets/ssh") / hostkey.KEY_FILE)
+    args = ap.parse_args(argv if argv is not None else (sys.argv[1:] or ["serve"]))
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # its INFO lines are per packet
+    if args.cmd == "keygen":
+        done, fingerprint = hostkey.ensure(args.dir, args.owner)
+        print(f"SSH host key {done}: {args.dir / hostkey.KEY_FILE} (ED25519 {fingerprint})")
+        return
+    if args.cmd == "fingerprint":
+        key = asyncssh.read_private_key(str(args.host_key))
+        print(f"ED25519 {key.get_fingerprint('sha256')}")
+        return
+    if not args.host_key.exists():
+        sys.exit(f"gpulab-ssh: no host key at {args.host_key}; make one with "
+                 f"`gpulab-ssh keygen --dir {args.host_key.parent}` (`make up` does)")
+    user_policy = Policy(max_failures=args.max_failures, window=args.window,
+                         lockout=args.lockout, max_lockout=args.max_lockout,
+                         forget_after=args.max_lockout)
+    address_policy = Policy(max_failures=args.max_failures_per_address, window=args.window,
+                            lockout=args.lockout, max_lockout=args.max_lockout,
+                            forget_after=args.max_lockout)
+    throttle = Throttle(args.throttle_db, user_policy=user_policy,
+                        address_policy=address_policy)
+    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust), throttle)
+    asyncio.run(serve(args.listen, args.host_key, gateway))
+
+
+if __name__ == "__main__":
+    main()

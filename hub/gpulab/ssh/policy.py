@@ -1,0 +1,91 @@
+"""What the SSH gateway decides, as pure functions of what the hub answered.
+
+The gateway asks the hub one question per sign-in, ``GET /hub/api/user`` with the
+password as the token, and everything else follows from the answer:
+
+* :func:`judge` says whether the token signs *this* SSH username in (it must name the
+  same member, after the hub's own normalisation, and may open her server);
+* :func:`server_path` says where her running default server is, or that there is none;
+* the ``*_message`` functions are what the member reads in her terminal.
+
+Standard library only; tested with literal hub answers (tests/unit/test_ssh_policy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..usernames import is_valid, normalize
+
+# Outcomes of a sign-in. FAILED counts in the throttle (a wrong, revoked or another
+# member's token); REFUSED does not (the member's own token that cannot open servers,
+# or a hub that does not answer: no guessing involved).
+OK = "ok"
+FAILED = "failed"
+REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # OK, FAILED or REFUSED
+    reason: str  # for the gateway's log: never the token
+    message: str = ""  # for the member (an SSH auth banner); "" says nothing
+
+
+def ssh_username(raw: str) -> str | None:
+    """The member an SSH username names, normalised as the hub's login normalises it
+    (``Alice`` is ``alice``), or None when it cannot be a lab username at all."""
+    name = normalize(raw)
+    return name if is_valid(name) else None
+
+
+def server_scopes(name: str) -> set[str]:
+    """The scopes, any one of which lets a token open *name*'s default server."""
+    return {"access:servers", f"access:servers!user={name}", f"access:servers!server={name}/"}
+
+
+def judge(name: str, status: int, model: dict | None) -> Verdict:
+    """Does the hub's answer to ``GET /hub/api/user`` (HTTP *status*, JSON *model*)
+    sign in SSH user *name* (already normalised)?"""
+    if status in (401, 403):
+        return Verdict(FAILED, "unknown, expired or revoked token")
+    if status != 200 or not isinstance(model, dict):
+        return Verdict(REFUSED, f"the hub answered HTTP {status}",
+                       "The hub is not answering; try again in a minute.")
+    if model.get("kind", "user") != "user" or model.get("name") != name:
+        # a service's token, or another member's: as good as a wrong password
+        return Verdict(FAILED, "token of another user or service")
+    if not server_scopes(name) & set(model.get("scopes") or ()):
+        return Verdict(REFUSED, "token may not open the member's server",
+                       "This token may not open your server (it lacks the scope "
+                       f"access:servers!user={name}). Sign in with your login token.")
+    return Verdict(OK, "login token accepted")
+
+
+def server_path(model: dict) -> str | None:
+    """The path of the member's running default server (``/user/alice/``), or None when
+    it is not running or not ready yet."""
+    server = (model.get("servers") or {}).get("")
+    if not server or not server.get("ready") or server.get("stopped"):
+        return None
+    url = server.get("url") or ""
+    return url if url.startswith("/") and url.endswith("/") else None
+
+
+def not_running_message(public_url: str, pending: str | None = None) -> str:
+    """What a member reads when her server is not running (the gateway never starts it:
+    the spawn form, with its choice of GPUs, is in the browser)."""
+    where = f"{public_url.rstrip('/')}/hub/home" if public_url else "the hub's home page"
+    if pending == "spawn":
+        return (f"Your server is still starting; wait for it at {where}, then connect "
+                "again.\r\n")
+    return (f"Your server is not running; start it at {where}, then connect again.\r\n")
+
+
+def pending_of(model: dict) -> str | None:
+    return ((model.get("servers") or {}).get("") or {}).get("pending")
+
+
+UNSUPPORTED_SUBSYSTEM = (
+    "The '{name}' subsystem is not available here: the gateway attaches to a Jupyter "
+    "terminal, which carries text, not files. Upload and download files in JupyterLab.\r\n")
