@@ -19,6 +19,9 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # test_https.py: certutil puts the local CA in a test browser's NSS database; openssl.
 command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# The simulated Swarm (tests/swarm): network namespaces (ip), nsenter and unshare.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+{ command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "The tests need ${need[*]}: apt-get install --no-install-recommends ${need[*]}"
