@@ -50,19 +50,19 @@ def main_engine() -> dict:
     start time), networks and Swarm state, the host's forwarding sysctls, and the host's
     iptables rules (none may name the harness's addresses or names).
 
-    The stack's own networks and containers (compose project ``gpulab``, and members'
-    servers ``gpulab-user-*``) are compared only under CI=true, where nothing else runs
-    during this module: on a shared machine other sessions restart the stack and run its
-    tests meanwhile, and the harness never makes anything so named or labelled."""
+    Members' servers (``gpulab-user-*``) are left out: the stack's cullers may stop one at
+    any time. The stack's own networks and containers (compose project ``gpulab``) are
+    compared only under CI=true, where nothing else runs during this module: on a shared
+    machine other sessions restart the stack meanwhile. The harness never makes anything
+    so named or labelled."""
     def docker(*args, check=True):
         out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 or not check, out.stderr
         return out.stdout.splitlines()
     project = '{{.Label "com.docker.compose.project"}}'
     lines = docker("ps", "-a", "--no-trunc", "--format", f"{{{{.ID}}}} {{{{.Names}}}} {project}x")
-    stack = {line.split()[0] for line in lines
-             if line.endswith(" gpulabx") or line.split()[1].startswith("gpulab-user-")}
-    ids = [line.split()[0] for line in lines]
+    stack = {line.split()[0] for line in lines if line.endswith(" gpulabx")}
+    ids = [line.split()[0] for line in lines if not line.split()[1].startswith("gpulab-user-")]
     fmt = "{{.Id}} {{.Name}} {{.State.Status}} {{.State.StartedAt}}"
     # (a container removed between ps and inspect is left out, not an error)
     containers = {line.split()[0]: line for line in

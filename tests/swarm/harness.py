@@ -305,8 +305,12 @@ class Swarm:
         cleaned = clean_leftovers(self.tmp)
         if cleaned:
             print(f"[swarm] removed what crashed runs left: {', '.join(cleaned)}")
-        self.dir.mkdir(mode=0o700)
-        (self.dir / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        # The run dir appears with its owner already in it (made under a dot name, then
+        # renamed), so that another run's clean_leftovers never takes it for a dead one.
+        staging = self.tmp / f".{self.dir.name}"
+        staging.mkdir(mode=0o700)
+        (staging / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        staging.rename(self.dir)
         self._link()
         for node in self.nodes:
             self._prepare(node)
