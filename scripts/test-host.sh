@@ -22,6 +22,9 @@ command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # test_ssh.py: the real OpenSSH client against gpulab-ssh.
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+# The simulated Swarm (tests/swarm): network namespaces (ip), nsenter and unshare.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+{ command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "The tests need ${need[*]}: apt-get install --no-install-recommends ${need[*]}"

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from ..conftest import REAL_GPU
+from ..swarm import Swarm, SwarmError
 from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
 from .fake_gpus import exporter_snapshot, write_fake_control
 from .stack import (
@@ -130,3 +131,25 @@ def fake_control():
                     "`make test`, or GPULAB_EXPORTER_FLAGS='--fake-gpus 2' make up)")
     yield write_fake_control
     write_fake_control(None)
+
+
+@pytest.fixture(scope="module")
+def swarm(request):
+    """A real Docker Swarm of several engines on this machine (tests/swarm): 1 manager and
+    workers with fake GPUs, each dockerd in a network namespace of its own. Module-scoped,
+    so that a module may take nodes down. A module sets SWARM_NODES (default 3) and
+    SWARM_IMAGES (default: the base image) to change the size and the images copied onto
+    every node. Its own stack: it needs neither the hub nor /tmp/gpulab-stack.lock."""
+    cluster = Swarm(nodes=getattr(request.module, "SWARM_NODES", 3),
+                    images=getattr(request.module, "SWARM_IMAGES", ("gpulab/base:bookworm",)))
+    try:
+        cluster.start()
+    except BaseException as e:
+        logs = "\n".join(f"----- dockerd of {n.name} -----\n{cluster.log_tail(n)}"
+                         for n in cluster.nodes)
+        cluster.close()
+        if isinstance(e, SwarmError):
+            pytest.fail(f"the simulated Swarm did not start: {e}\n{logs}")
+        raise
+    yield cluster
+    cluster.close()
