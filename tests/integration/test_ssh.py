@@ -3,9 +3,12 @@
 The password is the member's login token, given to `ssh` through SSH_ASKPASS (forced),
 and the gateway's host key is checked strictly against a known_hosts file made from the
 key the gateway serves. What a member sees: a shell in her own container as its user,
-commands with their exit status, window sizes that follow hers; and what is refused:
-her token under another name, a revoked token, too many failures, a stopped server,
-file transfer and port forwarding.
+commands with their exit status and separate, byte-exact streams, window sizes that
+follow hers, sftp and scp into her home, ports of her own server forwarded the way VS
+Code's Remote-SSH uses them; and what is refused: her token under another name, a
+revoked token, too many failures, a stopped server, forwarding anywhere but her own
+server's loopback, and the server's channels with another member's token or from
+another web origin.
 
 Failed sign-ins count in the gateway's throttle; the module puts back the address
 counters it changed and forgets its usernames (tests/integration/throttle_rows.py).
@@ -13,23 +16,34 @@ counters it changed and forgets its usernames (tests/integration/throttle_rows.p
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import hashlib
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
+import tempfile
 import termios
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from gpulab.ssh.hostkey import known_hosts_line
 
-from .stack import container_logs, docker
+from .browser import submit_login
+from .stack import HUB_URL, container_logs, docker, wait_for
 from .throttle_rows import SSH_CONTAINER, SSH_THROTTLE, failures_undone
 
 FAILED_NAMES: list[str] = []  # usernames this module fails to sign in as, forgotten after
@@ -73,14 +87,15 @@ class SSH:
                 "GPULAB_TEST_SSH_PASSWORD": str(secret), "DISPLAY": ""}
 
     def run(self, user: str, password: str, *extra: str, command: str | None = None,
-            stdin: str | None = None, timeout: float = 60,
+            stdin: str | bytes | None = None, timeout: float = 60,
             netns: str | None = None) -> subprocess.CompletedProcess:
         """`ssh` as *user* with *password*; in network namespace *netns* if given."""
         where = ["ip", "netns", "exec", netns] if netns else []
         args = where + self.args(user, *extra) + ([command] if command is not None else [])
         return subprocess.run(args, input=stdin, stdin=None if stdin is not None else
-                              subprocess.DEVNULL, capture_output=True, text=True,
-                              env=self.env(password), timeout=timeout)
+                              subprocess.DEVNULL, capture_output=True,
+                              text=not isinstance(stdin, bytes), env=self.env(password),
+                              timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +123,10 @@ def test_login_token_opens_a_shell_in_her_own_server(ssh, lab_user):
     # the username is normalised as on the login page
     r = ssh.run(alice.name.upper(), alice.token, command="whoami")
     assert (r.returncode, r.stdout) == (0, "jovyan\n"), r
-    # a command's output and exit status, stderr included (a terminal has one output)
+    # a command's output, its stderr apart, and its exit status
     r = ssh.run(alice.name, alice.token,
                 command="python3 -c 'print(1+1)'; echo oops >&2; exit 3")
-    assert (r.returncode, r.stdout) == (3, "2\noops\n"), r
+    assert (r.returncode, r.stdout, r.stderr) == (3, "2\n", "oops\n"), r
     # stdin reaches the command, line by line, and ends at its end
     r = ssh.run(alice.name, alice.token, command="tr a-z A-Z", stdin="hello\nworld\n")
     assert (r.returncode, r.stdout) == (0, "HELLO\nWORLD\n"), r
@@ -219,13 +234,200 @@ def test_a_stopped_server_gets_a_clear_message(ssh, lab_user):
     assert erin.token not in r.stderr
 
 
-def test_file_transfer_and_port_forwarding_are_refused(ssh, lab_user):
-    frank = lab_user("sshnofiles")
-    frank.start_server()
-    r = ssh.run(frank.name, frank.token, "-s", command="sftp")
-    assert r.returncode == 255 and "subsystem request failed" in r.stderr, r
-    r = ssh.run(frank.name, frank.token, "-s", command="other")
-    assert r.returncode == 1 and "'other' subsystem is not available" in r.stderr, r
-    r = ssh.run(frank.name, frank.token, "-W", "127.0.0.1:8888")
-    assert r.returncode == 255 and "administratively prohibited" in r.stderr, r
-    assert "forwards no ports" in r.stderr
+def test_commands_without_a_terminal_get_plain_pipes_byte_for_byte(ssh, lab_user):
+    """`ssh host CMD` as scripts and tools use it: binary stdin and stdout unchanged (no
+    CRLF, no echo), stderr apart, a signal's exit status as a shell reports it."""
+    gina = lab_user("sshpipes")
+    gina.start_server()
+    blob = os.urandom(3 * 1024 * 1024) + b"\r\n\x04\x03\x00 end"
+    r = ssh.run(gina.name, gina.token, command="cat > blob.bin; sha256sum blob.bin; cat blob.bin",
+                stdin=blob, timeout=120)
+    digest = hashlib.sha256(blob).hexdigest()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{digest}  blob.bin\n".encode() + blob
+    r = ssh.run(gina.name, gina.token, command="echo out; echo err >&2; kill -TERM $$")
+    assert (r.returncode, r.stdout, r.stderr) == (143, "out\n", "err\n"), r
+    r = ssh.run(gina.name, gina.token, command="no-such-command-here")
+    assert r.returncode == 127 and "no-such-command-here" in r.stderr, r
+
+
+def test_sftp_and_scp_reach_her_home(ssh, lab_user, tmp_path):
+    harry = lab_user("sshfiles")
+    harry.start_server()
+    local = tmp_path / "data.bin"
+    local.write_bytes(os.urandom(200_000))
+    # commands on stdin (sftp -b would turn on BatchMode, which allows no password)
+    batch = f"mkdir up\nput {local} up/data.bin\nget up/data.bin {tmp_path}/back.bin\n"
+    sftp = [*ssh.args(harry.name)][:-1]
+    sftp[0] = "sftp"
+    sftp[sftp.index("-p")] = "-P"
+    r = subprocess.run([*sftp, f"{harry.name}@{ssh.host}"], input=batch,
+                       capture_output=True, text=True, env=ssh.env(harry.token), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back.bin").read_bytes() == local.read_bytes()
+    inside = docker("exec", harry.container, "stat", "-c", "%U %s", "/home/jovyan/up/data.bin")
+    assert inside.split() == ["jovyan", "200000"]
+    scp = ["scp", *sftp[1:]]
+    for mode in ([], ["-O"]):  # scp speaks sftp; -O: the old protocol, `scp -t` over exec
+        r = subprocess.run([*scp, *mode, str(local), f"{harry.name}@{ssh.host}:scp{len(mode)}.bin"],
+                           capture_output=True, text=True, env=ssh.env(harry.token), timeout=120)
+        assert r.returncode == 0, (mode, r.stderr)
+        assert docker("exec", harry.container, "sha256sum", f"/home/jovyan/scp{len(mode)}.bin") \
+            .split()[0] == hashlib.sha256(local.read_bytes()).hexdigest()
+
+
+# What VS Code's Remote-SSH does on a Linux host: `ssh -T -D <port> host bash`, a script on
+# stdin that starts its server on a loopback port in the background and prints
+# `listeningOn==PORT==`, then connections to 127.0.0.1:PORT through ssh's SOCKS proxy
+# while the bash session stays open. Here the "server" is Python's http.server.
+REMOTE_SSH_SCRIPT = """
+echo "platform==$(uname -s)=="; echo "arch==$(uname -m)=="
+mkdir -p ~/.fake-vscode-server && cd ~/.fake-vscode-server
+echo "served from $(hostname)" > index.html
+nohup python3 -u -m http.server --bind 127.0.0.1 0 > log 2>&1 &
+echo $! > pid
+for i in $(seq 200); do
+  port=$(sed -n 's/.* port \\([0-9]*\\) .*/\\1/p' log)
+  [ -n "$port" ] && break; sleep 0.1
+done
+echo "listeningOn==$port=="
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user):
+    ivy, bob = lab_user("sshvscode"), lab_user("sshvsbob")
+    ivy.start_server()
+    bob.start_server()
+    socks = free_port()
+    proc = subprocess.Popen(ssh.args(ivy.name, "-T", "-D", f"127.0.0.1:{socks}") + ["bash"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=ssh.env(ivy.token), text=True)
+    try:
+        proc.stdin.write(REMOTE_SSH_SCRIPT)
+        proc.stdin.flush()
+        lines = []
+        while not (lines and lines[-1].startswith("listeningOn==")):
+            line = proc.stdout.readline()
+            assert line, f"bash ended early: {lines} {proc.stderr.read()}"
+            lines.append(line.strip())
+        assert lines[:2] == ["platform==Linux==", f"arch=={os.uname().machine}=="], lines
+        port = int(lines[-1].split("==")[1])
+        for host in ("127.0.0.1", "localhost"):
+            got = subprocess.run(["curl", "-sS", "--max-time", "20", "--socks5-hostname",
+                                  f"127.0.0.1:{socks}", f"http://{host}:{port}/index.html"],
+                                 capture_output=True, text=True, timeout=60)
+            assert got.stdout == f"served from {hostname_of(ivy.container)}\n", got
+        # -L to the same port, as a member opens a notebook's web app
+        local = free_port()
+        fwd = subprocess.Popen(ssh.args(ivy.name, "-N", "-L", f"{local}:localhost:{port}"),
+                               env=ssh.env(ivy.token), stdin=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: subprocess.run(
+                ["curl", "-sf", "--max-time", "5", f"http://127.0.0.1:{local}/index.html"],
+                capture_output=True).returncode == 0, 60, what="ssh -L to her port")
+        finally:
+            fwd.terminate()
+            fwd.wait(timeout=30)
+        # bob's forward to the same port number lands in bob's own server: nothing there
+        r = ssh.run(bob.name, bob.token, "-W", f"127.0.0.1:{port}")
+        assert r.returncode == 255 and "open failed" in r.stderr, r
+        assert "Connection refused" in r.stderr, r
+        proc.stdin.close()  # as VS Code closing the window
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["docker", "exec", ivy.container, "sh", "-c",
+                        "kill $(cat ~/.fake-vscode-server/pid)"], capture_output=True)
+
+
+def test_forwarding_anywhere_but_her_own_loopback_is_refused(ssh, lab_user):
+    judy, bob = lab_user("sshnofwd"), lab_user("sshfwdbob")
+    judy.start_server()
+    bob.start_server()
+    bob_ip = next(iter(json.loads(docker("inspect", bob.container))[0]["NetworkSettings"]
+                       ["Networks"].values()))["IPAddress"]
+    for target in (f"{bob_ip}:8888", "hub:8081", "proxy:8001", "169.254.169.254:80"):
+        r = ssh.run(judy.name, judy.token, "-W", target)
+        assert r.returncode == 255 and "administratively prohibited" in r.stderr, (target, r)
+        assert "only to your own server's ports on localhost" in r.stderr
+    r = ssh.run(judy.name, judy.token, "-o", "ExitOnForwardFailure=yes",
+                "-R", "8022:localhost:22", command="true")
+    assert r.returncode == 255 and "remote port forwarding failed" in r.stderr, r
+    r = ssh.run(judy.name, judy.token, "-s", command="netconf")
+    assert r.returncode == 1 and "'netconf' subsystem is not available" in r.stderr, r
+
+
+def channel(path: str, token: str) -> int | str:
+    """Open one of a server's gpulab channels through the hub's proxy with *token*; the
+    refusal's HTTP status, or "open"."""
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def attempt():
+        url = "ws" + HUB_URL[len("http"):] + path
+        try:
+            ws = await websocket_connect(HTTPRequest(
+                url, headers={"Authorization": f"token {token}"}))
+        except HTTPClientError as e:
+            return e.code
+        ws.close()
+        return "open"
+
+    # in a thread of its own: Playwright's sync API keeps an event loop in this one
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, attempt()).result()
+
+
+# In a browser: run `id -u` through a server's exec channel, with the browser's cookies.
+EXEC_IN_BROWSER = """async (url) => await new Promise((resolve) => {
+  const ws = new WebSocket(url);
+  ws.binaryType = "arraybuffer";
+  let out = "";
+  ws.onopen = () => ws.send(JSON.stringify({argv: ["id", "-u"]}));
+  ws.onmessage = (e) => {
+    if (typeof e.data !== "string") out += new TextDecoder().decode(e.data.slice(1));
+    else if (JSON.parse(e.data).exit !== undefined) resolve("ran: " + out.trim());
+  };
+  ws.onclose = (e) => resolve("closed: " + e.code);
+  setTimeout(() => resolve("no answer in 30 s: " + out), 30000);
+})"""
+
+
+def test_the_servers_channels_open_only_for_her_and_only_from_her_pages(lab_user, new_page):
+    """The extension itself, attacked past the gateway: through the hub's proxy with
+    another member's token or none, and from a foreign web page in her signed-in
+    browser (her cookies go along; Jupyter's origin check must refuse it)."""
+    kim, mallory = lab_user("sshchankim"), lab_user("sshchanmal")
+    kim.start_server()
+    mallory.start_server()
+    for endpoint in ("exec", "tcp/8888"):
+        path = f"/user/{kim.name}/gpulab/{endpoint}"
+        assert channel(path, kim.token) == "open"  # control
+        assert channel(path, mallory.token) == 403
+        assert channel(path, "0" * 40) == 403
+
+    page = new_page()
+    submit_login(page, kim.name, kim.token)  # on to her JupyterLab: her server's cookie
+    page.wait_for_url(re.compile(rf"/user/{kim.name}/lab"))
+    ws_url = "ws" + HUB_URL[len("http"):] + f"/user/{kim.name}/gpulab/exec"
+    assert page.evaluate(EXEC_IN_BROWSER, ws_url) == "ran: 1000"  # control: her own page
+
+    evil = tempfile.mkdtemp()
+    Path(evil, "index.html").write_text("<title>a page on another site</title>")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler,
+                                                           directory=evil))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_port}/index.html")
+        assert page.evaluate(EXEC_IN_BROWSER, ws_url) == "closed: 1006"
+    finally:
+        server.shutdown()
+    assert "Blocking Cross Origin WebSocket Attempt" in container_logs(kim.container, 20)

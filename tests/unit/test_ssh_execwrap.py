@@ -46,11 +46,11 @@ def test_another_nonce_is_output_not_a_marker():
 
 def test_command_travels_base64_encoded_and_long_ones_are_refused():
     cmd = "python -c 'print(1+1)'; echo \"$HOME\" `id`"
-    line = command_line(cmd, NONCE, pty=False)
+    line = command_line(cmd, NONCE)
     assert base64.b64encode(cmd.encode()).decode() in line
     assert cmd not in line and line.endswith("\r") and "\n" not in line
     with pytest.raises(CommandTooLong, match="script"):
-        command_line("x" * (MAX_COMMAND_BYTES + 1), NONCE, pty=False)
+        command_line("x" * (MAX_COMMAND_BYTES + 1), NONCE)
 
 
 def run_in_pty(line: str, stdin: str = "", timeout: float = 10) -> str:
@@ -86,28 +86,27 @@ def run_in_pty(line: str, stdin: str = "", timeout: float = 10) -> str:
 @pytest.mark.skipif(not shutil.which("bash") or not shutil.which("base64"),
                     reason="needs bash and base64")
 @pytest.mark.parametrize("command, stdin, output, status", [
-    ("python3 -c 'print(1+1)'", "", "2\n", 0),
-    ("echo out; echo err >&2; exit 7", "", "out\nerr\n", 7),
-    ("printf 'a\\nb'", "", "a\nb", 0),
-    ("tr a-z A-Z", "hello\nworld\n\x04", "HELLO\nWORLD\n", 0),
-    ("echo \"$0\" | grep -c sh; test -t 0", "", "1\n", 0),  # runs in $SHELL, on a terminal
+    ("python3 -c 'print(1+1)'", "", "2\r\n", 0),
+    ("echo out; echo err >&2; exit 7", "", "out\r\nerr\r\n", 7),
+    ("printf 'a\\nb'", "", "a\r\nb", 0),
+    ("head -n 1 | tr a-z A-Z", "hello\n", "hello\r\nHELLO\r\n", 0),  # input is echoed
+    ("echo \"$0\" | grep -c sh; test -t 0", "", "1\r\n", 0),  # runs in $SHELL, on a terminal
 ])
 def test_the_typed_line_runs_the_command_on_a_real_terminal(command, stdin, output, status):
     p = ExecOutput(NONCE)
-    got = p.feed(run_in_pty(command_line(command, NONCE, pty=False), stdin))
+    got = p.feed(run_in_pty(command_line(command, NONCE), stdin))
     assert (got, p.status) == (output, status)
 
 
 def test_a_real_terminal_echoes_the_typed_line_without_the_markers():
-    raw = run_in_pty(command_line("true", NONCE, pty=False))
+    raw = run_in_pty(command_line("true", NONCE))
     assert "\\036B" + NONCE in raw  # the echo shows the escapes, not the marker bytes
     assert raw.count(f"\x1eB{NONCE}\x1e") == 1
 
 
 @pytest.mark.skipif(not shutil.which("bash") or not shutil.which("base64"),
                     reason="needs bash and base64")
-def test_with_a_terminal_requested_the_command_gets_echo_and_crlf():
+def test_the_command_gets_echo_and_crlf_as_in_any_terminal():
     p = ExecOutput(NONCE)
-    got = p.feed(run_in_pty(command_line("stty -a | grep -o -w -- -*echo; echo hi", NONCE,
-                                         pty=True)))
+    got = p.feed(run_in_pty(command_line("stty -a | grep -o -w -- -*echo; echo hi", NONCE)))
     assert (got, p.status) == ("echo\r\nhi\r\n", 0)

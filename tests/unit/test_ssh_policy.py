@@ -67,3 +67,53 @@ def test_not_running_message_names_where_to_start_it():
                    "then connect again.\r\n")
     assert "the hub's home page" in policy.not_running_message("")
     assert "still starting" in policy.not_running_message("https://gpu.lab", pending="spawn")
+
+
+@pytest.mark.parametrize("command, subsystem, argv", [
+    # ssh host 'CMD': the member's shell runs it, as sshd does ($1 is the command, so no
+    # quoting of it can break out)
+    ("echo $HOME; exit 3", None, ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}" -c "$1"', "sh",
+                                  "echo $HOME; exit 3"]),
+    # ssh -T host < script (and VS Code's Remote-SSH, which runs `bash` the same way)
+    (None, None, ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}"']),
+    (None, "sftp", ["/usr/lib/openssh/sftp-server"]),
+])
+def test_a_session_without_a_terminal_runs_as_under_sshd(command, subsystem, argv):
+    assert policy.command_argv(command, subsystem) == argv
+
+
+def test_the_member_command_reaches_the_shell_unchanged():
+    import subprocess
+
+    nasty = "printf '%s|' \"$0\" 'a b' \"$(echo x)\"; echo ';rm -rf /'"
+    argv = policy.command_argv(nasty, None)
+    out = subprocess.run(argv, capture_output=True, text=True, env={"SHELL": "/bin/sh",
+                                                                    "PATH": "/usr/bin:/bin"})
+    assert out.stdout == "/bin/sh|a b|x|;rm -rf /\n", out
+
+
+def test_other_subsystems_are_refused_with_what_is_offered():
+    with pytest.raises(policy.Unsupported, match="'netconf'.*sftp is"):
+        policy.command_argv(None, "netconf")
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1", "[::1]", "LOCALHOST",
+                                  "ip6-localhost"])
+def test_forwarding_reaches_the_servers_own_loopback(host):
+    assert policy.forward_port(host, 8080) == 8080
+
+
+@pytest.mark.parametrize("host, port", [
+    ("hub", 8081),  # the hub's API
+    ("172.30.0.5", 8888),  # another member's server
+    ("127.0.0.2", 80),  # loopback, but not this server's name for it: refused all the same
+    ("localhost.", 80),
+    ("0.0.0.0", 80),
+    ("169.254.169.254", 80),
+    ("example.org", 443),
+    ("localhost", 0),
+    ("localhost", 70000),
+])
+def test_forwarding_anywhere_else_is_refused(host, port):
+    with pytest.raises(policy.Unsupported):
+        policy.forward_port(host, port)

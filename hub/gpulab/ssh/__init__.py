@@ -8,9 +8,12 @@ and can reach nothing the token cannot: not another member's server, not Docker.
 
 * :mod:`gpulab.ssh.policy`: pure decisions: usernames, who a token belongs to, whether
   it may open the server, where the server is, the messages members see.
-* :mod:`gpulab.ssh.execwrap`: pure: a command (``ssh alice@lab CMD``) typed into a
+* :mod:`gpulab.ssh.execwrap`: pure: a command (``ssh -t alice@lab CMD``) typed into a
   terminal with markers around it, and the parser that finds its output and exit status.
 * :mod:`gpulab.ssh.terminal`: the Jupyter terminal client (REST + terminado websocket).
+* :mod:`gpulab.ssh.channels`: commands with plain pipes and the server's own loopback
+  ports (``ssh host CMD``, sftp, scp, ``-L``/``-D``, VS Code's Remote-SSH), through the
+  single-user image's gpulab_channels extension.
 * :mod:`gpulab.ssh.hostkey`: the host key, made once and kept.
 * :mod:`gpulab.ssh.gateway`: the asyncssh server, the throttle (:mod:`gpulab.throttle`)
   and the ``gpulab-ssh`` command.

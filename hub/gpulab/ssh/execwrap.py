@@ -1,11 +1,11 @@
-"""``ssh alice@lab CMD`` on a Jupyter terminal: the typed line and its output parser.
+"""``ssh -t alice@lab CMD`` on a Jupyter terminal: the typed line and its output parser.
 
 A Jupyter terminal is an interactive shell on a pseudo-terminal: it echoes what is
 typed, prints prompts and never reports an exit status. To run one command there and
 hand back only its output and status, the gateway types one line (:func:`command_line`):
 
-    stty -echo -onlcr; printf '\\036B<nonce>\\036'; "$SHELL" -c "$(printf %s <base64> |
-    base64 -d)"; printf '\\036E<nonce>:%s\\036' "$?"; exit
+    printf '\\036B<nonce>\\036'; "$SHELL" -c "$(printf %s <base64> | base64 -d)";
+    printf '\\036E<nonce>:%s\\036' "$?"; exit
 
 The command travels base64-encoded, so no quoting of the member's command can break
 out of it. The markers are printed with octal escapes, so the echo of the typed line
@@ -13,13 +13,12 @@ never contains them; only printf's output does. :class:`ExecOutput` drops everyt
 before the begin marker (echo, prompts, motd), passes on what comes after it, holds back
 a possible partial marker at the end of a chunk, and ends at the end marker with the
 command's exit status. The member's stdin is held back until the begin marker is seen,
-so it reaches the command (with the terminal in line mode, echo off), never the shell.
+so it reaches the command, never the shell.
 
-With a pseudo-terminal requested (``ssh -t``), echo is switched back on for the command
-and newlines stay CRLF, as in any terminal. Without one, stdout and stderr arrive
-together on stdout (a terminal has one output), and stdin is read line by line by the
-terminal (text, with ^D as end of file): fine for commands and scripts, not for binary
-streams (scp, sftp, rsync).
+The command runs with the terminal's echo and CRLF newlines, as in any terminal;
+stdout and stderr arrive together (a terminal has one output). Sessions without a
+terminal (``ssh host CMD``, sftp, scp) do not come here: they run with plain pipes
+(:mod:`gpulab.ssh.channels`).
 """
 
 from __future__ import annotations
@@ -31,9 +30,6 @@ BEGIN, END, MARK = "B", "E", "\x1e"  # ASCII record separator: never in a shell 
 # The typed line must fit the terminal's line buffer (4095 bytes in Linux's canonical
 # mode) even if the shell were not yet reading it in raw mode.
 MAX_COMMAND_BYTES = 2800
-# A member's shell when the session asks for none (no command, no terminal): stdin is
-# then a script, read by a shell that does not think it is interactive.
-SCRIPT_FROM_STDIN = 'cat | exec "${SHELL:-/bin/sh}"'
 
 
 class CommandTooLong(ValueError):
@@ -44,7 +40,7 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def command_line(command: str, nonce: str, *, pty: bool) -> str:
+def command_line(command: str, nonce: str) -> str:
     """The line typed into the terminal (ending in CR, as a keyboard sends it)."""
     encoded = base64.b64encode(command.encode()).decode()
     if len(command.encode()) > MAX_COMMAND_BYTES:
@@ -52,9 +48,7 @@ def command_line(command: str, nonce: str, *, pty: bool) -> str:
             f"The command is {len(command.encode())} bytes long; over SSH this gateway runs "
             f"commands of up to {MAX_COMMAND_BYTES} bytes. Put a longer one in a script "
             "in your home and run that.")
-    modes = "-echo" if pty else "-echo -onlcr"
-    restore = "stty echo; " if pty else ""
-    return (f"stty {modes}; printf '\\036{BEGIN}{nonce}\\036'; {restore}"
+    return (f"printf '\\036{BEGIN}{nonce}\\036'; "
             f"\"${{SHELL:-/bin/sh}}\" -c \"$(printf %s {encoded} | base64 -d)\"; "
             f"printf '\\036{END}{nonce}:%s\\036' \"$?\"; exit\r")
 

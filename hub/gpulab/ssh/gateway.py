@@ -5,17 +5,24 @@ One connection, step by step:
 1. Password authentication (keyboard-interactive asks for the same password). The
    throttle (:mod:`gpulab.throttle`, its own sqlite file on the gateway's volume) is
    asked first: a locked username or client address is refused without asking the hub,
-   with an SSH banner saying when to try again. Public keys, agent, X11 and port
-   forwarding are all refused.
+   with an SSH banner saying when to try again. Public keys, agent, X11 and remote
+   (-R) forwarding are refused.
 2. The password goes to the hub as a token (``GET /hub/api/user``) and
    :func:`gpulab.ssh.policy.judge` decides. A wrong, revoked or expired token, or one
    that names someone else, counts one failure against the username and the address.
    The token is kept in memory for this connection only and never logged.
-3. Each session asks the hub again (a token revoked meanwhile stops new sessions),
-   finds the member's running server or says how to start it, opens a Jupyter terminal
-   there through the proxy (:mod:`gpulab.ssh.terminal`) and pipes it to the client:
-   a shell (with window-size changes forwarded), or one command
-   (:mod:`gpulab.ssh.execwrap`) whose exit status becomes the session's.
+3. Each session asks the hub again (a token revoked meanwhile stops new sessions) and
+   finds the member's running server or says how to start it. Everything then goes
+   through the hub's proxy with her token:
+
+   * with a terminal (``ssh``, ``ssh -t host CMD``): a Jupyter terminal there
+     (:mod:`gpulab.ssh.terminal`), window-size changes forwarded; a command is typed
+     into it (:mod:`gpulab.ssh.execwrap`) and its exit status becomes the session's;
+   * without one (``ssh host CMD``, ``ssh -T host`` with a script, sftp, scp, VS Code's
+     Remote-SSH): the command with plain pipes and its exit status
+     (:mod:`gpulab.ssh.channels`, the image's gpulab_channels extension).
+4. ``ssh -L``/``-D`` connect to a port on the server's own loopback and nowhere else
+   (:func:`gpulab.ssh.policy.forward_port`).
 
 ``gpulab-ssh serve`` runs the gateway; ``gpulab-ssh keygen`` makes the host key once
 and ``gpulab-ssh fingerprint`` shows it.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import logging
 import os
 import signal
@@ -33,16 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
+from asyncssh.constants import EXTENDED_DATA_STDERR
+from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
 
 from ..throttle import Policy, Throttle
-from . import execwrap, hostkey, policy
+from . import channels, execwrap, hostkey, policy
 from .terminal import HubClient, HubError, Terminal
 
 log = logging.getLogger("gpulab.ssh")
 
 MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
 PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
-NO_FORWARDING = "gpulab-ssh forwards no ports: open a terminal or run a command"
 
 
 @dataclass(frozen=True)
@@ -105,58 +114,86 @@ class Gateway:
 
     async def session(self, member: Member, stdin: asyncssh.SSHReader,
                       stdout: asyncssh.SSHWriter, stderr: asyncssh.SSHWriter) -> None:
+        """One SSH session (its streams carry bytes), to its exit status."""
         chan = stdin.channel
         try:
             status = await self._session(member, chan, stdin, stdout, stderr)
+        except channels.Unavailable as e:
+            stderr.write(f"{e}\r\n".encode())
+            status = 1
         except HubError as e:
             log.warning("ssh session of %s: %s", member.name, e)
-            stderr.write("Could not open a terminal in your server; try again, or open "
-                         "it in JupyterLab.\r\n")
+            stderr.write(b"Could not reach your server; try again, or open it in "
+                         b"JupyterLab.\r\n")
             status = 1
         except (asyncssh.Error, BrokenPipeError, ConnectionError):
             status = 255  # the client went away
         if not chan.is_closing():
             chan.exit(status)
 
-    async def _session(self, member: Member, chan, stdin, stdout, stderr) -> int:
-        subsystem = chan.get_subsystem()
-        if subsystem:
-            stderr.write(policy.UNSUPPORTED_SUBSYSTEM.format(name=subsystem))
-            return 1
+    async def server_path(self, member: Member, say) -> str | None:
+        """Where the member's running server is, asking the hub again (a token revoked
+        meanwhile stops new sessions and forwards); None, with *say* told why, if none."""
         code, model = await self.hub.whoami(member.token)
         if code != 200 or policy.judge(member.name, code, model).outcome != policy.OK:
-            stderr.write("Your token no longer works here (revoked or expired?); ask the "
-                         "lab admin for a new one.\r\n" if code in (401, 403) else
-                         "The hub is not answering; try again in a minute.\r\n")
-            return 1
+            say("Your token no longer works here (revoked or expired?); ask the lab admin "
+                "for a new one.\r\n" if code in (401, 403) else
+                "The hub is not answering; try again in a minute.\r\n")
+            return None
         path = policy.server_path(model)
         if path is None:
-            stderr.write(policy.not_running_message(self.settings.public_url,
-                                                    policy.pending_of(model)))
-            return 1
+            say(policy.not_running_message(self.settings.public_url,
+                                           policy.pending_of(model)))
+        return path
+
+    async def _session(self, member: Member, chan, stdin, stdout, stderr) -> int:
         pty = chan.get_terminal_type() is not None
-        command = chan.get_command()
-        if command is None and not pty:
-            command = execwrap.SCRIPT_FROM_STDIN
+        command, subsystem = chan.get_command(), chan.get_subsystem()
+        try:
+            argv = None if pty and not subsystem else policy.command_argv(command, subsystem)
+        except policy.Unsupported as e:
+            stderr.write(str(e).encode())
+            return 1
+        path = await self.server_path(member, lambda text: stderr.write(text.encode()))
+        if path is None:
+            return 1
+        log.info("ssh session of %s: %s", member.name,
+                 f"subsystem {subsystem}" if subsystem else
+                 ("shell" if command is None else "command") +
+                 (" with a terminal" if pty else ""))
+        if argv is not None:
+            return await channels.run_command(
+                self.settings.hub_url, path, member.token, self.settings.tls_trust, argv,
+                stdin, stdout, stderr)
         nonce = execwrap.new_nonce()
         try:
-            line = None if command is None else execwrap.command_line(command, nonce, pty=pty)
+            line = None if command is None else execwrap.command_line(command, nonce)
         except execwrap.CommandTooLong as e:
-            stderr.write(f"{e}\r\n")
+            stderr.write(f"{e}\r\n".encode())
             return 1
-        log.info("ssh session of %s: %s%s", member.name,
-                 "shell" if command is None else "command", " with a terminal" if pty else "")
         async with Terminal(self.settings.hub_url, path, member.token,
                             self.settings.tls_trust) as term:
-            if pty:
-                width, height = chan.get_terminal_size()[:2]
-                await term.set_size(height, width)
+            width, height = chan.get_terminal_size()[:2]
+            await term.set_size(height, width)
             return await _pipe(chan, term, stdin, stdout, line, nonce)
+
+    async def forward(self, member: Member, port: int) -> channels.Port:
+        """``ssh -L``/``-D``: one connection to *port* on the member's server's loopback."""
+        refused: list[str] = []
+        path = await self.server_path(member, refused.append)
+        if path is None:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
+                                            refused[0].strip() if refused else "no server")
+        log.info("ssh forward of %s: to port %s of their server", member.name, port)
+        return await channels.open_port(self.settings.hub_url, path, member.token,
+                                        self.settings.tls_trust, port)
 
 
 async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: str) -> int:
     """Terminal output to the client, the client's input (and window size) to the
-    terminal, until the shell or the command ends or the client goes; the exit status."""
+    terminal, until the shell or the command ends or the client goes; the exit status.
+    The session carries bytes and the terminal text: UTF-8 between them."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     parser = execwrap.ExecOutput(nonce) if line is not None else None
     first_output = asyncio.Event()
     command_started = asyncio.Event()
@@ -175,7 +212,7 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
                 if parser.started:
                     command_started.set()
             if text:
-                stdout.write(text)
+                stdout.write(text.encode())
             if parser is not None and parser.done:
                 return parser.status
 
@@ -190,16 +227,17 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
         last = "\n"
         while True:
             try:
-                data = await stdin.read(4096)
+                raw = await stdin.read(4096)
+                data = decoder.decode(raw)
             except asyncssh.TerminalSizeChanged as e:
                 await term.set_size(e.height, e.width)
                 continue
             except asyncssh.BreakReceived:
-                data = "\x03"
+                raw = data = "\x03"
             except asyncssh.SignalReceived:
                 continue
             await command_started.wait()  # input is for the command, never the shell
-            if not data:
+            if not raw:
                 # End of the client's input. A command gets ^D, as from a keyboard (twice
                 # after a line without a newline), and the session ends with its output.
                 # An interactive shell gets nothing, as from OpenSSH's sshd: what was
@@ -209,8 +247,9 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
                     await term.send_stdin("\x04" if last.endswith(("\n", "\r"))
                                           else "\x04\x04")
                 return
-            await term.send_stdin(data)
-            last = data
+            if data:  # "" while a character's UTF-8 bytes are still arriving
+                await term.send_stdin(data)
+                last = data
 
     out_task = asyncio.create_task(to_client())
     in_task = asyncio.create_task(from_client())
@@ -242,6 +281,22 @@ def _banner(conn: asyncssh.SSHServerConnection, message: str) -> None:
             pass  # authentication already over
 
 
+class _StreamSession(SSHServerStreamSession):
+    """asyncssh's stream session, except that every subsystem, sftp included, goes to
+    the gateway's handler (which runs the member's own sftp-server in her server)
+    instead of asyncssh's built-in SFTP server, which would serve the gateway's files.
+    Its session_started without that built-in branch (asyncssh 2.x internals)."""
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return True  # the handler refuses, with a message, what it does not offer
+
+    def session_started(self) -> None:
+        stdin = SSHReader(self, self._chan)
+        stdout = SSHWriter(self, self._chan)
+        stderr = SSHWriter(self, self._chan, EXTENDED_DATA_STDERR)
+        self._conn.create_task(self._session_factory(stdin, stdout, stderr), stdin.logger)
+
+
 class _Connection(asyncssh.SSHServer):
     """One client connection: its address and, once signed in, its member."""
 
@@ -267,12 +322,19 @@ class _Connection(asyncssh.SSHServer):
         return self.member is not None
 
     def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
-        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
-                                        NO_FORWARDING)
+        """ssh -L/-D: to the member's own server's loopback only (policy.forward_port)."""
+        try:
+            port = policy.forward_port(dest_host, dest_port)
+        except policy.Unsupported as e:
+            log.warning("ssh forward of %s to %s:%s refused", self.member, dest_host,
+                        dest_port)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                            str(e)) from None
+        return self.gateway.forward(self.member, port)
 
     def unix_connection_requested(self, dest_path):
         raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
-                                        NO_FORWARDING)
+                                        policy.NO_FORWARDING_ELSEWHERE)
 
     def server_requested(self, listen_host, listen_port):
         return False  # remote forwarding (ssh -R)
@@ -283,7 +345,8 @@ class _Connection(asyncssh.SSHServer):
         async def handler(stdin, stdout, stderr):
             await self.gateway.session(member, stdin, stdout, stderr)
 
-        return handler
+        # bytes, not text: sftp, scp and piped data pass unchanged
+        return self.conn.create_server_channel(encoding=None), _StreamSession(handler)
 
 
 async def serve(listen: str, host_key: Path, gateway: Gateway) -> None:

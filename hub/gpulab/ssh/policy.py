@@ -86,6 +86,43 @@ def pending_of(model: dict) -> str | None:
     return ((model.get("servers") or {}).get("") or {}).get("pending")
 
 
-UNSUPPORTED_SUBSYSTEM = (
-    "The '{name}' subsystem is not available here: the gateway attaches to a Jupyter "
-    "terminal, which carries text, not files. Upload and download files in JupyterLab.\r\n")
+# Sessions without a terminal run as OpenSSH's sshd runs them: the member's shell
+# ($SHELL in her server, bash in gpulab's image) with -c and the command, or reading
+# a script from stdin when there is no command; sftp (and OpenSSH's scp, which speaks
+# sftp) by the server's sftp-server.
+SHELL_C = ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}" -c "$1"', "sh"]
+SHELL_READING_STDIN = ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}"']
+SUBSYSTEMS = {"sftp": ["/usr/lib/openssh/sftp-server"]}
+# Where ssh -L/-D may connect: the member's own server's loopback, nothing else.
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+class Unsupported(ValueError):
+    """What the member asked for is not offered; the message says what is."""
+
+
+def command_argv(command: str | None, subsystem: str | None) -> list[str]:
+    """What a session without a terminal runs in the member's server."""
+    if subsystem:
+        if subsystem not in SUBSYSTEMS:
+            raise Unsupported(f"The '{subsystem}' subsystem is not available here; sftp "
+                              "is.\r\n")
+        return SUBSYSTEMS[subsystem]
+    if command is None:
+        return SHELL_READING_STDIN
+    return [*SHELL_C, command]
+
+
+def forward_port(dest_host: str, dest_port: int) -> int:
+    """The port of the member's server that ``ssh -L``/``-D`` to *dest_host*:*dest_port*
+    reaches: only its own loopback. Anything else would make the gateway a way into
+    the lab's network (other members' servers, the hub), so it is refused."""
+    if dest_host.strip("[]").lower() not in LOOPBACK_NAMES:
+        raise Unsupported(f"{NO_FORWARDING_ELSEWHERE} ({dest_host}:{dest_port} asked)")
+    if not 0 < dest_port < 65536:
+        raise Unsupported(f"no port {dest_port}")
+    return dest_port
+
+
+NO_FORWARDING_ELSEWHERE = ("gpulab-ssh forwards only to your own server's ports on "
+                           "localhost (ssh -L 8080:localhost:8080)")

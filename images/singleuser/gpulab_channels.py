@@ -1,0 +1,261 @@
+"""What SSH needs inside a member's server beyond a terminal: pipes and loopback ports.
+
+The SSH gateway (gpulab-ssh, on the hub's side) gives ``ssh -t`` a Jupyter terminal. A
+terminal is one pseudo-terminal, though: it echoes, merges stderr into stdout, turns
+newlines into CRLF and has no exit status. What cannot go through one comes here, as
+two websockets under this server's URL, behind its sign-in like the rest of it (the
+owner's token, or their browser's cookie with Jupyter's same-origin check):
+
+``/gpulab/exec``
+    One command with stdin, stdout and stderr as pipes, byte for byte, and its exit
+    status: ``ssh host CMD`` without a terminal, ``sftp``/``scp`` (sftp-server), and the
+    script VS Code's Remote-SSH pipes into ``bash``. The client's first message is
+    ``{"argv": [...]}``; then binary frames are stdin, ``{"eof": true}`` closes it. The
+    server sends binary frames whose first byte says the stream (1 stdout, 2 stderr),
+    then ``{"exit": status}`` once the command has ended and its output is all sent
+    (``{"error": text}`` first when it could not be started). Closing the websocket
+    hangs up the command's process group.
+
+``/gpulab/tcp/PORT``
+    A TCP connection to PORT on this server's own loopback (127.0.0.1, else ::1) and
+    nowhere else: ``ssh -L``/``-D`` to a member's own ports, which is how Remote-SSH
+    reaches the VS Code server its script started. The server sends
+    ``{"connected": true}`` or ``{"error": text}`` first; then binary frames are the
+    stream both ways and ``{"eof": true}`` ends one direction.
+
+Both count as running code, as a terminal does (Jupyter's "execute" on "terminals").
+Enabled by jupyter_server_config.d/gpulab_channels.json in the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+STDOUT, STDERR = 1, 2
+CHUNK = 64 * 1024
+MAX_ARGV_BYTES = 256 * 1024  # a command line longer than Linux's own limit is refused
+HANGUP_GRACE = 2.0  # seconds between SIGHUP and SIGKILL when the client goes away
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def parse_argv(message: str | bytes) -> list[str]:
+    """The command of an exec channel's first message; ValueError with the reason."""
+    if isinstance(message, bytes):
+        raise ValueError("the first message must be text: {\"argv\": [...]}")
+    try:
+        argv = json.loads(message).get("argv")
+    except (ValueError, AttributeError):
+        raise ValueError("the first message must be {\"argv\": [...]}") from None
+    if (not isinstance(argv, list) or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)):
+        raise ValueError("argv must be a non-empty list of strings without NUL")
+    if sum(len(a.encode()) + 1 for a in argv) > MAX_ARGV_BYTES:
+        raise ValueError(f"the command is longer than {MAX_ARGV_BYTES} bytes")
+    return argv
+
+
+def exit_status(returncode: int) -> int:
+    """As a shell reports it: a command killed by signal N ended with 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def control(message: str | bytes) -> dict:
+    """A text frame's JSON object ({} for anything else)."""
+    if isinstance(message, bytes):
+        return {}
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Channel(WebSocketMixin, WebSocketHandler, JupyterHandler):
+    """A websocket that runs code as this server's user: signed in, authorized as a
+    terminal is, same-origin for browsers (WebSocketMixin.check_origin)."""
+
+    auth_resource = "terminals"
+
+    def set_default_headers(self):
+        """No page headers on a websocket (as Jupyter's kernel websocket)."""
+
+    async def get(self, *args, **kwargs):
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403)
+        if not await ensure_async(
+                self.authorizer.is_authorized(self, user, "execute", self.auth_resource)):
+            raise web.HTTPError(403)
+        await ensure_async(super().get(*args, **kwargs))
+
+    def send(self, message: dict | bytes) -> asyncio.Future | None:
+        """Send, or nothing once the client has gone."""
+        try:
+            if isinstance(message, bytes):
+                return self.write_message(message, binary=True)
+            return self.write_message(json.dumps(message))
+        except WebSocketClosedError:
+            return None
+
+
+class ExecChannel(_Channel):
+    proc: asyncio.subprocess.Process | None = None
+    _pumps: asyncio.Future | None = None
+
+    async def on_message(self, message):
+        if self.proc is None:
+            try:
+                argv = parse_argv(message)
+            except ValueError as e:
+                self.send({"error": str(e)})
+                self.send({"exit": 2})
+                self.close()
+                return
+            await self._start(argv)
+            return
+        if isinstance(message, bytes):
+            if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+                self.proc.stdin.write(message)
+                try:
+                    await self.proc.stdin.drain()  # back-pressure: the next frame waits
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the command stopped reading (head, exit): its stdin is gone
+        elif control(message).get("eof") and self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+    async def _start(self, argv: list[str]) -> None:
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=os.path.expanduser("~"),
+                start_new_session=True)
+        except OSError as e:
+            self.send({"error": f"{argv[0]}: {e.strerror}"})
+            self.send({"exit": 127 if isinstance(e, FileNotFoundError) else 126})
+            self.close()
+            return
+        self.log.info("gpulab exec channel: %s (pid %s)", argv[0], self.proc.pid)
+        self._pumps = asyncio.ensure_future(self._finish())
+
+    async def _pump(self, stream: asyncio.StreamReader, tag: int) -> None:
+        while chunk := await stream.read(CHUNK):
+            sent = self.send(bytes([tag]) + chunk)
+            if sent is None:
+                return
+            await sent  # back-pressure: read the command's output as fast as it is sent
+
+    async def _finish(self) -> None:
+        await asyncio.gather(self._pump(self.proc.stdout, STDOUT),
+                             self._pump(self.proc.stderr, STDERR))
+        status = exit_status(await self.proc.wait())
+        self.send({"exit": status})
+        self.close()
+
+    def on_close(self):
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        asyncio.ensure_future(_hang_up(proc))
+
+
+async def _hang_up(proc: asyncio.subprocess.Process) -> None:
+    """As sshd does when the client goes: SIGHUP to the command's process group, then
+    SIGKILL to what is left after a grace period."""
+    for sig in (signal.SIGHUP, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), HANGUP_GRACE)
+            return
+        except TimeoutError:
+            continue
+
+
+class TcpChannel(_Channel):
+    writer: asyncio.StreamWriter | None = None
+    ended: set[str]  # "client", "port": whose side has sent its end of file
+
+    def initialize(self):
+        self.ended = set()
+
+    def _ended(self, side: str) -> None:
+        """A direction is over; once both are, the channel closes."""
+        self.ended.add(side)
+        if self.ended == {"client", "port"}:
+            self.close()
+
+    async def open(self, port: str):
+        super().open()
+        number = int(port)
+        if not 0 < number < 65536:
+            self.send({"error": f"no port {port}"})
+            self.close()
+            return
+        error = None
+        for host in LOOPBACK:
+            try:
+                reader, self.writer = await asyncio.open_connection(host, number)
+                break
+            except OSError as e:
+                error = error or e
+        else:
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            self.send({"error": f"connect to port {number}: {reason}"})
+            self.close()
+            return
+        self.send({"connected": True})
+        asyncio.ensure_future(self._to_client(reader))
+
+    async def _to_client(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while chunk := await reader.read(CHUNK):
+                sent = self.send(chunk)
+                if sent is None:
+                    return
+                await sent
+        except OSError:
+            pass
+        self.send({"eof": True})
+        self._ended("port")
+
+    async def on_message(self, message):
+        if self.writer is None or self.writer.is_closing():
+            return
+        try:
+            if isinstance(message, bytes):
+                self.writer.write(message)
+                await self.writer.drain()
+            elif control(message).get("eof"):
+                if self.writer.can_write_eof():
+                    self.writer.write_eof()
+                self._ended("client")
+        except OSError:
+            self.close()
+
+    def on_close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "gpulab_channels"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    base = serverapp.web_app.settings["base_url"]
+    serverapp.web_app.add_handlers(".*$", [
+        (url_path_join(base, "/gpulab/exec"), ExecChannel),
+        (url_path_join(base, r"/gpulab/tcp/(\d{1,5})"), TcpChannel),
+    ])
