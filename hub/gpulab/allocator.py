@@ -17,6 +17,12 @@ The rules, in one place:
   it. A GPU no longer in the inventory is never given again; leases on it stay until
   their server stops (:func:`reconcile` reports them).
 * ``max_gpus`` counts every lease of the user, over all of their servers.
+* A server's GPUs are all on one machine (``Gpu.node``: the Swarm node; "" on a single
+  host, where this changes nothing). Among equally loaded GPUs, those of the machine
+  with the fewest leases come first, so members spread over machines (their CPUs and
+  memory too). Machines are tried in the order their first GPU comes in the order
+  above (a restarting server's own machine first, then its pins'), and the first with
+  enough free GPUs for the whole request gets it.
 """
 
 from __future__ import annotations
@@ -70,13 +76,15 @@ class Gpu:
     mode: str = EXCLUSIVE
     max_users: int = 1  # leases this GPU takes at once: 1 when exclusive
     reserved: bool = False  # given only to the users and groups that pin it
+    node: str = ""  # the machine (Swarm node) it is in; "" on a single host
 
     @property
     def capacity(self) -> int:
         return 1 if self.mode == EXCLUSIVE else self.max_users
 
     def label(self) -> str:
-        return f"GPU {self.index}" + (f" ({self.model})" if self.model else "")
+        return (f"GPU {self.index}" + (f" of {self.node}" if self.node else "")
+                + (f" ({self.model})" if self.model else ""))
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,8 @@ def allocate(
         return []
 
     load = Counter(le.gpu_uuid for le in others)
+    node_of = {g.uuid: g.node for g in inventory}
+    node_load = Counter(node_of.get(le.gpu_uuid) for le in others)
     mine_elsewhere = {le.gpu_uuid for le in elsewhere}
     pinned_uuids = _pinned(policy.pinned, inventory)
     pinned_by_anyone = _pinned(config.all_pins(), inventory)
@@ -311,17 +321,21 @@ def allocate(
     ordered += [by_uuid[le.gpu_uuid] for le in own if le.gpu_uuid in by_uuid]
     ordered += [by_uuid[u] for u in pinned_uuids]
     ordered += sorted(
-        candidates, key=lambda g: (g.uuid in mine_elsewhere, load[g.uuid], g.index)
+        candidates,
+        key=lambda g: (g.uuid in mine_elsewhere, load[g.uuid], node_load[g.node], g.index),
     )
-    chosen: list[Gpu] = []
-    for g in ordered:
+    most = 0  # the most free GPUs any one machine had
+    for node in dict.fromkeys(g.node for g in ordered):
+        chosen: list[Gpu] = []
+        for g in ordered:
+            if len(chosen) == count:
+                break
+            if g.node == node and g not in chosen and eligible(g) and free(g):
+                chosen.append(g)
         if len(chosen) == count:
-            break
-        if g not in chosen and eligible(g) and free(g):
-            chosen.append(g)
-    if len(chosen) < count:
-        raise _not_enough(config, policy, candidates, others, count, len(chosen))
-    return chosen
+            return chosen
+        most = max(most, len(chosen))
+    raise _not_enough(config, policy, candidates, others, count, most)
 
 
 def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
@@ -368,6 +382,17 @@ def _not_enough(
         if g.uuid in holders and len(holders[g.uuid]) >= g.capacity
     ]
     listing = ", ".join(f"{b.gpu.label()} {b.used}/{b.gpu.capacity} in use" for b in busy)
+    free_anywhere = len(candidates) - len(busy)
+    if free_anywhere > free:  # enough in all, but split over machines
+        return NotEnoughGpus(
+            f"You asked for {_plural(count)}; {free_anywhere} of the GPUs available to you "
+            f"are free, but at most {free} on any one machine, and a server's GPUs must "
+            f"be in one machine. Ask for {free} or fewer, or try again when one is "
+            f"released.",
+            requested=count,
+            free=free,
+            busy=busy,
+        )
     return NotEnoughGpus(
         f"You asked for {_plural(count)}, but only {free} of the {len(candidates)} GPUs "
         f"available to you {'is' if free == 1 else 'are'} free. Busy: {listing}. "

@@ -543,3 +543,93 @@ def test_leases_from_labels_round_trip_with_container_options():
     # with CONFIG, GPU 1 is alice's pin: bob's restart keeps GPU 3 and moves off GPU 1
     got = allocate(CONFIG, inv, rebuilt, Request("bob", "train", count=2))
     assert [g.index for g in got] == [3, 0]
+
+
+# ---------------------------------------------------------------- several machines
+
+AUTO = "inventory: auto\ndefaults: {gpus: 1, max_gpus: 4}\n"
+
+
+def on(node: str, i: int, n: int = 0) -> Gpu:
+    """GPU *i* of machine *node* (its UUID unique across machines: *n*)."""
+    return Gpu(i, uuid(n), "A100", node=node)
+
+
+def cluster(**sizes: int) -> list[Gpu]:
+    out, n = [], 0
+    for node, size in sizes.items():
+        for i in range(size):
+            out.append(on(node, i, n))
+            n += 1
+    return out
+
+
+def test_a_servers_gpus_are_all_on_one_machine():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=1, node2=2)  # node1 first, but only node2 has two
+    got = allocate(cfg, inv, [], Request("alice", count=2))
+    assert {g.node for g in got} == {"node2"} and len(got) == 2
+
+
+def test_members_spread_over_machines_and_never_share_a_gpu():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=2, node2=2, node3=1)
+    leases, placed = [], []
+    for who in ["a", "b", "c", "d", "e"]:
+        [g] = allocate(cfg, inv, leases, Request(who))
+        leases = add_leases(leases, Request(who), [g], T0)
+        placed.append((g.node, g.index))
+    assert placed == [("node1", 0), ("node2", 0), ("node3", 0), ("node1", 1), ("node2", 1)]
+    assert len({le.gpu_uuid for le in leases}) == 5
+    with pytest.raises(NotEnoughGpus) as e:  # one more than the cluster holds
+        allocate(cfg, inv, leases, Request("f"))
+    assert e.value.status == 409 and "only 0 of the 5 GPUs" in str(e.value)
+
+
+def test_a_restart_stays_on_its_machine():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=2, node2=2)
+    leases = [Lease(inv[2].uuid, "alice", "", T0)]  # alice holds GPU 0 of node2
+    got = allocate(cfg, inv, leases, Request("alice", count=2))
+    assert [(g.node, g.index) for g in got] == [("node2", 0), ("node2", 1)]
+
+
+def test_enough_free_gpus_split_over_machines_are_refused_and_say_so():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=2, node2=2)
+    leases = [Lease(inv[0].uuid, "x", "", T0), Lease(inv[2].uuid, "y", "", T0)]
+    with pytest.raises(NotEnoughGpus) as e:
+        allocate(cfg, inv, leases, Request("alice", count=2))
+    assert e.value.free == 1
+    assert "2 of the GPUs available to you are free, but at most 1 on any one machine" \
+        in str(e.value)
+    assert allocate(cfg, inv, leases, Request("alice", count=1))  # one still fits
+
+
+def test_a_busy_gpu_names_its_machine():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=1, node2=1)
+    leases = [Lease(inv[0].uuid, "x", "", T0), Lease(inv[1].uuid, "y", "", T0)]
+    with pytest.raises(NotEnoughGpus) as e:
+        allocate(cfg, inv, leases, Request("alice"))
+    assert "GPU 0 of node1 (A100) 1/1 in use" in str(e.value)
+    assert "GPU 0 of node2 (A100) 1/1 in use" in str(e.value)
+
+
+def test_random_spawns_and_stops_on_several_machines_never_double_book():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=3, node2=2, node3=4)
+    rng = random.Random(13)
+    leases: list[Lease] = []
+    for step in range(400):
+        who = f"u{rng.randrange(12)}"
+        if rng.random() < 0.4:
+            leases = release(leases, who)
+            continue
+        try:
+            got = allocate(cfg, inv, leases, Request(who, count=rng.randrange(0, 4)))
+        except AllocationError:
+            continue
+        assert len({g.node for g in got}) <= 1, step
+        leases = add_leases(leases, Request(who), got, T0)
+        assert max(Counter(le.gpu_uuid for le in leases).values(), default=0) <= 1, step
