@@ -1,4 +1,4 @@
-"""What gpulab's processes agree on, spelled once: container labels and names.
+"""What gpulab's processes agree on, spelled once: container labels, names and metrics.
 
 The hub writes these labels on every user container (:mod:`gpulab.containers`), the
 lease table and the admins' lease page read them back, the Docker proxy refuses
@@ -47,3 +47,12 @@ DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease
 # leaves warnings and stop notices for members' home pages (gpulab.culler.notices).
 CULLER_SERVICE = "gpu-culler"
 CULLER_NOTICES_FILE = "gpu-culler-notices.json"
+
+# Prometheus metrics the hub queries (the GPU culler, the dashboard's table and history).
+# The exporter writes them (gpulab_exporter.collector, which cannot import this module);
+# tests/unit/test_contract.py checks that it does, and that every gpulab_* name the hub's
+# code mentions is one it produces.
+METRIC_UTILIZATION = "gpulab_gpu_utilization_ratio"
+METRIC_MEMORY_USED = "gpulab_gpu_memory_used_bytes"
+METRIC_MEMORY_TOTAL = "gpulab_gpu_memory_total_bytes"
+METRIC_LEASE = "gpulab_gpu_lease_info"  # one series per (GPU, holder), value 1

@@ -2,6 +2,7 @@
 its own package that cannot import gpulab, keeps a copy that must match, and
 docker-compose.yml's container names are the ones the contract reserves."""
 
+import re
 from pathlib import Path
 
 import yaml
@@ -25,3 +26,23 @@ def test_compose_runs_exactly_the_reserved_infrastructure_containers():
     volumes = {v["name"] for v in compose["volumes"].values()}
     assert volumes <= set(contract.INFRA_VOLUMES)
     assert not any(n.startswith(contract.USER_CONTAINER_PREFIX) for n in names)
+
+
+def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced):
+    assert {contract.METRIC_UTILIZATION, contract.METRIC_MEMORY_USED,
+            contract.METRIC_MEMORY_TOTAL, contract.METRIC_LEASE} <= produced
+
+
+def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_produces(produced):
+    """A renamed metric must not leave a query behind that silently finds nothing."""
+    mentioned = {}
+    for path in sorted((REPO / "hub" / "gpulab").rglob("*.py")):
+        for name in re.findall(r"\bgpulab_[a-z_]*[a-z]\b", path.read_text()):
+            if name not in MODULES:
+                mentioned.setdefault(name, path.relative_to(REPO))
+    unknown = {n: str(p) for n, p in mentioned.items() if n not in produced}
+    assert not unknown, f"not produced by the exporter: {unknown}"
+
+
+# gpulab_* words in the hub's code that are not metrics: modules and packages.
+MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels"}

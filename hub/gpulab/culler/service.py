@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import live_config
+from ..contract import METRIC_LEASE, METRIC_UTILIZATION
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 from ..yamlfile import ConfigError
 from . import notices as notes
@@ -41,10 +42,10 @@ from .decide import (
 
 log = logging.getLogger("gpulab.culler")
 
-LEASES = "gpulab_gpu_lease_info"
+LEASES = METRIC_LEASE
 # Per GPU, the highest utilization in each window of 2 steps: a burst between two points
 # still counts, and a window always holds a scrape (15 s apart) even with jitter.
-UTILIZATION = "max by (uuid) (max_over_time(gpulab_gpu_utilization_ratio[{window}s]))"
+UTILIZATION = f"max by (uuid) (max_over_time({METRIC_UTILIZATION}[{{window}}s]))"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from gpulab.contract import (
+    METRIC_LEASE,
+    METRIC_MEMORY_TOTAL,
+    METRIC_MEMORY_USED,
+    METRIC_UTILIZATION,
+)
 from gpulab.dashboard.sources import Source, SourceUnreachable, _float
 from gpulab.dashboard.usage import PrometheusUsage, UsageUnavailable
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
@@ -73,10 +79,10 @@ def queries(step: int) -> dict[str, str]:
     """PromQL for each line and the holders, at *step* seconds per point."""
     w = f"[{window(step)}s]"
     return {
-        "utilization": f"max_over_time(gpulab_gpu_utilization_ratio{w})",
-        "memory": (f"max_over_time(gpulab_gpu_memory_used_bytes{w}) / "
-                   f"max_over_time(gpulab_gpu_memory_total_bytes{w})"),
-        "holders": f"max_over_time(gpulab_gpu_lease_info{w})",
+        "utilization": f"max_over_time({METRIC_UTILIZATION}{w})",
+        "memory": (f"max_over_time({METRIC_MEMORY_USED}{w}) / "
+                   f"max_over_time({METRIC_MEMORY_TOTAL}{w})"),
+        "holders": f"max_over_time({METRIC_LEASE}{w})",
     }
 
 

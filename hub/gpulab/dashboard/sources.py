@@ -22,6 +22,7 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from ..contract import METRIC_LEASE, METRIC_MEMORY_TOTAL, METRIC_MEMORY_USED, METRIC_UTILIZATION
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
@@ -195,9 +196,9 @@ class SnapshotReader:
 # -- Prometheus series -> snapshot ---------------------------------------------------
 # gauge name -> snapshot field (collector.py's _GAUGES, plus the counters' _total names)
 _PROM_FIELDS = {
-    "gpulab_gpu_utilization_ratio": "utilization_ratio",
-    "gpulab_gpu_memory_used_bytes": "memory_used_bytes",
-    "gpulab_gpu_memory_total_bytes": "memory_total_bytes",
+    METRIC_UTILIZATION: "utilization_ratio",
+    METRIC_MEMORY_USED: "memory_used_bytes",
+    METRIC_MEMORY_TOTAL: "memory_total_bytes",
     "gpulab_gpu_memory_free_bytes": "memory_free_bytes",
     "gpulab_gpu_temperature_celsius": "temperature_celsius",
     "gpulab_gpu_power_watts": "power_watts",
@@ -252,7 +253,7 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
         elif name in _PROM_FIELDS and value is not None:
             field = _PROM_FIELDS[name]
             gpu(labels)[field] = int(value) if field in _BYTES else value
-        elif name == "gpulab_gpu_lease_info":
+        elif name == METRIC_LEASE:
             gpu(labels)["leases"].append({"user": labels.get("user", ""),
                                           "server": labels.get("server", ""),
                                           "container": None})
