@@ -170,7 +170,8 @@ def configure(c) -> None:
             # The proxy (its own container) reaches it at the hub's name; users'
             # containers cannot (gpulab-netguard lets them reach only port 8081).
             "url": f"http://{hub_host}:{DASHBOARD_PORT}",
-            "command": [sys.executable, "-m", "gpulab.dashboard"],
+            "command": [sys.executable, "-m", "gpulab.dashboard",
+                        "--culler-notices", str(notices_path)],
             # JupyterHub starts a managed service with only the environment it is given:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.
             "environment": {k: os.environ[k] for k in DASHBOARD_ENV if k in os.environ},

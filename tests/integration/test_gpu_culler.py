@@ -37,7 +37,7 @@ def notices(page, kind: str):
 
 
 def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
-        hub, lab_user, lab_config, gpus_yaml, fake_control, new_page):
+        hub, lab_user, lab_config, gpus_yaml, fake_control, new_page, hub_admin):
     lab_config.write("gpus.yaml", CULLING)
     fake_control({"utilization": {"0": 0, "1": 80}})
     wait_for(lambda: [g["utilization_ratio"] for g in exporter_snapshot()["gpus"]] == [0.0, 0.8],
@@ -52,6 +52,12 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     busy.start_server({"gpus": 1})
     assert gpus_of(idle.container)["label"] == GPU0
     assert gpus_of(busy.container)["label"] == GPU1
+
+    # an operator watches the GPU dashboard (signed in now, so that the warning's 20 s
+    # are not spent signing in)
+    ops = new_page()
+    submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
+    assert "/services/gpus/" in ops.url, ops.url
 
     # the idle member sees the warning on their home page while the server still runs
     page = new_page()
@@ -68,6 +74,11 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     assert "Your server will be stopped in less than a minute" in text, text  # 20 s warning
     assert f"its GPU stayed under 5% utilization for {IDLE_TIMEOUT} s" in text, text
     screenshot(page, "gpu-culler-warning.png")
+    # and the dashboard (which redraws itself every 5 s) shows it beside the lease
+    cull = ops.locator(".cull").first
+    cull.wait_for(state="visible", timeout=15_000)
+    assert cull.inner_text().startswith("to be stopped at "), cull.inner_text()
+    assert idle.name in ops.locator("div", has=cull).last.inner_text()
 
     # then it is stopped, not before the timeout and the warning time
     wait_for(lambda: hub.server_model(idle.name) is None, 120, interval=1,

@@ -59,7 +59,7 @@ def test_multi_gpu_rows_and_summary():
                   "clocks_text": "1980 / 2619 MHz", "allocated": False,
                   "idle_allocated": False, "holders": [], "processes": []}
     assert g1["holders"] == [{"user": "alice", "server": "", "memory_text": "2.0 GiB",
-                              "since": None, "held_for": None}]
+                              "since": None, "held_for": None, "cull_text": None}]
     assert g1["processes"] == [{"pid": 4242, "user": "alice", "server": "",
                                 "container": "gpulab-alice", "memory_text": "2.0 GiB"}]
     assert view["summary"] == {"gpus": 2, "allocated": 1, "idle_allocated": 1, "lost": 0,
@@ -214,3 +214,23 @@ def test_page_zero_gpus_shows_message_not_table():
     page = render(build_view(snapshot([])))
     assert '<p id="message">No GPUs on this host</p>' in page
     assert '<table id="gpus" hidden>' in page
+
+
+def test_a_holder_the_gpu_culler_warned_says_when_it_will_be_stopped():
+    stop_at = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+    snap = {"source": {"name": "exporter", "url": "x"}, "timestamp": stop_at - 600,
+            "gpus": [{"index": 0, "uuid": "GPU-a", "utilization_ratio": 0.0,
+                      "leases": [{"user": "alice", "server": ""},
+                                 {"user": "bob", "server": "big"}]}],
+            "cull_warnings": [{"user": "alice", "server": "", "stop_at": stop_at,
+                               "message": "its GPU has been idle for 2 h"},
+                              {"user": "bob", "server": "", "stop_at": stop_at,
+                               "message": "not this one: bob's default server"}]}
+    [row] = build_view(snap)["gpus"]
+    alice, bob = row["holders"]
+    assert alice["cull_text"] == "to be stopped at 08:00 UTC (its GPU has been idle for 2 h)"
+    assert bob["cull_text"] is None  # bob/big was not warned
+    html = render_page(make_templates(), build_view(snap), api_url="a", refresh_seconds=5,
+                       xsrf_token="t", user="op")
+    assert '<span class="cull">to be stopped at 08:00 UTC (its GPU has been idle for 2 h)' \
+        in html

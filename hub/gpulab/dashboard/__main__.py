@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import os
 import signal
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from jupyterhub.services.auth import HubOAuth
@@ -93,6 +94,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     p.add_argument("--settings-file", default=str(default_settings_path(env)), metavar="PATH",
                    help="gpulab.yaml, whose refused edits the lease page shows (default: "
                         "from GPULAB_CONFIG_DIR: %(default)s)")
+    p.add_argument("--culler-notices", default=None, metavar="PATH",
+                   help="the GPU culler's notices file, whose standing warnings the table "
+                        "shows beside the leases they will end (default: none)")
     p.add_argument("--no-leases", action="store_true",
                    help="leave out the admins' lease page (no Docker socket here)")
     p.add_argument("--refresh-seconds", type=float, default=5.0, metavar="SECONDS",
@@ -116,7 +120,9 @@ async def serve(args: argparse.Namespace) -> None:
     alerts = None
     if args.alertmanager_url.lower() != "none":
         alerts = AlertmanagerAlerts(args.alertmanager_url, timeout=args.timeout)
-    reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2), alerts=alerts)
+    reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2), alerts=alerts,
+                            culler_notices=Path(args.culler_notices)
+                            if args.culler_notices else None)
     leases = None
     if not args.no_leases:
         leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),

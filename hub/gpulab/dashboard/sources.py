@@ -18,11 +18,14 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..contract import METRIC_LEASE, METRIC_MEMORY_TOTAL, METRIC_MEMORY_USED, METRIC_UTILIZATION
+from ..culler import notices
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
@@ -165,9 +168,11 @@ class SnapshotReader:
 
     def __init__(self, sources: Sequence[Source], max_age: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
-                 alerts: AlertmanagerAlerts | None = None) -> None:
+                 alerts: AlertmanagerAlerts | None = None,
+                 culler_notices: Path | None = None) -> None:
         self.sources = list(sources)
         self.alerts = alerts
+        self.culler_notices = culler_notices
         self.max_age = max_age
         self.clock = clock
         self._value: dict[str, Any] | None = None
@@ -185,7 +190,13 @@ class SnapshotReader:
     async def _read_both(self) -> dict[str, Any]:
         snapshot, alerts = await asyncio.gather(read_first(self.sources),
                                                 read_alerts(self.alerts))
-        return {**snapshot, **alerts}
+        return {**snapshot, **alerts, "cull_warnings": self.cull_warnings()}
+
+    def cull_warnings(self) -> list[dict[str, Any]]:
+        """The GPU culler's standing warnings (its notices file; none without one)."""
+        if self.culler_notices is None:
+            return []
+        return [asdict(w) for w in notices.read(self.culler_notices).warnings.values()]
 
     def _store(self, future: asyncio.Future) -> None:
         self._pending = None

@@ -1,9 +1,11 @@
 """Snapshot -> view model for the nvidia-smi-style table. Pure: no I/O, no clock.
 
 The input is the exporter's ``/api/gpus`` JSON (``Snapshot.to_json()``), or the same
-shape rebuilt from Prometheus by :mod:`gpulab.dashboard.sources`, plus two keys the
-sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did) and
-``unreachable`` (a list of {"name", "url", "error"}, one per source that failed).
+shape rebuilt from Prometheus by :mod:`gpulab.dashboard.sources`, plus keys the
+sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did),
+``unreachable`` (a list of {"name", "url", "error"}, one per source that failed) and
+``cull_warnings`` (the GPU culler's standing warnings: {"user", "server", "stop_at",
+"message"} each), shown beside the lease they will end.
 
 Every optional field may be missing or None (NVML NotSupported, a lost GPU, Prometheus
 without the series): the row then shows "N/A" there, never 0. The model is plain JSON
@@ -12,6 +14,7 @@ types, so the page's script re-renders it exactly as the server template did.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 MiB = 1 << 20
@@ -31,7 +34,10 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
     source = snapshot.get("source")
     unreachable = [_unreachable(u) for u in snapshot.get("unreachable") or ()]
     now = _number(snapshot.get("timestamp"))
-    gpus = [gpu_row(g, now=now, idle_below=idle_below) for g in snapshot.get("gpus") or ()]
+    culls = {(str(w.get("user")), str(w.get("server") or "")): w
+             for w in snapshot.get("cull_warnings") or ()}
+    gpus = [gpu_row(g, now=now, idle_below=idle_below, culls=culls)
+            for g in snapshot.get("gpus") or ()]
     gpus.sort(key=lambda r: (r["index"] is None, r["index"] if r["index"] is not None else 0))
 
     banners: list[str] = []
@@ -79,17 +85,19 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
 
 
 def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
-            idle_below: float = IDLE_BELOW) -> dict[str, Any]:
+            idle_below: float = IDLE_BELOW,
+            culls: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """One table row. ``state`` is "ok" or "lost" (``up`` false: NVML reports the GPU
     lost or needing a reset); a lost row keeps its last known index, UUID and model.
-    ``now`` (the snapshot's time) turns a lease's ``since`` into "held for"."""
+    ``now`` (the snapshot's time) turns a lease's ``since`` into "held for"; *culls*
+    ((user, server) -> the culler's warning) says which holder is about to be stopped."""
     up = gpu.get("up", True) is not False
     util = _number(gpu.get("utilization_ratio")) if up else None
     used = _number(gpu.get("memory_used_bytes")) if up else None
     total = _number(gpu.get("memory_total_bytes")) if up else None
     mem_ratio = used / total if used is not None and total else None
     per_user = gpu.get("user_memory_bytes") if up else None
-    holders = [_holder(le, now, per_user or {}) for le in gpu.get("leases") or ()]
+    holders = [_holder(le, now, per_user or {}, culls or {}) for le in gpu.get("leases") or ()]
     processes = gpu.get("processes")
     allocated = bool(holders)
     return {
@@ -193,19 +201,32 @@ def _mhz(hertz: float | None) -> str:
     return NA if hertz is None else f"{hertz / 1e6:.0f}"
 
 
-def _holder(lease: dict[str, Any], now: float | None,
-            per_user: dict[str, Any]) -> dict[str, Any]:
+def _holder(lease: dict[str, Any], now: float | None, per_user: dict[str, Any],
+            culls: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
     user = str(lease.get("user") or "?")
+    server = str(lease.get("server") or "")
     since = _number(lease.get("since"))
     age = now - since if since is not None and now is not None else None
     memory = _number(per_user.get(user))
     return {
         "user": user,
         "memory_text": None if memory is None else format_bytes(memory),
-        "server": str(lease.get("server") or ""),
+        "server": server,
         "since": since,
         "held_for": format_duration(age),
+        "cull_text": _cull_text(culls.get((user, server))),
     }
+
+
+def _cull_text(warning: dict[str, Any] | None) -> str | None:
+    """"to be stopped at 14:05 UTC (its GPUs idle since 11:50 UTC)": the culler's
+    warning for this holder, as its member reads it on their home page."""
+    stop_at = _number((warning or {}).get("stop_at"))
+    if stop_at is None:
+        return None
+    at = datetime.fromtimestamp(stop_at, UTC).strftime("%H:%M UTC")
+    message = str(warning.get("message") or "").strip()
+    return f"to be stopped at {at}" + (f" ({message})" if message else "")
 
 
 def _process(p: dict[str, Any]) -> dict[str, Any]:
