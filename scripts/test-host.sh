@@ -20,8 +20,9 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # test_https.py: certutil puts the local CA in a test browser's NSS database; openssl.
 command -v certutil >/dev/null 2>&1 || need+=(libnss3-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
-# test_ssh.py: the real OpenSSH client against gpulab-ssh.
+# test_ssh.py: the real OpenSSH client (ssh, sftp, scp) and rsync against gpulab-ssh.
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
 # The simulated Swarm (tests/swarm): network namespaces (ip), nsenter and unshare.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 { command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need+=(util-linux)

@@ -14,7 +14,8 @@ owner's token, or their browser's cookie with Jupyter's same-origin check):
     server sends binary frames whose first byte says the stream (1 stdout, 2 stderr),
     then ``{"exit": status}`` once the command has ended and its output is all sent
     (``{"error": text}`` first when it could not be started). Closing the websocket
-    hangs up the command's process group.
+    while the command runs hangs it up, as a vanished SSH client does under sshd: its
+    pipes close and its process group gets SIGHUP.
 
 ``/gpulab/tcp/PORT``
     A TCP connection to PORT on this server's own loopback (127.0.0.1, else ::1) and
@@ -44,7 +45,6 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 STDOUT, STDERR = 1, 2
 CHUNK = 64 * 1024
 MAX_ARGV_BYTES = 256 * 1024  # a command line longer than Linux's own limit is refused
-HANGUP_GRACE = 2.0  # seconds between SIGHUP and SIGKILL when the client goes away
 LOOPBACK = ("127.0.0.1", "::1")
 
 
@@ -169,18 +169,15 @@ class ExecChannel(_Channel):
 
 
 async def _hang_up(proc: asyncio.subprocess.Process) -> None:
-    """As sshd does when the client goes: SIGHUP to the command's process group, then
-    SIGKILL to what is left after a grace period."""
-    for sig in (signal.SIGHUP, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            await asyncio.wait_for(proc.wait(), HANGUP_GRACE)
-            return
-        except TimeoutError:
-            continue
+    """As when an SSH client goes away: the command's pipes close and its process group
+    gets SIGHUP. What ignores it (``nohup``: a server left running on purpose, as VS
+    Code's Remote-SSH leaves its own) keeps running, as under sshd."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+    except ProcessLookupError:
+        pass
 
 
 class TcpChannel(_Channel):

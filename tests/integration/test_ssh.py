@@ -24,6 +24,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -251,7 +252,7 @@ def test_commands_without_a_terminal_get_plain_pipes_byte_for_byte(ssh, lab_user
     assert r.returncode == 127 and "no-such-command-here" in r.stderr, r
 
 
-def test_sftp_and_scp_reach_her_home(ssh, lab_user, tmp_path):
+def test_sftp_scp_and_rsync_reach_her_home(ssh, lab_user, tmp_path):
     harry = lab_user("sshfiles")
     harry.start_server()
     local = tmp_path / "data.bin"
@@ -274,6 +275,25 @@ def test_sftp_and_scp_reach_her_home(ssh, lab_user, tmp_path):
         assert r.returncode == 0, (mode, r.stderr)
         assert docker("exec", harry.container, "sha256sum", f"/home/jovyan/scp{len(mode)}.bin") \
             .split()[0] == hashlib.sha256(local.read_bytes()).hexdigest()
+    # rsync over ssh (its own protocol on plain pipes, both ends): a folder up, then again
+    # with nothing changed (nothing sent), then back
+    tree = tmp_path / "project"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "train.py").write_text("print('hi')\n")
+    (tree / "weights.bin").write_bytes(os.urandom(100_000))
+    rsh = " ".join(shlex.quote(a) for a in ssh.args(harry.name)[:-1])
+    target = f"{harry.name}@{ssh.host}:project/"
+
+    def rsync(*args: str) -> subprocess.CompletedProcess:
+        r = subprocess.run(["rsync", "-a", "--stats", "-e", rsh, *args], capture_output=True,
+                           text=True, env=ssh.env(harry.token), timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    assert "Number of regular files transferred: 2" in rsync(f"{tree}/", target).stdout
+    assert "Number of regular files transferred: 0" in rsync(f"{tree}/", target).stdout
+    rsync(target, f"{tmp_path}/back/")
+    assert (tmp_path / "back" / "weights.bin").read_bytes() == (tree / "weights.bin").read_bytes()
 
 
 # What VS Code's Remote-SSH does on a Linux host: `ssh -T -D <port> host bash`, a script on

@@ -93,10 +93,15 @@ async def run_command(hub_url: str, server_path: str, token: str, tls_trust: Pat
             return 255
 
         feeding = asyncio.create_task(from_client())
+        result = asyncio.create_task(to_client())
+        gone = asyncio.create_task(stdin.channel.wait_closed())
         try:
-            return await to_client()
+            done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            # the client went away: closing the websocket hangs the command up
+            return result.result() if result in done else 255
         finally:
-            feeding.cancel()
+            for task in (feeding, result, gone):
+                task.cancel()
     finally:
         ws.close()
 
