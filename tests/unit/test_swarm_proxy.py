@@ -164,7 +164,8 @@ def test_query_parameters_are_allow_listed_per_route(method, target):
     ({"name": ["gpulab-user-"]}, "filters on exactly label=org.gpulab.managed=true"),
     ({"label": ["org.gpulab.managed"]}, "filters on exactly"),
     ({"label": ["org.gpulab.managed=false"]}, "filters on exactly"),
-    # dockerd keeps one value per label key, picked in map order: either could win
+    # dockerd reduces label filters to one value per key (moby's ConvertKVStringsToMap over
+    # a Go map, so which one is not fixed): only the exact one is accepted
     ({"label": ["org.gpulab.managed=true", "org.gpulab.managed"]}, "filters on exactly"),
     ({"label": ["org.gpulab.managed=true", "org.gpulab.managed=x"]}, "filters on exactly"),
     ({"label": ["org.gpulab.managed=true"], "mode": ["global"]}, "'mode' is not allowed"),
