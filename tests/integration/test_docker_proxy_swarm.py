@@ -7,7 +7,11 @@ and ``K`` = ``k``, a deprecated top-level ``Networks`` still read), so raw bytes
 a real proxy process to the manager of a simulated Swarm (tests/swarm, 1 manager + 1
 worker with fake GPUs). A hardened spec creates a service whose container on the worker
 is exactly what was checked; every trick is refused by the proxy, and the same bytes
-sent straight to the manager show what dockerd would have done with them.
+sent straight to the manager show what dockerd would have done with them: hand-picked
+tricks with what dockerd stored for each (asserted, so a dockerd that changes is
+noticed), and 113 generated variants (denied fields x spellings x positions), of which
+dockerd alone turned 110 into a service that is not the hardened one (the 3 others: a
+second mode beside Replicated, which dockerd answers with 400).
 
 The trick services are created with an image that no node has, so none of them ever runs
 a container (their tasks are rejected); each is inspected and removed at once.
@@ -99,6 +103,7 @@ class Lab:
         self.swarm, self.manager, self.proxy, self.settings = swarm, manager, proxy, settings
         self.worker = swarm.workers[0]
         self.worker_id = manager.send("GET", f"/nodes/{self.worker.hostname}")[1]["ID"]
+        self.network_id = manager.send("GET", f"/networks/{NETWORK}")[1]["Id"]
         self.counter = 0
 
     def set_image(self, image: str) -> None:
@@ -485,3 +490,112 @@ def test_tricks_are_refused_and_live(lab, capsys):
         for name, what in seen.items():
             print(f"  {name}: {what}")
     assert seen == {name: what for name, (_, what) in EXPECTED.items()}
+
+
+# ---------------------------------------------------------------- generated variants
+
+TT = ("TaskTemplate",)
+# (the object it belongs in, key, hostile value)
+DENIED = [
+    (CS, "User", "0"), (CS, "User", ""), (CS, "CapabilityAdd", ["ALL"]),
+    (CS, "CapabilityDrop", []), (CS, "Privileges", {"SELinuxContext": {"Disable": True}}),
+    (CS, "Sysctls", {"net.ipv4.ip_forward": "1"}), (CS, "Groups", ["0"]),
+    (CS, "Mounts", [{"Type": "bind", "Source": "/", "Target": "/host"}]),
+    (CS, "Image", "gpulab/hub:latest"), (CS, "Env", ["NVIDIA_VISIBLE_DEVICES=all"]),
+    (TT, "Placement", {"Constraints": ["node.role==manager"]}),
+    (TT, "Networks", [{"Target": OTHER_NETWORK}]),
+    (TT, "RestartPolicy", {"Condition": "any"}),
+    (TT, "Resources", {"Limits": {"MemoryBytes": 1 << 30}, "Reservations": {
+        "GenericResources": [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]}}),
+    ((), "Mode", {"Global": {}}),
+    ((), "EndpointSpec", {"Mode": "dnsrr", "Ports": [{"TargetPort": 8888, "PublishedPort":
+                                                      18888, "PublishMode": "host"}]}),
+    ((), "Networks", [{"Target": OTHER_NETWORK}]),
+]
+
+
+def spellings(key: str) -> dict[str, str]:
+    lower = key.lower()
+    out = {"exact": key, "lower": lower, "upper": key.upper()}
+    folded = lower.replace("s", "\u017f").replace("k", "\u212a")
+    if folded != lower:
+        out["fold"] = folded
+    return out
+
+
+def variants(lab):
+    """(id, raw body) for every denied field x spelling x position: after the legit key in
+    its own object ("dup"), and in a second parent object spelled in lower case, which Go
+    merges into the first ("merged")."""
+    for n, (parent, key, value) in enumerate(DENIED):
+        for spelling, k in spellings(key).items():
+            vid = f"{n}-{key}-{spelling}"
+            yield f"{vid}-dup", dump(_pairs_with(lab.spec(ABSENT_IMAGE), parent, (k, value)))
+            if parent:
+                nested: object = {k: value}
+                yield f"{vid}-merged", dump(_pairs_with(
+                    lab.spec(ABSENT_IMAGE), parent[:-1], (parent[-1].lower(), nested)))
+
+
+def violations(lab, spec: dict) -> list[str]:
+    """How a stored service spec differs from the hardened server the proxy checks for."""
+    tt, cs = spec["TaskTemplate"], spec["TaskTemplate"]["ContainerSpec"]
+    checks = {
+        "User": cs.get("User") == "1000:1000",
+        "CapabilityDrop": cs.get("CapabilityDrop") == ["ALL"],
+        "CapabilityAdd": not cs.get("CapabilityAdd"),
+        "Privileges": not (cs.get("Privileges") or {}).get("SELinuxContext"),
+        "Sysctls": not cs.get("Sysctls"), "Groups": not cs.get("Groups"),
+        "Mounts": all(m["Type"] == "volume" for m in cs.get("Mounts", [])),
+        "Image": cs.get("Image") == ABSENT_IMAGE,
+        "Env": f"NVIDIA_VISIBLE_DEVICES={lab.worker.gpus[0]}" in cs.get("Env", []),
+        "Placement": tt.get("Placement", {}).get("Constraints") == [
+            f"node.id=={lab.worker_id}"],
+        "Networks": [n["Target"] for n in tt.get("Networks", [])] == [lab.network_id]
+        and not spec.get("Networks"),
+        "RestartPolicy": tt.get("RestartPolicy", {}).get("Condition") == "none",
+        "Resources": not tt.get("Resources", {}).get("Reservations", {}).get(
+            "GenericResources") and tt.get("Resources", {}).get("Limits", {}).get("Pids"),
+        "Mode": spec.get("Mode") == {"Replicated": {"Replicas": 1}},
+        "EndpointSpec": not spec.get("EndpointSpec", {}).get("Ports"),
+    }
+    return [k for k, ok in checks.items() if not ok]
+
+
+def test_generated_variants_are_refused_and_live(lab):
+    lab.set_image(ABSENT_IMAGE)
+    sent = refused = 0
+    live = {"spelling": {}, "position": {}}
+    failures, harmless = [], []  # harmless: dockerd alone made the hardened service anyway
+    try:
+        for vid, body in variants(lab):
+            sent += 1
+            status, payload = lab.proxy.send("POST", "/v1.41/services/create", body)
+            if status in (400, 403):
+                refused += 1
+            else:
+                failures.append(f"{vid}: the proxy answered {status} {str(payload)[:200]}")
+                if status == 201:
+                    lab.remove(payload["ID"])
+            status, out = lab.manager.send("POST", "/v1.41/services/create", body)
+            if status != 201:
+                harmless.append(f"{vid} ({status})")
+            else:
+                try:
+                    if violations(lab, lab.service(out["ID"])["Spec"]):
+                        spelling, position = vid.split("-")[-2:]
+                        for what, value in (("spelling", spelling), ("position", position)):
+                            live[what][value] = live[what].get(value, 0) + 1
+                    else:
+                        harmless.append(vid)
+                finally:
+                    lab.remove(out["ID"])
+    finally:
+        lab.set_image(IMAGE)
+    made = sum(live["position"].values())
+    print(f"\n{sent} variants: {refused} refused by the proxy; sent straight to the manager, "
+          f"{made} made a service that is not the hardened one ({live}); not: {harmless}")
+    assert not failures, "\n".join(failures[:20])
+    assert refused == sent
+    assert all(live["spelling"].get(s) for s in ("exact", "lower", "upper", "fold")), live
+    assert live["position"].get("merged"), live
