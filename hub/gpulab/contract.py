@@ -11,11 +11,15 @@ Standard library only: every gpulab process imports it.
 
 from __future__ import annotations
 
-# Labels on every user container: the lease table is rebuilt from them after a restart.
+# Labels on every user container (and member's Swarm service): the lease table is
+# rebuilt from them after a restart.
 LABEL_MANAGED = "org.gpulab.managed"  # "true" on every container the hub created
 LABEL_USER = "org.gpulab.user"  # the hub user who owns it
 LABEL_SERVER = "org.gpulab.server"  # their named server ("" for the default one)
 LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
+# On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
+# its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
+LABEL_NODE = "org.gpulab.node"
 
 # User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
 # nothing else gpulab runs starts with it, so no username can take an infrastructure

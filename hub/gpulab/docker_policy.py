@@ -34,6 +34,10 @@ What is forwarded is the checked object re-serialized (:attr:`Decision.body`), n
 client's bytes, so dockerd acts on what was checked. A per-container call is allowed
 here only provisionally: the proxy resolves :attr:`Decision.container` to a full ID,
 checks that container's managed label and forwards :meth:`Decision.target` with that ID.
+
+With ``swarm=True`` (the proxy in front of a Swarm manager) the service, task and node
+calls of :mod:`gpulab.swarm_policy` are allowed too, and a per-service call (or a task
+list, which names one service) is provisional in the same way: :attr:`Decision.service`.
 """
 
 from __future__ import annotations
@@ -81,15 +85,22 @@ class Decision:
     query: str = ""  # the checked query parameters, re-encoded
     body: bytes = b""  # a create's checked body, re-serialized
     container: str = ""  # a per-container call: the reference to resolve to a full ID
+    service: str = ""  # a per-service call or a task list: the service to resolve
 
     @property
     def reason(self) -> str:
         return "; ".join(self.reasons)
 
-    def target(self, container_id: str = "") -> str:
-        """The request target to forward, with *container_id* in a per-container path."""
-        path = self.path.replace("{id}", container_id) if self.container else self.path
-        return f"{path}?{self.query}" if self.query else path
+    def target(self, object_id: str = "") -> str:
+        """The request target to forward, with *object_id* (the resolved container or
+        service) in a per-object path or a task list's filter."""
+        from .swarm_policy import ID_SLOT
+        path, query = self.path, self.query
+        if self.container or self.service:
+            path = path.replace("{id}", object_id)
+        if self.service:
+            query = query.replace(ID_SLOT, object_id)
+        return f"{path}?{query}" if query else path
 
 
 def _refused(*reasons: str, status: int = 403) -> Decision:
@@ -444,11 +455,15 @@ class Route:
     path: re.Pattern  # a per-container path names its container in the group "ref"
     params: Mapping[str, re.Pattern]  # allowed query parameters -> their values
     read_only: bool = False  # also open to read-only clients (the exporter)
+    swarm: bool = False  # only in front of a Swarm manager (gpulab.swarm_policy)
 
 
-def _route(method: str, path: str, read_only: bool = False, **params: re.Pattern) -> Route:
-    return Route(method, path, re.compile(path.replace("{ref}", f"(?P<ref>{NAME})")), params,
-                 read_only)
+def _route(method: str, path: str, read_only: bool = False, swarm: bool = False,
+           **params: re.Pattern) -> Route:
+    pattern = path
+    for group in ("ref", "service", "node"):  # container, service, node references
+        pattern = pattern.replace(f"{{{group}}}", f"(?P<{group}>{NAME})")
+    return Route(method, path, re.compile(pattern), params, read_only, swarm)
 
 
 _IMAGE_PATH = rf"{NAME}(/{NAME})*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?"
@@ -468,6 +483,17 @@ ROUTES: tuple[Route, ...] = (
     _route("DELETE", "/containers/{ref}", v=_BOOL, force=_BOOL, link=_FALSE),
     _route("GET", f"/images/{_IMAGE_PATH}/json"),
     _route("GET", f"/volumes/{NAME}"),
+    # A Swarm manager: what a SwarmSpawner-style spawner calls (docker-py's create_service,
+    # inspect_service, services, remove_service, tasks) and the nodes the hub places
+    # servers on (their GPUs are in each node's engine label). No updates of services or
+    # nodes, no secrets, configs, swarm init/join/leave, plugins, service or task logs.
+    _route("POST", "/services/create", swarm=True),
+    _route("GET", "/services", swarm=True, filters=_ANY, status=_BOOL),
+    _route("GET", "/services/{service}", swarm=True, insertDefaults=_BOOL),
+    _route("DELETE", "/services/{service}", swarm=True),
+    _route("GET", "/tasks", swarm=True, filters=_ANY),
+    _route("GET", "/nodes", swarm=True, filters=_ANY),
+    _route("GET", "/nodes/{node}", swarm=True),
 )
 
 
@@ -479,18 +505,24 @@ def _split_version(raw_path: str) -> tuple[str, str]:
 
 
 def is_create(method: str, target: str) -> bool:
-    """Will :func:`decide` need the lab's settings for this call?"""
-    return method == "POST" and _split_version(target.split("?", 1)[0])[1] == "/containers/create"
+    """Will :func:`decide` need the lab's settings for this call (a container or service
+    create)?"""
+    return method == "POST" and _split_version(target.split("?", 1)[0])[1] in (
+        "/containers/create", "/services/create")
 
 
 def decide(method: str, target: str, body: bytes = b"", *,
-           settings: Mapping[str, Any] | None = None, read_only: bool = False) -> Decision:
+           settings: Mapping[str, Any] | None = None, read_only: bool = False,
+           swarm: bool = False) -> Decision:
     """May the hub make this Docker API call (method, request target, body)?
 
     *settings* are the lab's (``spawn.image``, ``spawn.network``,
     ``spawn.datasets_volume``; default :func:`gpulab.settings.defaults`); *read_only*
-    allows only ping, version and the container list (the exporter's proxy).
+    allows only ping, version and the container list (the exporter's proxy); *swarm*
+    adds the service, task and node calls (the proxy in front of a Swarm manager).
     """
+    from . import swarm_policy
+
     if "#" in target or not target.startswith("/"):
         return _refused(f"request target {target[:200]!r} is not a plain path", status=400)
     raw_path, _, raw_query = target.partition("?")
@@ -498,13 +530,18 @@ def decide(method: str, target: str, body: bytes = b"", *,
     if prefix and tuple(map(int, prefix[2:].split("."))) < MIN_API_VERSION:
         return _refused(f"Docker API versions below "
                         f"{'.'.join(map(str, MIN_API_VERSION))} are refused")
-    routes = [r for r in ROUTES if r.read_only or not read_only]
+    routes = [r for r in ROUTES if (r.read_only or not read_only) and (swarm or not r.swarm)]
     match = next(((r, m) for r in routes if r.method == method
                   for m in [r.path.fullmatch(path)] if m), None)
     if match is None:
         who = "a read-only client" if read_only else "the hub"
         return _refused(f"{method} {path[:200]} is not among the calls {who} needs")
     route, m = match
+    if route.swarm and prefix and tuple(map(int, prefix[2:].split("."))) < (
+            swarm_policy.MIN_API_VERSION):
+        return _refused(f"Swarm calls need Docker API version "
+                        f"{'.'.join(map(str, swarm_policy.MIN_API_VERSION))} or later (older "
+                        f"versions drop CapabilityDrop and the pids limit from service specs)")
 
     try:
         params = parse_qsl(raw_query, keep_blank_values=True, strict_parsing=True,
@@ -521,14 +558,30 @@ def decide(method: str, target: str, body: bytes = b"", *,
     if reasons:
         return _refused(*reasons)
 
-    ref = m.groupdict().get("ref") or ""
-    forward_path = prefix + (path[:m.start("ref")] + "{id}" + path[m.end("ref"):]
-                             if ref else path)
+    groups = m.groupdict()
+    ref, service = groups.get("ref") or "", groups.get("service") or ""
+    slot = "ref" if ref else "service" if service else ""
+    forward_path = prefix + (path[:m.start(slot)] + "{id}" + path[m.end(slot):]
+                             if slot else path)
+    if route.template in ("/nodes", "/services", "/tasks"):
+        raw_filters = dict(params).get("filters")
+        filters, service, reasons = swarm_policy.check_filters(route.template, raw_filters)
+        if reasons:
+            return _refused(*reasons)
+        params = [(k, v) for k, v in params if k != "filters"]
+        params += [("filters", filters)] if filters is not None else []
     query = urlencode(params)
+    if method == "POST" and path == "/services/create":
+        spec, reasons, status = swarm_policy.check_service_create(
+            body, defaults() if settings is None else settings)
+        if reasons:
+            return _refused(*reasons, status=status)
+        return Decision(True, path=forward_path, query=query,
+                        body=json.dumps(spec, allow_nan=False).encode())
     if not (method == "POST" and path == "/containers/create"):
         if body:
             return _refused(f"{method} {path} takes no request body")
-        return Decision(True, path=forward_path, query=query, container=ref)
+        return Decision(True, path=forward_path, query=query, container=ref, service=service)
 
     try:
         spec = strict_json(body)

@@ -15,7 +15,10 @@ it, and refuses on its own account:
   is not gpulab's. The reference is resolved to the full container ID once, the managed
   label of *that* container is checked, and the call is forwarded with the full ID, so
   no other container can take the name in between. A reference Docker does not know is
-  answered with Docker's 404 (DockerSpawner reads 404 as "gone").
+  answered with Docker's 404 (DockerSpawner reads 404 as "gone");
+* with ``--swarm`` (in front of a Swarm manager), likewise a per-service call (inspect,
+  remove) or a task list on a service that is not gpulab's: the service is resolved to
+  its full ID, its managed label checked, and the call forwarded with that ID.
 
 Forwarded requests carry the checked body re-serialized and fresh headers (Host,
 Content-Type, Content-Length, Connection: close), never the client's bytes.
@@ -23,7 +26,8 @@ Content-Type, Content-Length, Connection: close), never the client's bytes.
 With ``--exit-when-socket-gone`` the proxy exits (status 1) when the socket has refused
 connections for 3 s: a restarted dockerd makes a new socket, and a socket file mounted
 into this container stays the old, dead one until Docker's restart policy restarts it.
-With ``--read-only`` only ping, version and the container list pass (the exporter).
+With ``--read-only`` only ping, version and the container list pass (the exporter). With
+``--swarm`` the service, task and node calls of :mod:`gpulab.swarm_policy` pass too.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ HEAD_TIMEOUT = 30.0  # seconds for a client to send its request
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.[01]")
 _HEADER = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
+_SERVICE_ID = re.compile(r"[0-9a-z]{25}")
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 411: "Length Required",
             413: "Payload Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
 
@@ -131,10 +136,11 @@ def _unchunk(data: bytes) -> bytes:
 
 class Proxy:
     def __init__(self, socket_path: str = "/var/run/docker.sock", read_only: bool = False,
-                 settings_path: str | None = None):
+                 settings_path: str | None = None, swarm: bool = False):
         self.socket_path = socket_path
         self.read_only = read_only
         self.settings_path = settings_path
+        self.swarm = swarm
         # Python 3.11's start_server keeps no reference to a connection's task; one whose
         # client half-closed could be garbage-collected mid-request without this.
         self._tasks: set[asyncio.Task] = set()
@@ -185,11 +191,16 @@ class Proxy:
             except Exception as e:  # ConfigError, and the file never validated
                 raise Refusal(503, f"the lab's settings cannot be read: {e}") from None
         decision: Decision = docker_policy.decide(method, target, body, settings=settings,
-                                                  read_only=self.read_only)
+                                                  read_only=self.read_only, swarm=self.swarm)
         if not decision.allowed:
             raise Refusal(decision.status, decision.reason)
-        container_id = await self._resolve(decision.container) if decision.container else ""
-        await self._forward(method, decision.target(container_id), decision.body, writer)
+        if decision.container:
+            object_id = await self._resolve(decision.container)
+        elif decision.service:
+            object_id = await self._resolve_service(decision.service)
+        else:
+            object_id = ""
+        await self._forward(method, decision.target(object_id), decision.body, writer)
 
     async def _call(self, method: str, target: str) -> tuple[int, bytes]:
         """One whole request to Docker, for the proxy itself."""
@@ -226,6 +237,30 @@ class Proxy:
             raise Refusal(502, f"Docker gave no container ID for {ref}")
         if labels.get(LABEL_MANAGED) != "true":
             raise Refusal(403, f"container {ref} is not gpulab's")
+        return full_id
+
+    async def _resolve_service(self, ref: str) -> str:
+        """The full ID of the Swarm service *ref* names (ID, name or unique ID prefix, as
+        dockerd resolves it), when it is gpulab's."""
+        try:
+            status, payload = await self._call("GET", f"/services/{ref}")
+        except (OSError, ValueError) as e:
+            raise Refusal(502, f"Docker engine unreachable: {e}") from None
+        try:
+            info = json.loads(payload)
+        except ValueError:
+            info = {}
+        if status == 404:
+            message = info.get("message") if isinstance(info, dict) else None
+            raise Refusal(404, message or f"service {ref} not found")
+        if status != 200 or not isinstance(info, dict):
+            raise Refusal(502, f"Docker answered {status} to inspecting service {ref}")
+        full_id = info.get("ID")
+        labels = (info.get("Spec") or {}).get("Labels") or {}
+        if not isinstance(full_id, str) or not _SERVICE_ID.fullmatch(full_id):
+            raise Refusal(502, f"Docker gave no service ID for {ref}")
+        if labels.get(LABEL_MANAGED) != "true":
+            raise Refusal(403, f"service {ref} is not gpulab's")
         return full_id
 
     async def _forward(self, method: str, target: str, body: bytes,
@@ -281,10 +316,10 @@ async def watch_socket(socket_path: str, interval: float = 1.0, failures: int = 
 
 async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
                 settings_path: str | None = None, exit_when_socket_gone: bool = False,
-                watch_interval: float = 1.0) -> int:
+                watch_interval: float = 1.0, swarm: bool = False) -> int:
     """Serve until cancelled, or (with *exit_when_socket_gone*) until the socket is dead;
     returns the exit status."""
-    proxy = Proxy(socket_path, read_only, settings_path)
+    proxy = Proxy(socket_path, read_only, settings_path, swarm)
     if settings_path:
         # Read the settings now, not at the first create: a proxy restarted (by a dockerd
         # restart, say) after an admin's invalid edit then still has the last good
@@ -296,7 +331,8 @@ async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
                       "until they can: %s", e)
     server = await asyncio.start_server(proxy.handle, host, port, limit=MAX_HEAD)
     log.info("gpulab docker-proxy on %s:%d -> %s%s", host, port, socket_path,
-             " (read-only: ping, version, container list)" if read_only else "")
+             " (read-only: ping, version, container list)" if read_only
+             else " (with Swarm services, tasks and nodes)" if swarm else "")
     async with server:
         if not exit_when_socket_gone:
             await server.serve_forever()
@@ -320,6 +356,10 @@ def main(argv: list[str] | None = None) -> None:
                          "Example: --settings /srv/gpulab/config/gpulab.yaml")
     ap.add_argument("--read-only", action="store_true",
                     help="allow only ping, version and the container list (the exporter)")
+    ap.add_argument("--swarm", action="store_true",
+                    help="also allow the Swarm calls of a multi-node hub (service create, "
+                         "inspect, list and remove of members' servers, their tasks, node "
+                         "list and inspect); for a proxy in front of a Swarm manager")
     ap.add_argument("--exit-when-socket-gone", action="store_true",
                     help="exit with status 1 when the socket has refused connections 3 s in "
                          "a row (a restarted dockerd; the restart policy brings the proxy "
@@ -329,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
     sys.exit(asyncio.run(serve(host or "0.0.0.0", int(port), args.docker_socket,
-                               args.read_only, args.settings, args.exit_when_socket_gone)))
+                               args.read_only, args.settings, args.exit_when_socket_gone,
+                               swarm=args.swarm)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,298 @@
+"""What the Docker proxy lets through to a Swarm manager: services, tasks and nodes, as
+pure functions (no I/O). :mod:`gpulab.docker_policy` routes the calls here when the proxy
+runs with ``--swarm``.
+
+A service create on a manager is a container create on any node, so it gets the same
+strictness as a container create (strict JSON, keys on an allow-list by their exact
+spelling at every level, JSON types checked) and is allowed only when the spec describes
+one hardened member server of this lab, placed on one node the hub chose:
+
+* ``Name`` with :data:`~gpulab.contract.USER_CONTAINER_PREFIX`; ``Mode`` exactly one
+  replica; ``RestartPolicy`` ``none`` (a server that dies is reported stopped and its
+  lease released, never restarted elsewhere with the same GPU UUIDs);
+* ``Placement.Constraints`` exactly ``["node.id==<id>"]`` and nothing else that could
+  widen or move placement (no preferences, platforms, max replicas). A node ID, not a
+  hostname: IDs are unique and given by the Swarm at join, hostnames can repeat or
+  change, and a GPU UUID leased on one machine must never land on another;
+* the labels :data:`~gpulab.contract.LABEL_MANAGED`, ``LABEL_USER``, ``LABEL_GPUS`` and
+  :data:`~gpulab.contract.LABEL_NODE` (the constraint's node) on the service, the first
+  three also on its containers (the exporter on each node attributes by them);
+* ``ContainerSpec``: ``spawn.image``; a numeric non-root ``User``; ``CapabilityDrop``
+  exactly ``["ALL"]``; named volumes only (not gpulab's own, the datasets read-only, no
+  driver options: ``local`` with ``o=bind`` is a host path); ``NVIDIA_VISIBLE_DEVICES``
+  exactly the leased UUIDs (``void`` for none) and no other ``NVIDIA_*`` setting. No
+  ``CapabilityAdd``, ``Privileges`` (SELinux, credential specs, and the Seccomp/AppArmor
+  overrides newer engines read there), ``Sysctls``, ``Isolation``, ``Groups``,
+  ``Ulimits``, ``Hosts``, ``DNSConfig``, ``Secrets`` or ``Configs``;
+* ``Resources.Limits`` with ``MemoryBytes`` and ``Pids`` (API 1.41); no
+  ``GenericResources``: GPUs in generic resources are rejected by every node update
+  (see issue 13), so they go by ``NVIDIA_VISIBLE_DEVICES`` with NVIDIA's runtime as the
+  nodes' default runtime;
+* ``Networks`` exactly ``[{"Target": spawn.network}]`` (an overlay; no aliases, no
+  driver options) and ``EndpointSpec`` exactly ``{"Mode": "dnsrr"}``: no published
+  ports, no virtual IP (which needs IPVS). The deprecated top-level ``Networks``, which
+  dockerd still reads, is refused like every key not listed.
+
+Service, task and node calls need API 1.41 (or an unversioned path): dockerd drops
+``CapabilityDrop`` and the pids limit from a spec sent to an older version. List calls
+reveal whole specs (environment included), so a service list must filter on
+``org.gpulab.managed=true`` and a task list on exactly one service, which the proxy
+resolves and checks as it does per-service calls (:attr:`Decision.service`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .contract import (
+    INFRA_VOLUMES,
+    LABEL_GPUS,
+    LABEL_MANAGED,
+    LABEL_NODE,
+    LABEL_USER,
+    USER_CONTAINER_PREFIX,
+)
+from .docker_policy import (
+    _GPU_UUID,
+    _IMAGE,
+    _REF,
+    _SIGNAL,
+    _STRINGS,
+    HEALTHCHECK,
+    BodyError,
+    abs_path,
+    array,
+    boolean,
+    either,
+    exactly,
+    integer,
+    mapping,
+    normal_image,
+    obj,
+    strict_json,
+    text,
+    user,
+)
+
+MIN_API_VERSION = (1, 41)  # CapabilityDrop, Pids in service specs
+SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
+_CONSTRAINT = re.compile(r"node\.id==([0-9a-z]{25})")
+# Stands for the resolved service ID in a task list's forwarded query (never a real ID:
+# those are lowercase).
+ID_SLOT = "GPULABSERVICEID"
+
+_SIZE = integer(1)
+_COUNT = integer(0)
+_LABELS = mapping(re.compile(r".+", re.S), "a label name", text())
+
+MOUNT = obj({
+    "Type": exactly("volume"),
+    "Source": text(_REF, "a volume name"),
+    "Target": abs_path,
+    "ReadOnly": boolean,
+}, required=("Type", "Source", "Target"))
+CONTAINER_SPEC = obj({
+    "Image": text(_IMAGE, "an image name"),  # == spawn.image, below
+    "Labels": _LABELS,
+    # docker-py's ContainerSpec always writes both, null when not given
+    "Command": either(exactly(None), _STRINGS),
+    "Args": either(exactly(None), _STRINGS),
+    "Env": array(text(re.compile(r"[^=\x00]+=[^\x00]*", re.S), "KEY=VALUE")),
+    "Dir": either(exactly(""), abs_path),
+    "User": user,
+    "Init": boolean,
+    "StopSignal": text(_SIGNAL, "a signal"),
+    "StopGracePeriod": _COUNT,
+    "Healthcheck": HEALTHCHECK,
+    "Mounts": array(MOUNT),
+    "CapabilityDrop": exactly(["ALL"], why="members' servers must drop all capabilities"),
+}, required=("Image", "Labels", "Env", "User", "CapabilityDrop"),
+   unknown="gpulab's member servers never need it")
+RESOURCES = obj({
+    "Limits": obj({"MemoryBytes": _SIZE, "NanoCPUs": _COUNT, "Pids": _SIZE},
+                  required=("MemoryBytes", "Pids")),
+    "Reservations": obj({"MemoryBytes": _COUNT, "NanoCPUs": _COUNT},
+                        unknown="GPUs go by NVIDIA_VISIBLE_DEVICES, not generic resources"),
+}, required=("Limits",))
+TASK_TEMPLATE = obj({
+    "ContainerSpec": CONTAINER_SPEC,
+    "Resources": RESOURCES,
+    "RestartPolicy": obj({
+        "Condition": exactly("none", why="a member's server is never restarted by the Swarm"),
+        "Delay": _COUNT, "MaxAttempts": _COUNT, "Window": _COUNT,  # docker-py writes them
+    }, required=("Condition",)),
+    "Placement": obj({
+        "Constraints": array(text(_CONSTRAINT, "node.id==<node ID>"), 1, 1),
+    }, required=("Constraints",), unknown="the hub places each server on one node"),
+    "Networks": array(obj({"Target": text(_REF, "a network name")}, required=("Target",),
+                          unknown="it could take another server's or the hub's name"),
+                      1, 1),
+}, required=("ContainerSpec", "Resources", "RestartPolicy", "Placement", "Networks"),
+   unknown="gpulab's member servers never need it")
+SERVICE_SPEC = obj({
+    "Name": text(re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+"), "a service name", 63),
+    "Labels": _LABELS,
+    "TaskTemplate": TASK_TEMPLATE,
+    # docker-py's ServiceMode spells it "replicated"; either spelling, never both
+    "Mode": exactly({"Replicated": {"Replicas": 1}}, {"replicated": {"Replicas": 1}},
+                    why="one replica per member server"),
+    "EndpointSpec": exactly({"Mode": "dnsrr"},
+                            why="no published ports and no virtual IP (DNS round-robin)"),
+}, required=("Name", "Labels", "TaskTemplate", "Mode", "EndpointSpec"),
+   unknown="gpulab's member servers never need it")
+
+
+def _lease_labels(labels: Mapping[str, str], where: str) -> tuple[list[str], list[str]]:
+    """(reasons, leased UUIDs) for the managed/user/GPU labels in *labels*."""
+    reasons = []
+    if labels.get(LABEL_MANAGED) != "true":
+        reasons.append(f"{where}: {LABEL_MANAGED} must be 'true'")
+    if not labels.get(LABEL_USER):
+        reasons.append(f"{where}: {LABEL_USER} must name the user")
+    if LABEL_GPUS not in labels:
+        return [*reasons, f"{where}: {LABEL_GPUS} is required ('' for no GPU)"], []
+    leased = labels[LABEL_GPUS].split(",") if labels[LABEL_GPUS] else []
+    if any(not _GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
+        reasons.append(f"{where}: {LABEL_GPUS} must be distinct GPU UUIDs joined by ',', "
+                       f"got {labels[LABEL_GPUS]!r}")
+    return reasons, leased
+
+
+def service_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """What the allow-list cannot say alone: the lab's settings, the lease and the node.
+    *spec* has passed :data:`SERVICE_SPEC`."""
+    reasons = []
+    name = spec["Name"]
+    if not name.startswith(USER_CONTAINER_PREFIX) or name == USER_CONTAINER_PREFIX:
+        reasons.append(f"Name: members' servers are named {USER_CONTAINER_PREFIX}<user>, "
+                       f"got {name!r}")
+    task = spec["TaskTemplate"]
+    cs = task["ContainerSpec"]
+    image = settings["spawn.image"]
+    if normal_image(cs["Image"]) != normal_image(image):
+        reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's image {image} "
+                       f"(spawn.image) may be run, got {cs['Image']!r}")
+    network = settings["spawn.network"]
+    target = task["Networks"][0]["Target"]
+    if target != network:
+        reasons.append(f"TaskTemplate.Networks: only the users' network {network} "
+                       f"(spawn.network), got {target!r}")
+
+    datasets = settings["spawn.datasets_volume"]
+    for m in cs.get("Mounts", []):
+        if m["Source"] in INFRA_VOLUMES and m["Source"] != datasets:
+            reasons.append(f"TaskTemplate.ContainerSpec.Mounts: volume {m['Source']} is "
+                           f"gpulab's own")
+        elif m["Source"] == datasets and m.get("ReadOnly") is not True:
+            reasons.append(f"TaskTemplate.ContainerSpec.Mounts: the datasets volume "
+                           f"{datasets} is mounted read-only")
+
+    labels = spec["Labels"]
+    more, leased = _lease_labels(labels, "Labels")
+    reasons += more
+    node = _CONSTRAINT.fullmatch(task["Placement"]["Constraints"][0]).group(1)
+    if labels.get(LABEL_NODE) != node:
+        reasons.append(f"Labels: {LABEL_NODE} must be the node of the placement constraint "
+                       f"{node!r}, got {labels.get(LABEL_NODE)!r}")
+    for key in (LABEL_MANAGED, LABEL_USER, LABEL_GPUS):
+        if cs["Labels"].get(key) != labels.get(key):
+            reasons.append(f"TaskTemplate.ContainerSpec.Labels: {key} must be the service's "
+                           f"{labels.get(key)!r}, got {cs['Labels'].get(key)!r}")
+
+    env = [e.split("=", 1) for e in cs["Env"]]
+    visible = [v for k, v in env if k == "NVIDIA_VISIBLE_DEVICES"]
+    want = ",".join(leased) or "void"
+    if visible != [want]:
+        reasons.append(f"TaskTemplate.ContainerSpec.Env: NVIDIA_VISIBLE_DEVICES must be set "
+                       f"once, to {want!r} (the leased GPUs), got {visible}")
+    reasons += [f"TaskTemplate.ContainerSpec.Env: {k} is not allowed (only "
+                f"NVIDIA_VISIBLE_DEVICES of the NVIDIA runtime's settings)" for k, _ in env
+                if k.startswith("NVIDIA_") and k != "NVIDIA_VISIBLE_DEVICES"]
+    return reasons
+
+
+def check_service_create(body: bytes, settings: Mapping[str, Any]
+                         ) -> tuple[dict[str, Any] | None, list[str], int]:
+    """(the checked spec, reasons, status) for a service create body."""
+    try:
+        spec = strict_json(body)
+    except BodyError as e:
+        return None, [f"service create body: {e}"], 400
+    reasons = SERVICE_SPEC(spec, "")
+    if not reasons:
+        reasons = service_rules(spec, settings)
+    return (None if reasons else spec), reasons, 403
+
+
+# ---------------------------------------------------------------- list filters
+
+_STATE = re.compile(r"running|shutdown|accepted")
+_LABEL_FILTER = re.compile(r"[^=\x00]+(=[^\x00]*)?")
+_NAME_FILTER = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_NODE_FILTERS = {"id": _NAME_FILTER, "name": _NAME_FILTER, "label": _LABEL_FILTER,
+                 "node.label": _LABEL_FILTER, "role": re.compile(r"manager|worker"),
+                 "membership": re.compile(r"accepted|pending")}
+_SERVICE_FILTERS = {"id": _NAME_FILTER, "name": _NAME_FILTER, "label": _LABEL_FILTER}
+_TASK_FILTERS = {"service": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"),
+                 "desired-state": _STATE}
+
+
+def parse_filters(raw: str, allowed: Mapping[str, re.Pattern]
+                  ) -> tuple[dict[str, list[str]], list[str]]:
+    """Docker's ``filters`` parameter, ``{"key": ["value", ...]}`` or ``{"key": {"value":
+    true}}``, read strictly: (key -> sorted distinct values, reasons)."""
+    try:
+        value = strict_json(raw.encode())
+    except BodyError as e:
+        return {}, [f"filters: {e}"]
+    if not isinstance(value, dict):
+        return {}, ["filters: expected an object"]
+    out, reasons = {}, []
+    for key, values in value.items():
+        if key not in allowed:
+            reasons.append(f"filters: {key!r} is not allowed (only {', '.join(allowed)})")
+            continue
+        if isinstance(values, dict) and all(v is True for v in values.values()):
+            values = list(values)
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            reasons.append(f"filters: {key} must be a list of strings or an object of "
+                           f"strings to true")
+            continue
+        reasons += [f"filters: {key}={v[:100]!r} is not allowed" for v in values
+                    if not allowed[key].fullmatch(v)]
+        out[key] = sorted(set(values))
+    return out, reasons
+
+
+def encode_filters(filters: Mapping[str, list[str]]) -> str:
+    return json.dumps({k: dict.fromkeys(v, True) for k, v in sorted(filters.items())})
+
+
+def check_filters(template: str, raw: str | None) -> tuple[str | None, str, list[str]]:
+    """For the list routes: (filters to forward or None, service reference to resolve
+    (task lists), reasons)."""
+    if template == "/nodes":
+        if raw is None:
+            return None, "", []
+        filters, reasons = parse_filters(raw, _NODE_FILTERS)
+        return encode_filters(filters), "", reasons
+    if template == "/services":
+        filters, reasons = parse_filters(raw or "{}", _SERVICE_FILTERS)
+        managed = [v for v in filters.get("label", []) if v.split("=", 1)[0] == LABEL_MANAGED]
+        if managed != [f"{LABEL_MANAGED}=true"]:
+            reasons.append(f"filters: a service list filters on exactly "
+                           f"label={LABEL_MANAGED}=true (specs hold other services' "
+                           f"environment), got {managed}")
+        return encode_filters(filters), "", reasons
+    # /tasks
+    filters, reasons = parse_filters(raw or "{}", _TASK_FILTERS)
+    services = filters.get("service", [])
+    if len(services) != 1:
+        reasons.append(f"filters: a task list names exactly one service (service=...), got "
+                       f"{services}")
+        return None, "", reasons
+    filters["service"] = [ID_SLOT]
+    return encode_filters(filters), services[0], reasons
