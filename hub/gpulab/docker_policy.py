@@ -44,36 +44,48 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from . import swarm_policy
 from .contract import INFRA_VOLUMES, LABEL_GPUS, LABEL_MANAGED, LABEL_USER, USER_CONTAINER_PREFIX
+from .docker_schema import (
+    BIND,
+    COUNT,
+    GPU_UUID,
+    HEALTHCHECK,
+    IMAGE,
+    NAME,
+    REF,
+    SIGNAL,
+    SIZE,
+    STRINGS,
+    BodyError,
+    abs_path,
+    array,
+    bind,
+    boolean,
+    either,
+    exactly,
+    mapping,
+    normal_image,
+    obj,
+    strict_json,
+    text,
+    user,
+)
 from .settings import defaults
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
 # checked one; DeviceRequests need 1.40. Older clients are refused.
 MIN_API_VERSION = (1, 40)
-INT64_MAX = 2**63 - 1
-
-NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # Docker's container, volume and network names
-_REF = re.compile(NAME)
 _VERSION = re.compile(r"/v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?=/)")
-_USER = re.compile(r"[1-9][0-9]{0,9}(:[1-9][0-9]{0,9})?")
-# As nvidia-smi -L prints them; gpus.yaml also accepts MIG devices' UUIDs.
-_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f]+(-[0-9A-Fa-f]+)*")
-_BIND = re.compile(rf"({NAME}):(/[^:]*)(?::(ro|rw))?")
 _PORT = re.compile(r"[1-9][0-9]{0,4}/(tcp|udp|sctp)")
-_SIGNAL = re.compile(r"[A-Za-z0-9+]{1,16}")
-_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?(@sha256:[0-9a-f]{64})?")
 NO_NEW_PRIVILEGES = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
-# With the NVIDIA toolkit's volume-mount strategy a mount here selects GPUs.
-_GPU_SELECTING_PATHS = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
 
-class BodyError(ValueError):
-    """The body is not strict JSON (dockerd might read it differently than we do)."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +106,11 @@ class Decision:
     def target(self, object_id: str = "") -> str:
         """The request target to forward, with *object_id* (the resolved container or
         service) in a per-object path or a task list's filter."""
-        from .swarm_policy import ID_SLOT
         path, query = self.path, self.query
         if self.container or self.service:
             path = path.replace("{id}", object_id)
         if self.service:
-            query = query.replace(ID_SLOT, object_id)
+            query = query.replace(swarm_policy.ID_SLOT, object_id)
         return f"{path}?{query}" if query else path
 
 
@@ -107,223 +118,31 @@ def _refused(*reasons: str, status: int = 403) -> Decision:
     return Decision(False, tuple(reasons), status=status)
 
 
-# ---------------------------------------------------------------- strict JSON
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise BodyError(f"duplicate key {key!r} (dockerd would merge or override them)")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise BodyError(f"{name} is not a JSON number")
-
-
-def _valid_strings(value: Any) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BodyError(f"string {value!r} holds a lone surrogate") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _valid_strings(k)
-            _valid_strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            _valid_strings(v)
-
-
-def strict_json(body: bytes) -> Any:
-    """Parse *body* as strict JSON or raise :class:`BodyError` saying why."""
-    try:
-        value = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                           parse_constant=_no_constant)
-    except BodyError:
-        raise
-    except RecursionError:
-        raise BodyError("nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
-        raise BodyError(f"not valid JSON: {e}") from None
-    _valid_strings(value)
-    return value
-
-
-# ---------------------------------------------------------------- value checks
-# A check takes (value, where) and returns the reasons it refuses the value ([] = fine).
-
-Check = Callable[[Any, str], list[str]]
-
-
-def _json_type(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "an object", type(None): "null"}.get(type(value), "?")
-
-
-def _at(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def obj(fields: Mapping[str, Check], required: Iterable[str] = (),
-        unknown: str = "gpulab's containers never need it") -> Check:
-    """A JSON object whose keys are exactly (by spelling) among *fields*; *unknown* says
-    why any other key is refused."""
-    required = tuple(required)
-
-    def check(value: Any, where: str) -> list[str]:
-        if not isinstance(value, dict):
-            return [f"{where or 'body'}: expected an object, got {_json_type(value)}"]
-        reasons = []
-        for key, item in value.items():
-            if key in fields:
-                reasons += fields[key](item, _at(where, key))
-                continue
-            near = [k for k in fields if k.casefold() == key.casefold()]
-            hint = (f"keys are matched exactly; did you mean {near[0]!r}?" if near
-                    else unknown)
-            reasons.append(f"{where or 'body'}: key {key!r} is not allowed ({hint})")
-        reasons += [f"{where or 'body'}: {key!r} is required" for key in required
-                    if key not in value]
-        return reasons
-
-    check.fields = fields  # for the tests and the docs
-    return check
-
-
-def mapping(key: re.Pattern, key_means: str, value: Check) -> Check:
-    """A free-form map (Docker's type is a map): keys matching *key*, values *value*."""
-    def check(v: Any, where: str) -> list[str]:
-        if not isinstance(v, dict):
-            return [f"{where}: expected an object, got {_json_type(v)}"]
-        reasons = []
-        for k, item in v.items():
-            if not key.fullmatch(k):
-                reasons.append(f"{where}: key {k!r} is not {key_means}")
-            reasons += value(item, f"{where}[{k!r}]")
-        return reasons
-    return check
-
-
-def array(item: Check, min_items: int = 0, max_items: int = 1000) -> Check:
-    def check(v: Any, where: str) -> list[str]:
-        if not isinstance(v, list):
-            return [f"{where}: expected a list, got {_json_type(v)}"]
-        if not min_items <= len(v) <= max_items:
-            return [f"{where}: expected {min_items} to {max_items} items, got {len(v)}"]
-        return [r for i, x in enumerate(v) for r in item(x, f"{where}[{i}]")]
-    return check
-
-
-def text(pattern: re.Pattern | None = None, means: str = "", max_len: int = 65536) -> Check:
-    def check(v: Any, where: str) -> list[str]:
-        if not isinstance(v, str):
-            return [f"{where}: expected a string, got {_json_type(v)}"]
-        if len(v) > max_len or (pattern is not None and not pattern.fullmatch(v)):
-            return [f"{where}: {v[:200]!r} is not {means}"]
-        return []
-    return check
-
-
-def integer(minimum: int, maximum: int = INT64_MAX) -> Check:
-    def check(v: Any, where: str) -> list[str]:
-        if type(v) is not int:
-            return [f"{where}: expected an integer, got {_json_type(v)}"]
-        if not minimum <= v <= maximum:
-            return [f"{where}: {v} is out of range ({minimum} to {maximum})"]
-        return []
-    return check
-
-
-def boolean(v: Any, where: str) -> list[str]:
-    return [] if type(v) is bool else [f"{where}: expected a boolean, got {_json_type(v)}"]
-
-
-def _canonical(v: Any) -> str:
-    return json.dumps(v, sort_keys=True)
-
-
-def exactly(*choices: Any, why: str = "") -> Check:
-    """One of *choices*, compared as JSON (so ``false`` is not ``0``)."""
-    allowed = {_canonical(c) for c in choices}
-    expected = " or ".join(_canonical(c) for c in choices)
-
-    def check(v: Any, where: str) -> list[str]:
-        if _canonical(v) in allowed:
-            return []
-        return [f"{where}: {why + ': ' if why else ''}must be {expected}, "
-                f"got {_canonical(v)[:200]}"]
-    return check
-
-
-def either(*checks: Check) -> Check:
-    def check(v: Any, where: str) -> list[str]:
-        results = [c(v, where) for c in checks]
-        return [] if any(not r for r in results) else results[-1]
-    return check
-
-
-def abs_path(v: Any, where: str) -> list[str]:
-    if not isinstance(v, str):
-        return [f"{where}: expected a path, got {_json_type(v)}"]
-    parts = v.split("/")
-    if (not v.startswith("/") or v == "/" or ":" in v or "\x00" in v or len(v) > 4096
-            or any(p in (".", "..") for p in parts)):
-        return [f"{where}: {v[:200]!r} is not an absolute path inside the container"]
-    if any(v == p or v.startswith(p + "/") for p in _GPU_SELECTING_PATHS):
-        return [f"{where}: {v!r} would select GPUs through the NVIDIA runtime"]
-    return []
-
-
-def user(v: Any, where: str) -> list[str]:
-    if isinstance(v, str) and _USER.fullmatch(v) and all(
-            int(x) < 2**31 for x in v.split(":")):
-        return []
-    return [f"{where}: containers must run as a numeric non-root user uid[:gid] (not 0, "
-            f"no leading zeros), got {v!r}"]
-
-
-def bind(v: Any, where: str) -> list[str]:
-    m = _BIND.fullmatch(v) if isinstance(v, str) else None
-    if not m:
-        return [f"{where}: {v!r} is not a named volume 'name:/path[:ro|:rw]' (host paths "
-                f"and other options are not allowed)"]
-    return abs_path(m.group(2), where)
 
 
 # ---------------------------------------------------------------- the allow-list
 
-_COUNT = integer(0)
-_SIZE = integer(1)
-_STRINGS = array(text())
 
 # NetworkingConfig.EndpointsConfig[network]: none of the endpoint settings is needed,
 # and Aliases, IPAddress, IPAMConfig, MacAddress or Links could take the hub's identity.
 ENDPOINT_SETTINGS = obj({}, unknown="it could take the hub's name or address")
 NETWORKING_CONFIG = obj({
-    "EndpointsConfig": mapping(_REF, "a network name", ENDPOINT_SETTINGS),
+    "EndpointsConfig": mapping(REF, "a network name", ENDPOINT_SETTINGS),
 })
 DEVICE_REQUEST = obj({
     "Driver": exactly("nvidia"),
     # -1 is every GPU, a positive count any GPUs: GPUs are named (DeviceIDs).
     "Count": exactly(0, why="GPU requests name their devices (DeviceIDs), not a count"),
-    "DeviceIDs": array(text(_GPU_UUID, "a GPU UUID (GPU-... or MIG-...)"), min_items=1),
+    "DeviceIDs": array(text(GPU_UUID, "a GPU UUID (GPU-... or MIG-...)"), min_items=1),
     "Capabilities": exactly([["gpu"]]),
     "Options": exactly({}),
 }, required=("Driver", "DeviceIDs", "Capabilities"))
 MOUNT = obj({
     "Type": exactly("volume"),
-    "Source": text(_REF, "a volume name"),
+    "Source": text(REF, "a volume name"),
     "Target": abs_path,
     "ReadOnly": boolean,
 }, required=("Type", "Source", "Target"))
-HEALTHCHECK = obj({
-    "Test": _STRINGS, "Interval": _COUNT, "Timeout": _COUNT, "StartPeriod": _COUNT,
-    "Retries": _COUNT,
-})
 HOST_CONFIG = obj({
     "Binds": array(bind),
     "Mounts": array(MOUNT),
@@ -332,14 +151,14 @@ HOST_CONFIG = obj({
     "SecurityOpt": exactly(*([s] for s in NO_NEW_PRIVILEGES),
                            why="containers run with no-new-privileges and no other security "
                                "option"),
-    "NetworkMode": text(_REF, "a network name"),  # == spawn.network, below
-    "Memory": _SIZE,
-    "MemorySwap": _SIZE,  # >= Memory, below
-    "ShmSize": _SIZE,
-    "PidsLimit": _SIZE,
-    "CpuQuota": _COUNT,
-    "CpuPeriod": _COUNT,
-    "NanoCpus": _COUNT,
+    "NetworkMode": text(REF, "a network name"),  # == spawn.network, below
+    "Memory": SIZE,
+    "MemorySwap": SIZE,  # >= Memory, below
+    "ShmSize": SIZE,
+    "PidsLimit": SIZE,
+    "CpuQuota": COUNT,
+    "CpuPeriod": COUNT,
+    "NanoCpus": COUNT,
     "Init": boolean,
     "AutoRemove": boolean,
     "DeviceRequests": array(DEVICE_REQUEST, max_items=1),
@@ -347,10 +166,10 @@ HOST_CONFIG = obj({
 # The top level is container.Config; dockerd also reads a deprecated HostConfig there,
 # so no HostConfig key may appear at the top level.
 CREATE_BODY = obj({
-    "Image": text(_IMAGE, "an image name"),  # == spawn.image, below
+    "Image": text(IMAGE, "an image name"),  # == spawn.image, below
     "User": user,
-    "Cmd": _STRINGS,
-    "Entrypoint": _STRINGS,
+    "Cmd": STRINGS,
+    "Entrypoint": STRINGS,
     "WorkingDir": either(exactly(""), abs_path),
     "Env": array(text(re.compile(r"[^=\x00]+=[^\x00]*", re.S), "KEY=VALUE")),
     "Labels": mapping(re.compile(r".+", re.S), "a label name", text()),
@@ -358,22 +177,14 @@ CREATE_BODY = obj({
     "Volumes": mapping(re.compile(r"/.*", re.S), "an absolute path", exactly(None, {})),
     "Tty": boolean, "OpenStdin": boolean, "StdinOnce": boolean, "AttachStdin": boolean,
     "AttachStdout": boolean, "AttachStderr": boolean, "NetworkDisabled": boolean,
-    "StopSignal": text(_SIGNAL, "a signal"),
-    "StopTimeout": _COUNT,
+    "StopSignal": text(SIGNAL, "a signal"),
+    "StopTimeout": COUNT,
     "Healthcheck": HEALTHCHECK,
     "HostConfig": HOST_CONFIG,
     "NetworkingConfig": NETWORKING_CONFIG,
 }, required=("Image", "User", "Env", "Labels", "HostConfig"))
 
 
-def normal_image(ref: str) -> str:
-    """``gpulab/singleuser`` -> ``gpulab/singleuser:latest``; ``docker.io/library/x`` -> ``x``."""
-    name, at, digest = ref.partition("@")
-    for prefix in ("docker.io/", "library/"):
-        name = name.removeprefix(prefix)
-    if not at and ":" not in name.rsplit("/", 1)[-1]:
-        name += ":latest"
-    return name + at + digest
 
 
 def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str, Any]
@@ -401,7 +212,7 @@ def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str,
         reasons.append("HostConfig.MemorySwap: must be at least Memory")
 
     datasets = settings["spawn.datasets_volume"]
-    volumes = [(m.group(1), m.group(3) == "ro") for m in map(_BIND.fullmatch, hc.get("Binds", []))]
+    volumes = [(m.group(1), m.group(3) == "ro") for m in map(BIND.fullmatch, hc.get("Binds", []))]
     volumes += [(m["Source"], m.get("ReadOnly") is True) for m in hc.get("Mounts", [])]
     for volume, read_only in volumes:
         if volume in INFRA_VOLUMES and volume != datasets:
@@ -419,7 +230,7 @@ def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str,
         reasons.append(f"Labels: {LABEL_GPUS} is required ('' for no GPU)")
         return reasons
     leased = labels[LABEL_GPUS].split(",") if labels[LABEL_GPUS] else []
-    if any(not _GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
+    if any(not GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
         reasons.append(f"Labels: {LABEL_GPUS} must be distinct GPU UUIDs joined by ',', got "
                        f"{labels[LABEL_GPUS]!r}")
     requested = [u for r in hc.get("DeviceRequests", []) for u in r["DeviceIDs"]]
@@ -472,14 +283,14 @@ ROUTES: tuple[Route, ...] = (
     _route("HEAD", "/_ping", read_only=True),
     _route("GET", "/version", read_only=True),
     _route("GET", "/containers/json", read_only=True, all=_BOOL, filters=_ANY,
-           limit=_INTEGER, size=_BOOL, trunc_cmd=_BOOL, since=_REF, before=_REF),
+           limit=_INTEGER, size=_BOOL, trunc_cmd=_BOOL, since=REF, before=REF),
     _route("POST", "/containers/create", name=_ANY),  # the name is checked with the body
     _route("GET", "/containers/{ref}/json"),
     _route("GET", "/containers/{ref}/logs", stdout=_BOOL, stderr=_BOOL, timestamps=_BOOL,
            follow=_FALSE, tail=re.compile("all|[0-9]{1,9}"), since=_TIME, until=_TIME),
     _route("POST", "/containers/{ref}/start"),
-    _route("POST", "/containers/{ref}/stop", t=_INTEGER, signal=_SIGNAL),
-    _route("POST", "/containers/{ref}/kill", signal=_SIGNAL),
+    _route("POST", "/containers/{ref}/stop", t=_INTEGER, signal=SIGNAL),
+    _route("POST", "/containers/{ref}/kill", signal=SIGNAL),
     _route("DELETE", "/containers/{ref}", v=_BOOL, force=_BOOL, link=_FALSE),
     _route("GET", f"/images/{_IMAGE_PATH}/json"),
     _route("GET", f"/volumes/{NAME}"),
@@ -521,7 +332,6 @@ def decide(method: str, target: str, body: bytes = b"", *,
     allows only ping, version and the container list (the exporter's proxy); *swarm*
     adds the service, task and node calls (the proxy in front of a Swarm manager).
     """
-    from . import swarm_policy
 
     if "#" in target or not target.startswith("/"):
         return _refused(f"request target {target[:200]!r} is not a plain path", status=400)

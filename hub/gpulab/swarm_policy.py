@@ -55,20 +55,21 @@ from .contract import (
     LABEL_USER,
     USER_CONTAINER_PREFIX,
 )
-from .docker_policy import (
-    _GPU_UUID,
-    _IMAGE,
-    _REF,
-    _SIGNAL,
-    _STRINGS,
+from .docker_schema import (
+    COUNT,
+    GPU_UUID,
     HEALTHCHECK,
+    IMAGE,
+    REF,
+    SIGNAL,
+    SIZE,
+    STRINGS,
     BodyError,
     abs_path,
     array,
     boolean,
     either,
     exactly,
-    integer,
     mapping,
     normal_image,
     obj,
@@ -84,37 +85,35 @@ _CONSTRAINT = re.compile(r"node\.id==([0-9a-z]{25})")
 # those are lowercase).
 ID_SLOT = "GPULABSERVICEID"
 
-_SIZE = integer(1)
-_COUNT = integer(0)
 _LABELS = mapping(re.compile(r".+", re.S), "a label name", text())
 
 MOUNT = obj({
     "Type": exactly("volume"),
-    "Source": text(_REF, "a volume name"),
+    "Source": text(REF, "a volume name"),
     "Target": abs_path,
     "ReadOnly": boolean,
 }, required=("Type", "Source", "Target"))
 CONTAINER_SPEC = obj({
-    "Image": text(_IMAGE, "an image name"),  # == spawn.image, below
+    "Image": text(IMAGE, "an image name"),  # == spawn.image, below
     "Labels": _LABELS,
     # docker-py's ContainerSpec always writes both, null when not given
-    "Command": either(exactly(None), _STRINGS),
-    "Args": either(exactly(None), _STRINGS),
+    "Command": either(exactly(None), STRINGS),
+    "Args": either(exactly(None), STRINGS),
     "Env": array(text(re.compile(r"[^=\x00]+=[^\x00]*", re.S), "KEY=VALUE")),
     "Dir": either(exactly(""), abs_path),
     "User": user,
     "Init": boolean,
-    "StopSignal": text(_SIGNAL, "a signal"),
-    "StopGracePeriod": _COUNT,
+    "StopSignal": text(SIGNAL, "a signal"),
+    "StopGracePeriod": COUNT,
     "Healthcheck": HEALTHCHECK,
     "Mounts": array(MOUNT),
     "CapabilityDrop": exactly(["ALL"], why="members' servers must drop all capabilities"),
 }, required=("Image", "Labels", "Env", "User", "CapabilityDrop"),
    unknown="gpulab's member servers never need it")
 RESOURCES = obj({
-    "Limits": obj({"MemoryBytes": _SIZE, "NanoCPUs": _COUNT, "Pids": _SIZE},
+    "Limits": obj({"MemoryBytes": SIZE, "NanoCPUs": COUNT, "Pids": SIZE},
                   required=("MemoryBytes", "Pids")),
-    "Reservations": obj({"MemoryBytes": _COUNT, "NanoCPUs": _COUNT},
+    "Reservations": obj({"MemoryBytes": COUNT, "NanoCPUs": COUNT},
                         unknown="GPUs go by NVIDIA_VISIBLE_DEVICES, not generic resources"),
 }, required=("Limits",))
 TASK_TEMPLATE = obj({
@@ -122,12 +121,12 @@ TASK_TEMPLATE = obj({
     "Resources": RESOURCES,
     "RestartPolicy": obj({
         "Condition": exactly("none", why="a member's server is never restarted by the Swarm"),
-        "Delay": _COUNT, "MaxAttempts": _COUNT, "Window": _COUNT,  # docker-py writes them
+        "Delay": COUNT, "MaxAttempts": COUNT, "Window": COUNT,  # docker-py writes them
     }, required=("Condition",)),
     "Placement": obj({
         "Constraints": array(text(_CONSTRAINT, "node.id==<node ID>"), 1, 1),
     }, required=("Constraints",), unknown="the hub places each server on one node"),
-    "Networks": array(obj({"Target": text(_REF, "a network name")}, required=("Target",),
+    "Networks": array(obj({"Target": text(REF, "a network name")}, required=("Target",),
                           unknown="it could take another server's or the hub's name"),
                       1, 1),
 }, required=("ContainerSpec", "Resources", "RestartPolicy", "Placement", "Networks"),
@@ -155,7 +154,7 @@ def _lease_labels(labels: Mapping[str, str], where: str) -> tuple[list[str], lis
     if LABEL_GPUS not in labels:
         return [*reasons, f"{where}: {LABEL_GPUS} is required ('' for no GPU)"], []
     leased = labels[LABEL_GPUS].split(",") if labels[LABEL_GPUS] else []
-    if any(not _GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
+    if any(not GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
         reasons.append(f"{where}: {LABEL_GPUS} must be distinct GPU UUIDs joined by ',', "
                        f"got {labels[LABEL_GPUS]!r}")
     return reasons, leased

@@ -252,6 +252,26 @@ def test_commands_without_a_terminal_get_plain_pipes_byte_for_byte(ssh, lab_user
     assert r.returncode == 127 and "no-such-command-here" in r.stderr, r
 
 
+def test_a_vanished_client_hangs_up_its_command(ssh, lab_user):
+    """The SSH client killed (no EOF, no exit): the command in her server is hung up,
+    not left running, as sshd does."""
+    lee = lab_user("sshhangup")
+    lee.start_server()
+
+    def running() -> bool:
+        return "sleep 4242" in docker("exec", lee.container, "ps", "-eo", "args")
+
+    proc = subprocess.Popen(ssh.args(lee.name) + ["sleep 4242"], env=ssh.env(lee.token),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(running, 60, what="the command to run in her server")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    wait_for(lambda: not running(), 30, what="the command to be hung up")
+
+
 def test_sftp_scp_and_rsync_reach_her_home(ssh, lab_user, tmp_path):
     harry = lab_user("sshfiles")
     harry.start_server()
@@ -361,6 +381,10 @@ def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user):
         assert "Connection refused" in r.stderr, r
         proc.stdin.close()  # as VS Code closing the window
         assert proc.wait(timeout=60) == 0
+        # its server, started with nohup, lives on for the next connection, as under sshd
+        alive = subprocess.run(["docker", "exec", ivy.container, "sh", "-c",
+                                "kill -0 $(cat ~/.fake-vscode-server/pid)"], capture_output=True)
+        assert alive.returncode == 0, alive
     finally:
         if proc.poll() is None:
             proc.kill()
