@@ -20,6 +20,9 @@ LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
 # On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
 # its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
 LABEL_NODE = "org.gpulab.node"
+# On a Swarm: the engine label (dockerd --label) each GPU node carries, its GPUs' UUIDs
+# comma-separated, in NVML index order; the hub's inventory of that node.
+ENGINE_LABEL_GPUS = "gpulab.gpus"
 
 # User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
 # nothing else gpulab runs starts with it, so no username can take an infrastructure

@@ -19,7 +19,8 @@ one hardened member server of this lab, placed on one node the hub chose:
   three also on its containers (the exporter on each node attributes by them);
 * ``ContainerSpec``: ``spawn.image``; a numeric non-root ``User``; ``CapabilityDrop``
   exactly ``["ALL"]``; named volumes only (not gpulab's own, the datasets read-only, no
-  driver options: ``local`` with ``o=bind`` is a host path); ``NVIDIA_VISIBLE_DEVICES``
+  driver options: ``local`` with ``o=bind`` is a host path), and a sized tmpfs on
+  ``/dev/shm`` only; ``NVIDIA_VISIBLE_DEVICES``
   exactly the leased UUIDs (``void`` for none) and no other ``NVIDIA_*`` setting. No
   ``CapabilityAdd``, ``Privileges`` (SELinux, credential specs, and the Seccomp/AppArmor
   overrides newer engines read there), ``Sysctls``, ``Isolation``, ``Groups``,
@@ -87,12 +88,20 @@ ID_SLOT = "GPULABSERVICEID"
 
 _LABELS = mapping(re.compile(r".+", re.S), "a label name", text())
 
-MOUNT = obj({
+VOLUME_MOUNT = obj({
     "Type": exactly("volume"),
     "Source": text(REF, "a volume name"),
     "Target": abs_path,
     "ReadOnly": boolean,
 }, required=("Type", "Source", "Target"))
+# A service has no ShmSize: /dev/shm (DataLoader workers) is a sized tmpfs there, and
+# only there (memory, not a host path).
+SHM_MOUNT = obj({
+    "Type": exactly("tmpfs"),
+    "Target": exactly("/dev/shm", why="a tmpfs goes only on /dev/shm"),
+    "TmpfsOptions": obj({"SizeBytes": SIZE}, required=("SizeBytes",)),
+}, required=("Type", "Target", "TmpfsOptions"))
+MOUNT = either(SHM_MOUNT, VOLUME_MOUNT)  # a refusal explains the volume rules
 CONTAINER_SPEC = obj({
     "Image": text(IMAGE, "an image name"),  # == spawn.image, below
     "Labels": _LABELS,
@@ -182,6 +191,8 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str
 
     datasets = settings["spawn.datasets_volume"]
     for m in cs.get("Mounts", []):
+        if m["Type"] != "volume":
+            continue
         if m["Source"] in INFRA_VOLUMES and m["Source"] != datasets:
             reasons.append(f"TaskTemplate.ContainerSpec.Mounts: volume {m['Source']} is "
                            f"gpulab's own")

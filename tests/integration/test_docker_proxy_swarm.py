@@ -161,6 +161,15 @@ class Lab:
                          for t in tasks if t.get("NetworksAttachments")), None)
         return wait_for(networks, 10, what="the task's network attachments", interval=0.1)
 
+    def running_task(self, service: str) -> dict:
+        """The service's running task, asked through the proxy as the hub asks."""
+        def running():
+            status, tasks = self.proxy.send(
+                "GET", f"/v1.41/tasks?filters={q({'service': [service]})}")
+            assert status == 200, tasks
+            return next((t for t in tasks if t["Status"]["State"] == "running"), None)
+        return wait_for(running, 30, what="the member's server to run", interval=0.2)
+
     def remove(self, ref: str) -> None:
         self.manager.send("DELETE", f"/services/{ref}")
 
@@ -222,12 +231,7 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
     assert stored["TaskTemplate"]["Placement"]["Constraints"] == [f"node.id=={lab.worker_id}"]
 
     # The hub's calls, through the proxy: the task list of this service, until it runs.
-    def running():
-        status, tasks = lab.proxy.send(
-            "GET", f"/v1.41/tasks?filters={q({'service': [spec['Name']]})}")
-        assert status == 200, tasks
-        return next((t for t in tasks if t["Status"]["State"] == "running"), None)
-    task = wait_for(running, 30, what="the member's server to run", interval=0.2)
+    task = lab.running_task(spec["Name"])
     assert task["NodeID"] == lab.worker_id
     container = task["Status"]["ContainerStatus"]["ContainerID"]
     info = json.loads(lab.swarm.docker(lab.worker, "inspect", container))[0]
@@ -253,6 +257,50 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
     status, out = lab.proxy.send("DELETE", f"/v1.41/services/{spec['Name']}")
     assert status == 200, out
     assert lab.manager.send("GET", f"/services/{service_id}")[0] == 404
+
+
+def test_the_spawners_own_spec_runs_where_the_allocator_put_it(lab):
+    """gpulab.swarm_services end to end: the GPUs of the nodes the proxy lists, one leased
+    by the allocator, the service spec the spawner builds for it (through the proxy, as
+    it is), its task on that GPU's node with that GPU and a sized /dev/shm, and the lease
+    read back from the service the manager lists."""
+    from gpulab.allocator import Request, allocate
+    from gpulab.gpus_config import parse_gpus_config
+    from gpulab.settings import defaults
+    from gpulab.swarm_services import inventory_from_nodes, leases_from_services, service_spec
+
+    status, nodes = lab.proxy.send("GET", "/v1.41/nodes")
+    assert status == 200, nodes
+    inventory = inventory_from_nodes(nodes)
+    assert {g.node for g in inventory} == {lab.worker_id}  # the manager has no GPUs
+    assert [g.uuid for g in inventory] == list(lab.worker.gpus)
+    config = parse_gpus_config("inventory: auto\ndefaults: {gpus: 1, max_gpus: 2}\n")
+    [gpu] = allocate(config, inventory, [], Request("swarmspec"))
+    settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,
+                "spawn.datasets_volume": DATASETS, "spawn.mem_limit": 1 << 30,
+                "spawn.cpu_limit": 1.0, "spawn.shm_size": 64 << 20}
+    spec = service_spec(settings, "swarmspec", "", [gpu.uuid], gpu.node,
+                        env={"JUPYTERHUB_USER": "swarmspec"}, command=["sleep", "60"])
+    status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
+    assert status == 201, out
+    try:
+        task = lab.running_task(spec["Name"])
+        assert task["NodeID"] == gpu.node
+        container = task["Status"]["ContainerStatus"]["ContainerID"]
+        records = [r for r in lab.swarm.runtime_records(lab.worker) if r["id"] == container]
+        assert [r["NVIDIA_VISIBLE_DEVICES"] for r in records] == [gpu.uuid]
+        shm = lab.swarm.docker(lab.worker, "exec", container, "df", "-B1", "--output=size",
+                               "/dev/shm")
+        assert shm.split()[-1] == str(64 << 20), shm
+        ident = lab.swarm.docker(lab.worker, "exec", container, "id", "-u")
+        assert ident.strip() == "1000"
+        status, services = lab.proxy.send(
+            "GET", f"/v1.41/services?filters={q({'label': [f'{MANAGED}=true']})}")
+        assert status == 200, services
+        assert [(le.gpu_uuid, le.user) for le in leases_from_services(services)] == [
+            (gpu.uuid, "swarmspec")]
+    finally:
+        lab.remove(spec["Name"])
 
 
 def test_the_calls_pass_through_docker_py(lab):

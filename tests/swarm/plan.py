@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.contract import ENGINE_LABEL_GPUS
+
 PREFIX = "gpulab-swarm-"  # every namespace, cgroup, temp dir and hostname the harness makes
 MAX_NODES = 16
 LINK = ipaddress.ip_network("198.18.210.0/24")
@@ -28,7 +30,7 @@ BRIDGE_ADDRESS = LINK[254]
 SWARM_POOL = ipaddress.ip_network("198.19.128.0/17")
 SWARM_POOL_MASK = 24
 SWARM_PORT = 2377
-GPU_LABEL = "gpulab.gpus"  # engine label: the node's fake GPU UUIDs, comma-separated
+GPU_LABEL = ENGINE_LABEL_GPUS  # engine label: the node's fake GPU UUIDs, comma-separated
 NODE_LABEL = "gpulab.swarm.node"  # engine label: the harness's name of the node
 RUNTIME = "nvidia"  # what NVIDIA's toolkit calls its runtime; here the stand-in
 # A fixed namespace for uuid5, so that a node's fake GPUs are the same in every run.

@@ -1,0 +1,137 @@
+"""A member's server on a Swarm, as pure functions: the service the hub asks for, and
+the GPUs and leases it reads back from the Swarm's own objects (no I/O).
+
+On a single host the spawner creates a container (:mod:`gpulab.containers`); on a Swarm
+it creates a service of one task, placed on the node whose GPUs it leased. The service
+is the same server: :func:`service_spec` starts from
+:func:`gpulab.containers.container_options` and says it in a Swarm service spec, the
+shape :mod:`gpulab.swarm_policy` (the Docker proxy in front of the manager) lets
+through. Where a service cannot say what a container says, it says the nearest thing:
+
+* GPUs: no DeviceRequest (Swarm has none); ``NVIDIA_VISIBLE_DEVICES`` set to exactly the
+  leased UUIDs, with NVIDIA's runtime as every GPU node's default runtime (NVIDIA's
+  documented Swarm setup; issue 13 says why generic resources cannot be used).
+* ``/dev/shm``: a tmpfs mount of ``spawn.shm_size`` at ``/dev/shm``.
+* ``no-new-privileges``: API 1.41 has no such setting for services, and dockerd drops
+  ``Privileges.NoNewPrivileges``; each node's ``daemon.json`` must set
+  ``"no-new-privileges": true`` (the README's multi-node setup).
+
+Leases live in the service's labels (:data:`~gpulab.contract.LABEL_GPUS`,
+:data:`~gpulab.contract.LABEL_NODE`), so the hub rebuilds them after a restart from the
+services the manager lists (:func:`leases_from_services`), and each node's GPUs come
+from its engine label :data:`~gpulab.contract.ENGINE_LABEL_GPUS`
+(:func:`inventory_from_nodes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from .allocator import Gpu, Lease, leases_from_labels
+from .containers import CONTAINER_UID, container_options
+from .contract import ENGINE_LABEL_GPUS, LABEL_NODE
+from .naming import container_name
+
+DEV_SHM = "/dev/shm"
+
+
+def service_spec(
+    settings: Mapping[str, Any],
+    username: str,
+    servername: str,
+    gpu_uuids: Sequence[str],
+    node_id: str,
+    env: Mapping[str, str] | None = None,
+    command: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The service create body (Docker API 1.41) for *username*'s server on node
+    *node_id* with the GPUs *gpu_uuids* of that node. *env* is what JupyterHub gives
+    every server (its API token, URLs); gpulab's own variables win over it."""
+    opts = container_options(settings, username, servername, gpu_uuids)
+    environment = {**(env or {}), **opts.environment}
+    mounts = [{"Type": "volume", "Source": name, "Target": v["bind"],
+               "ReadOnly": v["mode"] == "ro"} for name, v in opts.volumes.items()]
+    mounts.append({"Type": "tmpfs", "Target": DEV_SHM,
+                   "TmpfsOptions": {"SizeBytes": settings["spawn.shm_size"]}})
+    container = {
+        "Image": opts.image,
+        "Labels": dict(opts.labels),
+        "Env": [f"{k}={v}" for k, v in environment.items()],
+        "User": f"{CONTAINER_UID}:{CONTAINER_UID}",
+        "Init": True,
+        "CapabilityDrop": ["ALL"],
+        "Mounts": mounts,
+    }
+    if command:
+        container["Args"] = list(command)
+    return {
+        "Name": container_name(username, servername),
+        "Labels": {**opts.labels, LABEL_NODE: node_id},
+        "TaskTemplate": {
+            "ContainerSpec": container,
+            "Resources": {"Limits": {
+                "MemoryBytes": opts.mem_limit,
+                "NanoCPUs": round(opts.cpu_limit * 1e9),
+                "Pids": settings["spawn.pids_limit"],
+            }},
+            "RestartPolicy": {"Condition": "none"},
+            "Placement": {"Constraints": [f"node.id=={node_id}"]},
+            "Networks": [{"Target": settings["spawn.network"]}],
+        },
+        "Mode": {"Replicated": {"Replicas": 1}},
+        "EndpointSpec": {"Mode": "dnsrr"},
+    }
+
+
+def node_gpus(node: Mapping[str, Any]) -> list[str]:
+    """The GPU UUIDs a node's engine label lists (the Docker API's node object)."""
+    labels = ((node.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
+    return [u.strip() for u in (labels.get(ENGINE_LABEL_GPUS) or "").split(",") if u.strip()]
+
+
+def node_usable(node: Mapping[str, Any]) -> bool:
+    """Ready and active: a node that is down, or drained or paused by an admin, gets no
+    new server."""
+    state = (node.get("Status") or {}).get("State")
+    availability = (node.get("Spec") or {}).get("Availability")
+    return state == "ready" and availability == "active"
+
+
+def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]], model: str = "") -> list[Gpu]:
+    """Every GPU of every usable node (:func:`node_usable`), with ``node`` its node ID
+    and ``index`` its place in the node's label. A UUID listed by two nodes is a
+    mislabelled node: it is left out of both, so it is never leased twice."""
+    seen: dict[str, int] = {}
+    listed = [(n, node_gpus(n)) for n in nodes]
+    for _, uuids in listed:
+        for u in uuids:
+            seen[u] = seen.get(u, 0) + 1
+    return [Gpu(i, u, model, node=str(n.get("ID") or ""))
+            for n, uuids in listed if node_usable(n)
+            for i, u in enumerate(uuids) if seen[u] == 1]
+
+
+def leases_from_services(services: Iterable[Mapping[str, Any]]) -> list[Lease]:
+    """The leases members' services hold (the Docker API's service objects), from the
+    labels the hub gave them; since when: the service's creation. A service whose task
+    has ended still holds its GPUs until the hub removes it (its server is then
+    reported stopped), so that no GPU is given twice meanwhile."""
+    return leases_from_labels(
+        {"Labels": (s.get("Spec") or {}).get("Labels") or {},
+         "Created": _epoch(s.get("CreatedAt"))}
+        for s in services)
+
+
+def _epoch(stamp: Any) -> float:
+    """Docker's RFC 3339 time with nanoseconds -> seconds since the epoch (0 if none)."""
+    if not isinstance(stamp, str) or not stamp:
+        return 0.0
+    text = stamp.rstrip("Z")
+    whole, _, fraction = text.partition(".")
+    try:
+        at = datetime.fromisoformat(whole).replace(tzinfo=UTC)
+    except ValueError:
+        return 0.0
+    return at.timestamp() + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)

@@ -1,0 +1,105 @@
+"""A member's server on a Swarm (gpulab.swarm_services): the service spec the spawner
+asks for, which the Docker proxy's --swarm policy must let through as it is, and the
+GPUs and leases read back from the Swarm's node and service objects."""
+
+import json
+
+import pytest
+
+from gpulab.allocator import Lease
+from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SERVER, LABEL_USER
+from gpulab.docker_policy import decide
+from gpulab.settings import defaults
+from gpulab.swarm_services import (
+    inventory_from_nodes,
+    leases_from_services,
+    node_gpus,
+    service_spec,
+)
+
+NODE = "3x8bq0ak2dtu0x5nq1sawbnbo"  # a swarmkit node ID (25 lowercase alphanumerics)
+G0, G1 = "GPU-fa4e0000-0000-0000-0000-000000000000", "GPU-fa4e0001-0000-0000-0000-000000000000"
+HUB_ENV = {"JUPYTERHUB_API_TOKEN": "t0ken", "JUPYTERHUB_USER": "alice",
+           "NVIDIA_VISIBLE_DEVICES": "all"}  # as if someone tried: gpulab's value wins
+
+
+def proxy(spec: dict) -> tuple[bool, str]:
+    d = decide("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True)
+    return d.allowed, d.reason
+
+
+@pytest.mark.parametrize("gpus", [(), (G0,), (G0, G1)])
+def test_the_spec_is_one_the_swarm_proxy_lets_through(gpus):
+    spec = service_spec(defaults(), "alice", "", gpus, NODE, env=HUB_ENV,
+                        command=["jupyterhub-singleuser"])
+    assert proxy(spec) == (True, "")
+
+
+def test_the_spec_says_what_the_container_says():
+    spec = service_spec(defaults(), "alice", "big", (G0, G1), NODE, env=HUB_ENV)
+    cs = spec["TaskTemplate"]["ContainerSpec"]
+    assert spec["Name"] == "gpulab-user-alice--big"
+    assert spec["Labels"][LABEL_NODE] == NODE
+    assert spec["Labels"][LABEL_GPUS] == cs["Labels"][LABEL_GPUS] == f"{G0},{G1}"
+    assert spec["TaskTemplate"]["Placement"] == {"Constraints": [f"node.id=={NODE}"]}
+    env = dict(e.split("=", 1) for e in cs["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{G0},{G1}"  # gpulab's, not the "all" above
+    assert env["JUPYTERHUB_API_TOKEN"] == "t0ken"
+    assert cs["User"] == "1000:1000" and cs["CapabilityDrop"] == ["ALL"] and cs["Init"]
+    assert {m["Target"]: m for m in cs["Mounts"]} == {
+        "/home/jovyan": {"Type": "volume", "Source": "gpulab-home-alice",
+                         "Target": "/home/jovyan", "ReadOnly": False},
+        "/datasets": {"Type": "volume", "Source": "gpulab-datasets", "Target": "/datasets",
+                      "ReadOnly": True},
+        "/dev/shm": {"Type": "tmpfs", "Target": "/dev/shm",
+                     "TmpfsOptions": {"SizeBytes": 2 * 1024**3}},
+    }
+    assert spec["TaskTemplate"]["Resources"] == {"Limits": {
+        "MemoryBytes": 8 * 1024**3, "NanoCPUs": 4_000_000_000, "Pids": 1024}}
+    assert spec["TaskTemplate"]["RestartPolicy"] == {"Condition": "none"}
+    assert spec["EndpointSpec"] == {"Mode": "dnsrr"}
+
+
+def test_no_gpu_is_void_and_a_tmpfs_anywhere_else_is_refused():
+    spec = service_spec(defaults(), "bob", "", (), NODE)
+    env = dict(e.split("=", 1) for e in spec["TaskTemplate"]["ContainerSpec"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    spec["TaskTemplate"]["ContainerSpec"]["Mounts"][-1]["Target"] = "/tmp"
+    allowed, reason = proxy(spec)
+    assert not allowed and "Mounts[2]" in reason
+
+
+def node(node_id, gpus, state="ready", availability="active"):
+    return {"ID": node_id, "Spec": {"Availability": availability},
+            "Status": {"State": state},
+            "Description": {"Hostname": f"host-{node_id}",
+                            "Engine": {"Labels": {ENGINE_LABEL_GPUS: ",".join(gpus)}}}}
+
+
+def test_inventory_is_every_usable_nodes_gpus_by_node():
+    nodes = [node("a", [G0, G1]), node("b", ["GPU-b0"]), node("c", ["GPU-c0"], state="down"),
+             node("d", ["GPU-d0"], availability="drain"), node("m", [])]
+    got = [(g.node, g.index, g.uuid) for g in inventory_from_nodes(nodes)]
+    assert got == [("a", 0, G0), ("a", 1, G1), ("b", 0, "GPU-b0")]
+    assert node_gpus({"ID": "x"}) == []
+
+
+def test_a_uuid_two_nodes_claim_is_given_out_by_neither():
+    nodes = [node("a", [G0, G1]), node("b", [G1])]
+    assert [g.uuid for g in inventory_from_nodes(nodes)] == [G0]
+
+
+def test_leases_come_back_from_the_services_labels():
+    services = [
+        {"CreatedAt": "2026-11-30T10:00:00.123456789Z",
+         "Spec": {"Labels": {LABEL_USER: "alice", LABEL_SERVER: "", LABEL_GPUS: f"{G0},{G1}",
+                             LABEL_NODE: "a"}}},
+        {"CreatedAt": "2026-11-30T11:00:00Z",
+         "Spec": {"Labels": {LABEL_USER: "bob", LABEL_SERVER: "x", LABEL_GPUS: ""}}},
+        {"Spec": {"Labels": {}}},  # not a member's server
+    ]
+    leases = leases_from_services(services)
+    assert [(le.gpu_uuid, le.user, le.server) for le in leases] == [
+        (G0, "alice", ""), (G1, "alice", "")]
+    assert isinstance(leases[0], Lease)
+    assert leases[0].since.isoformat().startswith("2026-11-30T10:00:00.12345")
