@@ -20,12 +20,16 @@ Leases live in the service's labels (:data:`~gpulab.contract.LABEL_GPUS`,
 :data:`~gpulab.contract.LABEL_NODE`), so the hub rebuilds them after a restart from the
 services the manager lists (:func:`leases_from_services`), and each node's GPUs come
 from its engine label :data:`~gpulab.contract.ENGINE_LABEL_GPUS`
-(:func:`inventory_from_nodes`).
+(:func:`inventory_from_nodes`). :func:`server_state` says whether a member's server is
+running, starting or stopped (and why: its machine went down or was drained, or its
+task ended), from its service, tasks and node: a stopped server's service is then
+removed by the hub, which releases its lease.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -122,6 +126,44 @@ def leases_from_services(services: Iterable[Mapping[str, Any]]) -> list[Lease]:
         {"Labels": (s.get("Spec") or {}).get("Labels") or {},
          "Created": _epoch(s.get("CreatedAt"))}
         for s in services)
+
+
+RUNNING, STARTING, STOPPED = "running", "starting", "stopped"
+# swarmkit's task states before "running" (api/types.proto: TaskState)
+_BEFORE_RUNNING = {"new", "pending", "assigned", "accepted", "preparing", "ready",
+                   "starting"}
+
+
+@dataclass(frozen=True)
+class ServerState:
+    state: str  # RUNNING, STARTING or STOPPED
+    reason: str = ""  # why it stopped, in words a member reads
+
+
+def server_state(service: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]],
+                 nodes: Iterable[Mapping[str, Any]]) -> ServerState:
+    """A member's server from the Swarm's view of it: *service* (its object), *tasks*
+    (those of this service) and *nodes* (all of them, from the node list)."""
+    node_id = ((service.get("Spec") or {}).get("Labels") or {}).get(LABEL_NODE, "")
+    node = next((n for n in nodes if n.get("ID") == node_id), None)
+    if node is None:
+        return ServerState(STOPPED, "the machine it ran on has left the cluster")
+    where = ((node.get("Description") or {}).get("Hostname")) or node_id
+    if (node.get("Status") or {}).get("State") != "ready":
+        return ServerState(STOPPED, f"the machine it ran on ({where}) is down")
+    if (node.get("Spec") or {}).get("Availability") != "active":
+        return ServerState(STOPPED, f"an admin took its machine ({where}) out of service")
+    newest = max(tasks, key=lambda t: (t.get("Version") or {}).get("Index", 0), default=None)
+    if newest is None:
+        return ServerState(STARTING)
+    status = newest.get("Status") or {}
+    state = status.get("State", "")
+    if newest.get("DesiredState") == "running" and state == "running":
+        return ServerState(RUNNING)
+    if newest.get("DesiredState") == "running" and state in _BEFORE_RUNNING:
+        return ServerState(STARTING)
+    detail = status.get("Err") or status.get("Message") or state
+    return ServerState(STOPPED, f"it ended on {where}: {detail}")
 
 
 def _epoch(stamp: Any) -> float:

@@ -647,3 +647,50 @@ def test_generated_variants_are_refused_and_live(lab):
     assert refused == sent
     assert all(live["spelling"].get(s) for s in ("exact", "lower", "upper", "fold")), live
     assert live["position"].get("merged"), live
+
+
+def test_a_dead_machine_stops_its_servers_and_their_leases_go_with_them(lab):
+    """The worker's engine killed (a power cut): what the hub reads through the proxy
+    says the member's server stopped because its machine is down; the hub then removes
+    the service, and its lease is gone. The worker comes back for whatever runs next."""
+    from gpulab.settings import defaults
+    from gpulab.swarm_services import (
+        RUNNING,
+        STOPPED,
+        leases_from_services,
+        server_state,
+        service_spec,
+    )
+
+    gpu = lab.worker.gpus[0]
+    settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,
+                "spawn.datasets_volume": DATASETS, "spawn.mem_limit": 1 << 30,
+                "spawn.cpu_limit": 1.0, "spawn.shm_size": 64 << 20}
+    spec = service_spec(settings, "swarmdead", "", [gpu], lab.worker_id,
+                        command=["sleep", "600"])
+    status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
+    assert status == 201, out
+
+    def state():
+        service = lab.proxy.send("GET", f"/v1.41/services/{spec['Name']}")[1]
+        tasks = lab.proxy.send("GET", f"/v1.41/tasks?filters={q({'service': [spec['Name']]})}")[1]
+        nodes = lab.proxy.send("GET", "/v1.41/nodes")[1]
+        return server_state(service, tasks, nodes)
+
+    try:
+        wait_for(lambda: state().state == RUNNING, 30, what="the server to run")
+        lab.swarm.stop_engine(lab.worker, crash=True)
+        stopped = wait_for(lambda: (s := state()).state == STOPPED and s, 60,
+                           what="the hub to see the server stopped", interval=0.5)
+        assert stopped.reason == f"the machine it ran on ({lab.worker.hostname}) is down"
+        managed = f"/v1.41/services?filters={q({'label': [f'{MANAGED}=true']})}"
+        assert [le.gpu_uuid for le in leases_from_services(lab.proxy.send("GET", managed)[1])
+                ] == [gpu]  # held until the hub removes the service
+        status, out = lab.proxy.send("DELETE", f"/v1.41/services/{spec['Name']}")
+        assert status == 200, out
+        assert leases_from_services(lab.proxy.send("GET", managed)[1]) == []
+    finally:
+        lab.remove(spec["Name"])
+        if lab.worker.pid is None:
+            lab.swarm.start_engine(lab.worker)
+        lab.swarm.wait_state(lab.worker, "Ready", 60)

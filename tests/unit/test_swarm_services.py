@@ -11,9 +11,14 @@ from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SER
 from gpulab.docker_policy import decide
 from gpulab.settings import defaults
 from gpulab.swarm_services import (
+    RUNNING,
+    STARTING,
+    STOPPED,
+    ServerState,
     inventory_from_nodes,
     leases_from_services,
     node_gpus,
+    server_state,
     service_spec,
 )
 
@@ -103,3 +108,33 @@ def test_leases_come_back_from_the_services_labels():
         (G0, "alice", ""), (G1, "alice", "")]
     assert isinstance(leases[0], Lease)
     assert leases[0].since.isoformat().startswith("2026-11-30T10:00:00.12345")
+
+
+def service(node_id="a"):
+    return {"Spec": {"Labels": {LABEL_USER: "alice", LABEL_NODE: node_id}}}
+
+
+def task(state, desired="running", index=1, err=""):
+    return {"DesiredState": desired, "Version": {"Index": index},
+            "Status": {"State": state, **({"Err": err} if err else {})}}
+
+
+@pytest.mark.parametrize("tasks, nodes, state, reason", [
+    ([task("running")], [node("a", [G0])], RUNNING, ""),
+    ([task("preparing")], [node("a", [G0])], STARTING, ""),
+    ([], [node("a", [G0])], STARTING, ""),
+    # the newest task counts
+    ([task("failed", "shutdown", 1, "oom"), task("running", index=2)], [node("a", [G0])],
+     RUNNING, ""),
+    ([task("failed", "shutdown", 2, "task: non-zero exit (137)")], [node("a", [G0])],
+     STOPPED, "it ended on host-a: task: non-zero exit (137)"),
+    # the machine, whatever its tasks still say
+    ([task("running")], [node("a", [G0], state="down")], STOPPED,
+     "the machine it ran on (host-a) is down"),
+    ([task("running")], [node("a", [G0], availability="drain")], STOPPED,
+     "an admin took its machine (host-a) out of service"),
+    ([task("running")], [node("b", [G1])], STOPPED,
+     "the machine it ran on has left the cluster"),
+])
+def test_server_state_from_the_swarms_view(tasks, nodes, state, reason):
+    assert server_state(service(), tasks, nodes) == ServerState(state, reason)
