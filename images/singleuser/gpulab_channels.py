@@ -3,8 +3,10 @@
 The SSH gateway (gpulab-ssh, on the hub's side) gives ``ssh -t`` a Jupyter terminal. A
 terminal is one pseudo-terminal, though: it echoes, merges stderr into stdout, turns
 newlines into CRLF and has no exit status. What cannot go through one comes here, as
-two websockets under this server's URL, behind its sign-in like the rest of it (the
-owner's token, or their browser's cookie with Jupyter's same-origin check):
+two websockets under this server's URL, behind its sign-in like the rest of it: the
+owner's token, in an ``Authorization`` header only. Browsers cannot set that header on a
+websocket, so no web page (not even one on the hub's own origin) can use a member's
+cookies here: only the SSH gateway, which holds her token, opens these.
 
 ``/gpulab/exec``
     One command with stdin, stdout and stderr as pipes, byte for byte, and its exit
@@ -14,8 +16,8 @@ owner's token, or their browser's cookie with Jupyter's same-origin check):
     server sends binary frames whose first byte says the stream (1 stdout, 2 stderr),
     then ``{"exit": status}`` once the command has ended and its output is all sent
     (``{"error": text}`` first when it could not be started). Closing the websocket
-    while the command runs hangs it up, as a vanished SSH client does under sshd: its
-    pipes close and its process group gets SIGHUP.
+    hangs the command up, as a vanished SSH client does under sshd: its pipes close (a
+    writer then gets SIGPIPE) and its process group gets SIGHUP.
 
 ``/gpulab/tcp/PORT``
     A TCP connection to PORT on this server's own loopback (127.0.0.1, else ::1) and
@@ -25,12 +27,16 @@ owner's token, or their browser's cookie with Jupyter's same-origin check):
     stream both ways and ``{"eof": true}`` ends one direction.
 
 Both count as running code, as a terminal does (Jupyter's "execute" on "terminals").
-Enabled by jupyter_server_config.d/gpulab_channels.json in the image.
+Neither side sends websocket pings: flow control may hold a side back for as long as
+the member's SSH client is slow or paused, and a ping left unanswered meanwhile would
+end the session (the SSH connection has its own keepalive). Enabled by
+jupyter_server_config.d/gpulab_channels.json in the image.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -46,6 +52,7 @@ STDOUT, STDERR = 1, 2
 CHUNK = 64 * 1024
 MAX_ARGV_BYTES = 256 * 1024  # a command line longer than Linux's own limit is refused
 LOOPBACK = ("127.0.0.1", "::1")
+CONNECT_TIMEOUT = 15.0  # seconds to connect to a loopback port (a full backlog hangs)
 
 
 def parse_argv(message: str | bytes) -> list[str]:
@@ -85,11 +92,16 @@ class _Channel(WebSocketMixin, WebSocketHandler, JupyterHandler):
     terminal is, same-origin for browsers (WebSocketMixin.check_origin)."""
 
     auth_resource = "terminals"
+    ping_interval = 0  # no websocket pings (see the module's docstring); 0 for both
+    # jupyter_server's WebSocketMixin (ms) and tornado (s)
 
     def set_default_headers(self):
         """No page headers on a websocket (as Jupyter's kernel websocket)."""
 
     async def get(self, *args, **kwargs):
+        if "Authorization" not in self.request.headers:
+            raise web.HTTPError(403, "gpulab channels take a token in an Authorization "
+                                     "header only")
         user = self.current_user
         if not user:
             raise web.HTTPError(403)
@@ -106,6 +118,22 @@ class _Channel(WebSocketMixin, WebSocketHandler, JupyterHandler):
             return self.write_message(json.dumps(message))
         except WebSocketClosedError:
             return None
+
+    async def sent(self, message: dict | bytes) -> bool:
+        """Send and wait until it is written (back-pressure); False once the client has
+        gone."""
+        future = self.send(message)
+        if future is None:
+            return False
+        try:
+            await future
+        except WebSocketClosedError:
+            return False
+        return True
+
+    @property
+    def gone(self) -> bool:
+        return self.ws_connection is None or self.ws_connection.is_closing()
 
 
 class ExecChannel(_Channel):
@@ -145,14 +173,16 @@ class ExecChannel(_Channel):
             self.close()
             return
         self.log.info("gpulab exec channel: %s (pid %s)", argv[0], self.proc.pid)
+        if self.gone:  # the client left while the command was starting
+            _hang_up(self.proc)
+            return
         self._pumps = asyncio.ensure_future(self._finish())
 
     async def _pump(self, stream: asyncio.StreamReader, tag: int) -> None:
+        # back-pressure: the command's output is read as fast as it is sent
         while chunk := await stream.read(CHUNK):
-            sent = self.send(bytes([tag]) + chunk)
-            if sent is None:
-                return
-            await sent  # back-pressure: read the command's output as fast as it is sent
+            if not await self.sent(bytes([tag]) + chunk):
+                return  # the client has gone; on_close closed the pipes
 
     async def _finish(self) -> None:
         await asyncio.gather(self._pump(self.proc.stdout, STDOUT),
@@ -162,18 +192,23 @@ class ExecChannel(_Channel):
         self.close()
 
     def on_close(self):
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        asyncio.ensure_future(_hang_up(proc))
+        if self.proc is not None and self._pumps is not None and not self._pumps.done():
+            _hang_up(self.proc)  # (a command still starting is hung up by _start)
 
 
-async def _hang_up(proc: asyncio.subprocess.Process) -> None:
-    """As when an SSH client goes away: the command's pipes close and its process group
-    gets SIGHUP. What ignores it (``nohup``: a server left running on purpose, as VS
-    Code's Remote-SSH leaves its own) keeps running, as under sshd."""
+def _hang_up(proc: asyncio.subprocess.Process) -> None:
+    """As when an SSH client goes away under sshd: the command's pipes close (stdin
+    ends; a write to stdout or stderr gets SIGPIPE) and its process group gets SIGHUP,
+    whether or not its first process has already exited. What ignores both (``nohup``
+    with its output in a file: a server left running on purpose, as VS Code's
+    Remote-SSH leaves its own) keeps running, as under sshd."""
     if proc.stdin is not None:
         proc.stdin.close()
+    transport = proc._transport  # asyncio's own pipes: no public way to close them
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if pipe is not None:
+            pipe.close()
     try:
         os.killpg(proc.pid, signal.SIGHUP)
     except ProcessLookupError:
@@ -203,8 +238,11 @@ class TcpChannel(_Channel):
         error = None
         for host in LOOPBACK:
             try:
-                reader, self.writer = await asyncio.open_connection(host, number)
+                reader, self.writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, number), CONNECT_TIMEOUT)
                 break
+            except TimeoutError:
+                error = error or TimeoutError(errno.ETIMEDOUT, "timed out")
             except OSError as e:
                 error = error or e
         else:
@@ -212,16 +250,17 @@ class TcpChannel(_Channel):
             self.send({"error": f"connect to port {number}: {reason}"})
             self.close()
             return
+        if self.gone:  # the client left while we connected
+            self.writer.close()
+            return
         self.send({"connected": True})
         asyncio.ensure_future(self._to_client(reader))
 
     async def _to_client(self, reader: asyncio.StreamReader) -> None:
         try:
             while chunk := await reader.read(CHUNK):
-                sent = self.send(chunk)
-                if sent is None:
+                if not await self.sent(chunk):
                     return
-                await sent
         except OSError:
             pass
         self.send({"eof": True})

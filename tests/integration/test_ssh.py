@@ -4,11 +4,11 @@ The password is the member's login token, given to `ssh` through SSH_ASKPASS (fo
 and the gateway's host key is checked strictly against a known_hosts file made from the
 key the gateway serves. What a member sees: a shell in her own container as its user,
 commands with their exit status and separate, byte-exact streams, window sizes that
-follow hers, sftp and scp into her home, ports of her own server forwarded the way VS
+follow hers, sftp, scp and rsync into her home, ports of her own server forwarded the way VS
 Code's Remote-SSH uses them; and what is refused: her token under another name, a
 revoked token, too many failures, a stopped server, forwarding anywhere but her own
-server's loopback, and the server's channels with another member's token or from
-another web origin.
+server's loopback, and the server's channels with another member's token or from a
+browser (her cookies, on her own page or another site's).
 
 Failed sign-ins count in the gateway's throttle; the module puts back the address
 counters it changed and forgets its usernames (tests/integration/throttle_rows.py).
@@ -252,16 +252,21 @@ def test_commands_without_a_terminal_get_plain_pipes_byte_for_byte(ssh, lab_user
     assert r.returncode == 127 and "no-such-command-here" in r.stderr, r
 
 
-def test_a_vanished_client_hangs_up_its_command(ssh, lab_user):
+@pytest.mark.parametrize("command, marker", [
+    ("sleep 4242", "sleep 4242"),  # SIGHUP ends it
+    # ignores SIGHUP and writes on: the closed pipe (SIGPIPE) ends it, as under sshd
+    ("sh -c 'trap \"\" HUP; while :; do echo spin4242; done'", "spin4242"),
+])
+def test_a_vanished_client_hangs_up_its_command(ssh, lab_user, command, marker):
     """The SSH client killed (no EOF, no exit): the command in her server is hung up,
-    not left running, as sshd does."""
+    not left running."""
     lee = lab_user("sshhangup")
     lee.start_server()
 
     def running() -> bool:
-        return "sleep 4242" in docker("exec", lee.container, "ps", "-eo", "args")
+        return marker in docker("exec", lee.container, "ps", "-eo", "args")
 
-    proc = subprocess.Popen(ssh.args(lee.name) + ["sleep 4242"], env=ssh.env(lee.token),
+    proc = subprocess.Popen(ssh.args(lee.name) + [command], env=ssh.env(lee.token),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -445,10 +450,12 @@ EXEC_IN_BROWSER = """async (url) => await new Promise((resolve) => {
 })"""
 
 
-def test_the_servers_channels_open_only_for_her_and_only_from_her_pages(lab_user, new_page):
+def test_the_servers_channels_open_only_with_her_token_never_from_a_browser(lab_user,
+                                                                           new_page):
     """The extension itself, attacked past the gateway: through the hub's proxy with
-    another member's token or none, and from a foreign web page in her signed-in
-    browser (her cookies go along; Jupyter's origin check must refuse it)."""
+    another member's token or none; and from her own signed-in browser, on her own
+    JupyterLab page and on a foreign page (her cookies go along either way): the
+    channels take a token in an Authorization header only, which no page can set."""
     kim, mallory = lab_user("sshchankim"), lab_user("sshchanmal")
     kim.start_server()
     mallory.start_server()
@@ -461,8 +468,9 @@ def test_the_servers_channels_open_only_for_her_and_only_from_her_pages(lab_user
     page = new_page()
     submit_login(page, kim.name, kim.token)  # on to her JupyterLab: her server's cookie
     page.wait_for_url(re.compile(rf"/user/{kim.name}/lab"))
+    assert f"jupyterhub-user-{kim.name}" in {c["name"] for c in page.context.cookies()}
     ws_url = "ws" + HUB_URL[len("http"):] + f"/user/{kim.name}/gpulab/exec"
-    assert page.evaluate(EXEC_IN_BROWSER, ws_url) == "ran: 1000"  # control: her own page
+    assert page.evaluate(EXEC_IN_BROWSER, ws_url) == "closed: 1006"  # her own page
 
     evil = tempfile.mkdtemp()
     Path(evil, "index.html").write_text("<title>a page on another site</title>")
@@ -474,4 +482,6 @@ def test_the_servers_channels_open_only_for_her_and_only_from_her_pages(lab_user
         assert page.evaluate(EXEC_IN_BROWSER, ws_url) == "closed: 1006"
     finally:
         server.shutdown()
-    assert "Blocking Cross Origin WebSocket Attempt" in container_logs(kim.container, 20)
+    refusals = re.findall(rf"403 GET /user/{re.escape(kim.name)}/gpulab/exec \(",
+                          container_logs(kim.container, 30))
+    assert len(refusals) >= 2, container_logs(kim.container, 30)

@@ -44,7 +44,9 @@ async def _connect(hub_url: str, server_path: str, token: str, tls_trust: Path |
                       connect_timeout=TIMEOUT, request_timeout=TIMEOUT,
                       ssl_options=tls_context(tls_trust))
     try:
-        return await websocket_connect(req, ping_interval=30, max_message_size=4 * CHUNK)
+        # no pings: flow control may hold either side back as long as the member's SSH
+        # client is slow or paused, and an unanswered ping would end the session
+        return await websocket_connect(req, max_message_size=4 * CHUNK)
     except HTTPClientError as e:
         if e.code == 404:
             raise Unavailable(OLD_IMAGE) from None
@@ -71,7 +73,14 @@ async def run_command(hub_url: str, server_path: str, token: str, tls_trust: Pat
         await ws.write_message(json.dumps({"argv": argv}))
 
         async def from_client() -> None:
-            while data := await stdin.read(CHUNK):
+            while True:
+                try:
+                    data = await stdin.read(CHUNK)
+                except (asyncssh.TerminalSizeChanged, asyncssh.BreakReceived,
+                        asyncssh.SignalReceived):
+                    continue  # requests a command with pipes has no use for
+                if not data:
+                    break
                 await ws.write_message(data, binary=True)
             await ws.write_message(EOF)
 

@@ -43,6 +43,7 @@ from pathlib import Path
 import asyncssh
 from asyncssh.constants import EXTENDED_DATA_STDERR
 from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
+from tornado.websocket import WebSocketClosedError
 
 from ..throttle import Policy, Throttle
 from . import channels, execwrap, hostkey, policy
@@ -126,8 +127,11 @@ class Gateway:
             stderr.write(b"Could not reach your server; try again, or open it in "
                          b"JupyterLab.\r\n")
             status = 1
-        except (asyncssh.Error, BrokenPipeError, ConnectionError):
-            status = 255  # the client went away
+        except (asyncssh.Error, BrokenPipeError, ConnectionError, WebSocketClosedError):
+            status = 255  # the client, or the member's server, went away
+        except Exception:  # never let one session take down the member's connection
+            log.exception("ssh session of %s failed", member.name)
+            status = 255
         if not chan.is_closing():
             chan.exit(status)
 
@@ -185,8 +189,15 @@ class Gateway:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
                                             refused[0].strip() if refused else "no server")
         log.info("ssh forward of %s: to port %s of their server", member.name, port)
-        return await channels.open_port(self.settings.hub_url, path, member.token,
-                                        self.settings.tls_trust, port)
+        try:
+            return await channels.open_port(self.settings.hub_url, path, member.token,
+                                            self.settings.tls_trust, port)
+        except asyncssh.ChannelOpenError:
+            raise
+        except Exception as e:
+            log.warning("ssh forward of %s to port %s: %s", member.name, port, e)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
+                                            "could not reach your server") from None
 
 
 async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: str) -> int:
@@ -213,6 +224,7 @@ async def _pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: st
                     command_started.set()
             if text:
                 stdout.write(text.encode())
+                await stdout.drain()  # the terminal is read as fast as the client reads
             if parser is not None and parser.done:
                 return parser.status
 
@@ -326,11 +338,18 @@ class _Connection(asyncssh.SSHServer):
         try:
             port = policy.forward_port(dest_host, dest_port)
         except policy.Unsupported as e:
-            log.warning("ssh forward of %s to %s:%s refused", self.member, dest_host,
+            log.warning("ssh forward of %s to %r:%s refused", self.member, dest_host,
                         dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                                             str(e)) from None
-        return self.gateway.forward(self.member, port)
+        return self._forward(port)
+
+    async def _forward(self, port: int) -> channels.Port:
+        forwarded = await self.gateway.forward(self.member, port)
+        if self.conn is None or self.conn.is_closed():  # the client left meanwhile
+            forwarded.ws.close()
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "connection closed")
+        return forwarded
 
     def unix_connection_requested(self, dest_path):
         raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,

@@ -52,8 +52,8 @@ class HubClient:
                               request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
                               ssl_options=tls_context(self.tls_trust))
             resp = await self.http.fetch(req, raise_error=False)
-        except OSError:  # ssl.SSLError and a missing trust file too
-            return 0, None
+        except (OSError, HTTPClientError):  # ssl.SSLError, a missing trust file; a
+            return 0, None  # timeout or a closed stream is raised even without raise_error
         if resp.code != 200:
             return resp.code, None
         try:
@@ -108,7 +108,7 @@ class Terminal:
                           connect_timeout=TIMEOUT, ssl_options=self.tls)
         try:
             await self.http.fetch(req, raise_error=False)  # 404: it ended with its shell
-        except OSError:
+        except (OSError, HTTPClientError):
             pass
 
     async def send_stdin(self, text: str) -> None:
