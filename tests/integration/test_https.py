@@ -256,9 +256,12 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
             try:
                 page.wait_for_url(re.compile(rf"/user/{name}/lab"), timeout=120_000)
                 if not jupyterlab_shows(page, 90_000):
-                    # CI saw this once (stop 18): the lab page served, then no request of
-                    # JupyterLab's for 120 s. Say what the browser saw; a member would
-                    # reload, and so does the test, once.
+                    # CI saw this twice: the lab page served, then JupyterLab's chunks
+                    # failed with net::ERR_NETWORK_CHANGED (Chromium drops requests in
+                    # flight when the host's interfaces change, and Docker adds and
+                    # removes veths as containers start and stop) and it never drew.
+                    # Say what the browser saw; a member would reload, and so does the
+                    # test, once.
                     seen = trouble.report(name)
                     page.reload()
                     if not jupyterlab_shows(page, 120_000):

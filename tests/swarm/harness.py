@@ -420,8 +420,13 @@ class Swarm:
             if node.process.poll() is not None:
                 raise SwarmError(f"dockerd of {node.name} exited ({node.process.returncode}):\n"
                                  f"{self.log_tail(node)}")
-            return self.docker(node, "version", "--format", "{{.Server.Version}}",
-                               check=False, timeout=5)
+            try:
+                return self.docker(node, "version", "--format", "{{.Server.Version}}",
+                                   check=False, timeout=5)
+            except subprocess.TimeoutExpired:
+                # listening but not answering yet: a dockerd restarted after a crash
+                # restores its Swarm state first (CI saw one take over 5 s on a busy host)
+                return ""
         wait_for(up, timeout, what=f"dockerd of {node.name} to answer on {node.host}")
 
     def log_tail(self, node: Node, lines: int = 30) -> str:
