@@ -175,11 +175,12 @@ class NotEnoughGpus(AllocationError):
 # ---------------------------------------------------------------- inventory
 
 
-def _triple(d: Any) -> tuple[int, str, str]:
-    """(index, uuid, model) from a tuple or from nvml_discovery.DiscoveredGpu."""
+def _found(d: Any) -> tuple[str, int, str, str]:
+    """(node, index, uuid, model) from an (index, uuid, model) tuple, an
+    nvml_discovery.DiscoveredGpu (node "": this host) or a :class:`Gpu` of a Swarm node."""
     if isinstance(d, tuple):
-        return d
-    return d.index, d.uuid, d.model
+        return ("", *d)
+    return getattr(d, "node", ""), d.index, d.uuid, d.model
 
 
 def resolve_inventory(
@@ -196,14 +197,15 @@ def resolve_inventory(
     (and warned about), as are present GPUs the file does not list. Reserved GPUs are
     included, marked ``reserved``. Pins that match no GPU are warned about.
     """
-    found = sorted((_triple(d) for d in discovered or ()), key=lambda d: d[0])
+    found = sorted(_found(d) for d in discovered or ())
     warnings: list[str] = []
     gpus: list[Gpu] = []
     if config.auto:
         pool = config.pools[DEFAULT_POOL]
-        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users) for i, u, m in found]
+        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users, node=n)
+                for n, i, u, m in found]
     else:
-        present = {u: (i, m) for i, u, m in found}
+        present = {u: (i, m, n) for n, i, u, m in found}
         for e in config.gpus:
             if discovered is not None and e.uuid not in present:
                 warnings.append(
@@ -214,21 +216,22 @@ def resolve_inventory(
             pool = config.pools[e.pool]
             mode = e.mode or pool.mode
             max_users = 1 if mode == EXCLUSIVE else (e.max_users or pool.max_users)
-            model = e.model or present.get(e.uuid, (0, ""))[1]
-            gpus.append(Gpu(e.index, e.uuid, model, e.pool, mode, max_users, e.reserved))
+            model = e.model or present.get(e.uuid, (0, "", ""))[1]
+            node = present.get(e.uuid, (0, "", ""))[2]
+            gpus.append(Gpu(e.index, e.uuid, model, e.pool, mode, max_users, e.reserved, node))
             if discovered is not None and present[e.uuid][0] != e.index:
                 warnings.append(
                     f"{config.filename}:{e.line}: GPU {e.uuid} is listed with index {e.index} "
                     f"but NVML reports index {present[e.uuid][0]}; check inventory"
                 )
         listed = {e.uuid for e in config.gpus}
-        for i, u, m in found:
+        for _n, i, u, m in found:
             if u not in listed:
                 warnings.append(
                     f"{config.filename}: GPU {i} ({m}, {u}) is present but not listed under "
                     f"inventory; it will not be given out"
                 )
-        gpus.sort(key=lambda g: g.index)
+        gpus.sort(key=lambda g: (g.node, g.index))
     for pin in config.all_pins():
         if not any(pin.matches(g.index, g.uuid) for g in gpus):
             warnings.append(

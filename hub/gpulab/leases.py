@@ -37,6 +37,7 @@ from .nvml_discovery import discover_gpus
 log = logging.getLogger(__name__)
 
 ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
+ListNodes = Callable[[], Awaitable[list[Gpu]]]
 
 
 def utcnow() -> datetime:
@@ -84,8 +85,15 @@ def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, st
 
 
 class LeaseBook:
-    def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow):
+    """*list_containers* lists whatever holds leases in its labels (containers on one
+    host, services on a Swarm). *node_gpus*, on a Swarm, lists the GPUs of the usable
+    nodes (:func:`gpulab.swarm_services.inventory_from_nodes`); it is asked again before
+    every allocation, since machines come and go. Without it, NVML is asked once."""
+
+    def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow,
+                 node_gpus: ListNodes | None = None):
         self._list_containers = list_containers
+        self._node_gpus = node_gpus
         self._discover = discover
         self._now = now
         self._lock = asyncio.Lock()
@@ -94,13 +102,24 @@ class LeaseBook:
 
     # ------------------------------------------------------------- inventory
 
+    async def current_inventory(self, config: GpusConfig) -> list[Gpu]:
+        """:meth:`inventory`, with a Swarm's nodes asked again first."""
+        if self._node_gpus is not None:
+            self._discovered = await self._node_gpus()
+        return self.inventory(config)
+
     def inventory(self, config: GpusConfig) -> list[Gpu]:
-        """The leasable GPUs under *config*; NVML is asked once per hub process."""
-        if config.auto and not self._discovered:
+        """The leasable GPUs under *config*; NVML is asked once per hub process (on a
+        Swarm: the nodes' GPUs as :meth:`current_inventory` last found them)."""
+        swarm = self._node_gpus is not None
+        if config.auto and not swarm and not self._discovered:
             # An empty answer (NVML not ready, driver loading) is asked again next time.
             self._discovered = self._discover()
             log.info("GPU inventory: %d GPU(s) discovered", len(self._discovered))
-        gpus, warnings = resolve_inventory(config, self._discovered if config.auto else None)
+        # On a Swarm the nodes are always asked: a GPU the file lists on a machine that
+        # is down is not given out. On one host an explicit file is trusted as written.
+        found = (self._discovered or []) if config.auto or swarm else None
+        gpus, warnings = resolve_inventory(config, found)
         for w in warnings:
             log.warning("%s", w)
         return gpus
@@ -116,7 +135,7 @@ class LeaseBook:
         return leases
 
     async def view(self, config: GpusConfig) -> list[LeaseView]:
-        inventory = self.inventory(config)
+        inventory = await self.current_inventory(config)
         by_uuid = {g.uuid: g for g in inventory}
         async with self._lock:
             containers = await self._list_containers()
@@ -140,7 +159,7 @@ class LeaseBook:
 
     async def acquire(self, config: GpusConfig, request: Request) -> list[Gpu]:
         """Lease GPUs for *request* or raise an AllocationError (never a half lease)."""
-        inventory = self.inventory(config)
+        inventory = await self.current_inventory(config)
         async with self._lock:
             leases = await self._table()
             _, orphaned = reconcile(config, inventory, leases)
@@ -192,3 +211,36 @@ def lease_book() -> LeaseBook:
     if _book is None:
         _book = LeaseBook(docker_lister())
     return _book
+
+
+def swarm_listers(client=None) -> tuple[ListContainers, ListNodes]:
+    """On a Swarm (through the Docker proxy in front of the manager): members' services
+    as lease holders, and the GPUs of the usable nodes, off the event loop."""
+    from .swarm_services import inventory_from_nodes, lease_holder
+
+    if client is None:
+        import docker
+
+        client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+
+    async def list_services() -> list[dict[str, Any]]:
+        services = await asyncio.to_thread(
+            client.services, filters={"label": f"{LABEL_MANAGED}=true"})
+        return [lease_holder(s) for s in services]
+
+    async def node_gpus() -> list[Gpu]:
+        return inventory_from_nodes(await asyncio.to_thread(client.nodes))
+
+    return list_services, node_gpus
+
+
+_swarm_book: LeaseBook | None = None
+
+
+def swarm_lease_book() -> LeaseBook:
+    """The hub process's one lease table on a Swarm (created on first use)."""
+    global _swarm_book
+    if _swarm_book is None:
+        list_services, node_gpus = swarm_listers()
+        _swarm_book = LeaseBook(list_services, node_gpus=node_gpus)
+    return _swarm_book

@@ -117,15 +117,51 @@ def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]], model: str = "") ->
             for i, u in enumerate(uuids) if seen[u] == 1]
 
 
+def lease_holder(service: Mapping[str, Any]) -> dict[str, Any]:
+    """A member's service (the Docker API's service object) in the shape the lease
+    table reads a container in: its ID, labels, creation time and state."""
+    return {"Id": service.get("ID", ""),
+            "Labels": (service.get("Spec") or {}).get("Labels") or {},
+            "Created": _epoch(service.get("CreatedAt")),
+            "State": "running"}  # it holds its GPUs until the hub removes it
+
+
 def leases_from_services(services: Iterable[Mapping[str, Any]]) -> list[Lease]:
-    """The leases members' services hold (the Docker API's service objects), from the
-    labels the hub gave them; since when: the service's creation. A service whose task
-    has ended still holds its GPUs until the hub removes it (its server is then
-    reported stopped), so that no GPU is given twice meanwhile."""
-    return leases_from_labels(
-        {"Labels": (s.get("Spec") or {}).get("Labels") or {},
-         "Created": _epoch(s.get("CreatedAt"))}
-        for s in services)
+    """The leases members' services hold, from the labels the hub gave them; since
+    when: the service's creation. A service whose task has ended still holds its GPUs
+    until the hub removes it (its server is then reported stopped), so that no GPU is
+    given twice meanwhile."""
+    return leases_from_labels(lease_holder(s) for s in services)
+
+
+def node_for_cpu_server(nodes: Iterable[Mapping[str, Any]],
+                        services: Iterable[Mapping[str, Any]]) -> str:
+    """The node for a server with no GPU: the usable node running the fewest members'
+    servers (ties: by hostname), or "" when none is usable."""
+    load: dict[str, int] = {}
+    for s in services:
+        node = ((s.get("Spec") or {}).get("Labels") or {}).get(LABEL_NODE, "")
+        load[node] = load.get(node, 0) + 1
+    usable = [n for n in nodes if node_usable(n)]
+    if not usable:
+        return ""
+    best = min(usable, key=lambda n: (load.get(n.get("ID", ""), 0), node_name(n)))
+    return str(best.get("ID") or "")
+
+
+def node_name(node: Mapping[str, Any]) -> str:
+    """A node's hostname, as members and admins know the machine (its ID otherwise)."""
+    return ((node.get("Description") or {}).get("Hostname")) or str(node.get("ID") or "")
+
+
+def task_address(task: Mapping[str, Any], network: str) -> str:
+    """The task's address on *network* (by name), without its prefix length; "" when the
+    task is not attached to it (yet)."""
+    for attachment in task.get("NetworksAttachments") or ():
+        if ((attachment.get("Network") or {}).get("Spec") or {}).get("Name") == network:
+            for address in attachment.get("Addresses") or ():
+                return address.split("/", 1)[0]
+    return ""
 
 
 RUNNING, STARTING, STOPPED = "running", "starting", "stopped"
@@ -148,7 +184,7 @@ def server_state(service: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]],
     node = next((n for n in nodes if n.get("ID") == node_id), None)
     if node is None:
         return ServerState(STOPPED, "the machine it ran on has left the cluster")
-    where = ((node.get("Description") or {}).get("Hostname")) or node_id
+    where = node_name(node)
     if (node.get("Status") or {}).get("State") != "ready":
         return ServerState(STOPPED, f"the machine it ran on ({where}) is down")
     if (node.get("Spec") or {}).get("Availability") != "active":

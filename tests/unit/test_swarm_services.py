@@ -16,10 +16,13 @@ from gpulab.swarm_services import (
     STOPPED,
     ServerState,
     inventory_from_nodes,
+    lease_holder,
     leases_from_services,
+    node_for_cpu_server,
     node_gpus,
     server_state,
     service_spec,
+    task_address,
 )
 
 NODE = "3x8bq0ak2dtu0x5nq1sawbnbo"  # a swarmkit node ID (25 lowercase alphanumerics)
@@ -138,3 +141,27 @@ def task(state, desired="running", index=1, err=""):
 ])
 def test_server_state_from_the_swarms_view(tasks, nodes, state, reason):
     assert server_state(service(), tasks, nodes) == ServerState(state, reason)
+
+
+def test_a_service_holds_its_lease_as_a_running_container_would():
+    svc = {"ID": "s1", "CreatedAt": "2026-11-30T10:00:00Z",
+           "Spec": {"Labels": {LABEL_USER: "alice", LABEL_GPUS: G0}}}
+    assert lease_holder(svc) == {"Id": "s1", "Labels": {LABEL_USER: "alice", LABEL_GPUS: G0},
+                                 "Created": 1796032800.0, "State": "running"}
+
+
+def test_a_server_without_gpus_goes_to_the_least_busy_usable_machine():
+    nodes = [node("a", [G0]), node("b", [G1]), node("c", [], state="down")]
+    assert node_for_cpu_server(nodes, []) == "a"  # a tie: by hostname
+    assert node_for_cpu_server(nodes, [service("a")]) == "b"
+    assert node_for_cpu_server(nodes, [service("a"), service("b"), service("b")]) == "a"
+    assert node_for_cpu_server([node("c", [], availability="drain")], []) == ""
+
+
+def test_the_tasks_address_on_the_servers_network():
+    t = {"NetworksAttachments": [
+        {"Network": {"Spec": {"Name": "ingress"}}, "Addresses": ["10.0.0.9/24"]},
+        {"Network": {"Spec": {"Name": "gpulab"}}, "Addresses": ["10.213.0.7/24"]}]}
+    assert task_address(t, "gpulab") == "10.213.0.7"
+    assert task_address(t, "other") == ""
+    assert task_address({}, "gpulab") == ""
