@@ -54,6 +54,9 @@ DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease
 # leaves warnings and stop notices for members' home pages (gpulab.culler.notices).
 CULLER_SERVICE = "gpu-culler"
 CULLER_NOTICES_FILE = "gpu-culler-notices.json"
+# On a Swarm, the hub's own notices of servers it found stopped (their machine went
+# down): same format, shown the same way (gpulab.swarm_spawner).
+SERVER_NOTICES_FILE = "gpulab-server-notices.json"
 
 # Prometheus metrics the hub queries (the GPU culler, the dashboard's table and history).
 # The exporter writes them (gpulab_exporter.collector, which cannot import this module);

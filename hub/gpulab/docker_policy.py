@@ -297,11 +297,16 @@ ROUTES: tuple[Route, ...] = (
     # A Swarm manager: what a SwarmSpawner-style spawner calls (docker-py's create_service,
     # inspect_service, services, remove_service, tasks) and the nodes the hub places
     # servers on (their GPUs are in each node's engine label). No updates of services or
-    # nodes, no secrets, configs, swarm init/join/leave, plugins, service or task logs.
+    # nodes, no secrets, configs, swarm init/join/leave, plugins or task logs. A
+    # service's log (a member's server that failed to start: its last lines, for her), as
+    # a container's: no follow.
     _route("POST", "/services/create", swarm=True),
     _route("GET", "/services", swarm=True, filters=_ANY, status=_BOOL),
     _route("GET", "/services/{service}", swarm=True, insertDefaults=_BOOL),
     _route("DELETE", "/services/{service}", swarm=True),
+    _route("GET", "/services/{service}/logs", swarm=True, stdout=_BOOL, stderr=_BOOL,
+           timestamps=_BOOL, details=_FALSE, follow=_FALSE, since=_TIME,
+           tail=re.compile("all|[0-9]{1,9}")),
     _route("GET", "/tasks", swarm=True, filters=_ANY),
     _route("GET", "/nodes", swarm=True, filters=_ANY),
     _route("GET", "/nodes/{node}", swarm=True),

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from . import live_config
 from .auth import configure_login, default_trusted_proxies
-from .contract import CULLER_NOTICES_FILE, CULLER_SERVICE, DASHBOARD_SERVICE
+from .contract import (
+    CULLER_NOTICES_FILE,
+    CULLER_SERVICE,
+    DASHBOARD_SERVICE,
+    SERVER_NOTICES_FILE,
+)
 from .culler.notices import home_page_notices
 from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from .roles import prune_hub_db, roles_from_settings
@@ -131,7 +136,10 @@ def configure(c) -> None:
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     # The GPU culler's warnings and stop notices, on the member's home page.
     notices_path = DATA_DIR / CULLER_NOTICES_FILE
-    c.JupyterHub.template_vars = {"gpu_notices": home_page_notices(notices_path)}
+    # On a Swarm, also the hub's notices of servers whose machine went down.
+    server_notices_path = DATA_DIR / SERVER_NOTICES_FILE
+    c.JupyterHub.template_vars = {
+        "gpu_notices": home_page_notices(notices_path, server_notices_path)}
     public_url = os.environ.get("GPULAB_PUBLIC_URL", "")
     c.JupyterHub.tornado_settings = tornado_settings(public_url)
     if public_url:
@@ -151,9 +159,12 @@ def configure(c) -> None:
     c.JupyterHub.load_groups = roles.load_groups
     prune_hub_db(c.JupyterHub.db_url, roles.load_groups)
 
-    c.JupyterHub.spawner_class = "gpulab"
+    # One host: a container per server. hub.swarm: a Swarm service per server, on the
+    # machine whose GPUs it leased (the Docker proxy then fronts the Swarm's manager).
+    c.JupyterHub.spawner_class = "gpulab-swarm" if settings["hub.swarm"] else "gpulab"
     c.GpulabSpawner.settings_file = str(settings_path)
     c.GpulabSpawner.gpus_file = str(gpus_path)
+    c.GpulabSwarmSpawner.notices_file = str(server_notices_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
     # start_timeout comes from spawn.start_timeout, read at each spawn (pre-spawn hook).

@@ -68,6 +68,12 @@ def _positive_number(value: Any) -> float:
     return float(value)
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"expected a positive whole number, got {value!r}")
@@ -162,6 +168,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hub.idle_timeout", parse_duration, 3600,
             "Stop servers that have been idle this long, releasing their GPUs "
             "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),
+    Setting("hub.swarm", _bool, False,
+            "Run members' servers across several GPU servers joined in a Docker Swarm "
+            "(README: Several GPU servers): each server is a Swarm service placed on the "
+            "machine whose GPUs it leased, created through the Docker proxy in front of "
+            "the Swarm manager. false: one host, one container per server. Read at hub "
+            "start. Example: true"),
     Setting("spawn.image", _string, "gpulab/singleuser:latest",
             "Docker image of the single-user server. `make images` builds it."),
     Setting("spawn.network", _string, "gpulab",

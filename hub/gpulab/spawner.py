@@ -135,7 +135,7 @@ class GpulabSpawner(DockerSpawner):
         user can have no GPU or the host has none."""
         config = live_config.gpus_file.load(self.gpus_file)
         policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
-        inventory = self.lease_book.inventory(config)
+        inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return ""
         holders = await self.lease_book.holders([g.uuid for g in inventory])
@@ -239,6 +239,11 @@ class GpulabSpawner(DockerSpawner):
             raise _http_error(503, "The Docker engine on this host is not answering, so "
                                    "servers cannot start right now. Try again in a minute; "
                                    "if it persists, tell an admin.") from None
+        await self._check_host_objects(settings)
+
+    async def _check_host_objects(self, settings: Settings) -> None:
+        """The image and the datasets volume are on this host (on a Swarm they are on
+        the nodes, which the manager cannot be asked about)."""
         image = settings["spawn.image"]
         try:
             await self.docker("inspect_image", image)
@@ -301,7 +306,7 @@ class GpulabSpawner(DockerSpawner):
             # DockerSpawner's single worker thread and create the container after this;
             # a removal queued behind it makes sure no container keeps the GPU label.
             self.gpu_uuids = []
-            asyncio.ensure_future(self._remove_leftover_container())
+            asyncio.ensure_future(self._remove_leftover())
             raise
         except Exception:
             self.gpu_uuids = []
@@ -327,7 +332,7 @@ class GpulabSpawner(DockerSpawner):
         super().clear_state()
         self.gpu_uuids = []
 
-    async def _remove_leftover_container(self) -> None:
+    async def _remove_leftover(self) -> None:
         try:
             await self.docker("remove_container", self.object_name, force=True)
             self.log.info("Removed %s left by a start that was given up", self.object_name)
@@ -364,16 +369,12 @@ class GpulabSpawner(DockerSpawner):
                     return
             except OSError:
                 pass  # connection refused: not listening yet
-            if await super().poll() is not None:
-                try:
-                    state = (await self.docker("inspect_container", self.container_id))["State"]
-                except docker.errors.NotFound:
-                    raise SpawnFailed("Your server's container disappeared while starting "
-                                      "(removed from outside the hub). Start it again.") from None
+            ended = await self._ended()
+            if ended is not None:
                 log_tail = await self._log_tail()
                 await self.remove_object()  # JupyterHub won't stop() a dead server
                 raise SpawnFailed(
-                    f"Your server exited while starting (exit status {state['ExitCode']}). "
+                    f"Your server exited while starting ({ended}). "
                     f"Last lines of its log:\n{log_tail}"
                 )
             if time.monotonic() > deadline:
@@ -389,6 +390,17 @@ class GpulabSpawner(DockerSpawner):
                     f"of its log:\n{log_tail}"
                 )
             await asyncio.sleep(self.ready_poll_interval)
+
+    async def _ended(self) -> str | None:
+        """While starting: None while the server runs, else how it ended, in words."""
+        if await super().poll() is None:
+            return None
+        try:
+            state = (await self.docker("inspect_container", self.container_id))["State"]
+        except docker.errors.NotFound:
+            raise SpawnFailed("Your server's container disappeared while starting "
+                              "(removed from outside the hub). Start it again.") from None
+        return f"exit status {state['ExitCode']}"
 
     async def _log_tail(self, lines: int = 20) -> str:
         try:

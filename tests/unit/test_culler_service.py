@@ -213,3 +213,25 @@ def test_stop_notices_last_until_the_server_starts_again(running, age, kept):
 
 def test_home_page_notices_for_nobody_signed_in(tmp_path):
     assert notes.home_page_notices(tmp_path / "missing.json")(None) == []
+
+
+def test_the_hubs_own_stop_notices_join_the_cullers_on_the_home_page(tmp_path):
+    """On a Swarm the hub notes servers whose machine went down (gpulab.swarm_spawner)
+    in a file of its own; the home page shows both files' notices, oldest first."""
+    culler, hub = tmp_path / "culler.json", tmp_path / "hub.json"
+    notes.write(culler, notes.Notices({}, [notes.Stopped("alice", "", T0, IDLE, "idle GPU")]))
+    down = "the machine it ran on (gpu-2) is down"
+    notes.record_stopped(hub, notes.Stopped("alice", "big", T0 - 30, "machine", down))
+    notes.record_stopped(hub, notes.Stopped("bob", "", T0 - 20, "machine", down))
+    notes.record_stopped(hub, notes.Stopped("alice", "big", T0 - 10, "machine", down))
+    assert [(s.user, s.at) for s in notes.read(hub).stopped] == [
+        ("bob", T0 - 20), ("alice", T0 - 10)]  # one per server, the latest
+
+    class Member:
+        name = "alice"
+    texts = [n["text"] for n in notes.home_page_notices(culler, hub)(Member())]
+    assert texts[0].startswith(f"Your server 'big' was stopped: {down}.")
+    assert texts[1].startswith("Your server was stopped: idle GPU.")
+    notes.forget_stopped(hub, "alice", "big")  # she starts it again
+    assert [s.user for s in notes.read(hub).stopped] == ["bob"]
+    notes.forget_stopped(tmp_path / "missing.json", "alice", "")  # nothing to forget

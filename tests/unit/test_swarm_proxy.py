@@ -103,6 +103,9 @@ def q(filters) -> str:
     ("GET", f"/v1.41/tasks?filters={q({'service': {'gpulab-user-alice': True}})}"),
     ("GET", "/v1.41/nodes"), ("GET", f"/v1.41/nodes?filters={q({'role': ['worker']})}"),
     ("GET", f"/v1.41/nodes/{NODE}"), ("GET", "/v1.41/nodes/gpu-server-2.lab"),
+    # docker-py's service_logs(tail=20): a server that failed to start, for its member
+    ("GET", "/v1.41/services/gpulab-user-alice/logs?details=False&follow=False&stdout=True"
+            "&stderr=True&since=0&timestamps=False&tail=20"),
 ])
 def test_the_swarm_calls_the_hub_makes_pass(method, target):
     body = json.dumps(legit()).encode() if method == "POST" else b""
@@ -114,7 +117,7 @@ def test_the_swarm_calls_the_hub_makes_pass(method, target):
 
 @pytest.mark.parametrize("method, target", [
     ("POST", "/v1.41/services/gpulab-user-alice/update?version=1"),
-    ("GET", "/v1.41/services/gpulab-user-alice/logs"), ("GET", "/v1.41/tasks/abc"),
+    ("GET", "/v1.41/tasks/abc"),
     ("GET", "/v1.41/tasks/abc/logs"), ("POST", f"/v1.41/nodes/{NODE}/update?version=1"),
     ("DELETE", f"/v1.41/nodes/{NODE}"), ("GET", "/v1.41/swarm"), ("POST", "/v1.41/swarm/init"),
     ("POST", "/v1.41/swarm/join"), ("POST", "/v1.41/swarm/leave"),
@@ -128,6 +131,12 @@ def test_the_swarm_calls_the_hub_makes_pass(method, target):
 def test_everything_else_is_refused(method, target):
     d = decide(method, target, swarm=True)
     assert not d.allowed and "not among the calls the hub needs" in d.reason
+
+
+def test_a_service_log_is_read_not_followed():
+    # A followed log would hold a proxy connection open for as long as the server runs.
+    d = decide("GET", "/v1.41/services/gpulab-user-alice/logs?stdout=1&follow=1", swarm=True)
+    assert not d.allowed and "follow='1' is not allowed" in d.reason
 
 
 @pytest.mark.parametrize("target", [

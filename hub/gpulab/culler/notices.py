@@ -83,6 +83,23 @@ def write(path: str | Path, notices: Notices) -> None:
         raise
 
 
+def record_stopped(path: str | Path, stopped: Stopped) -> None:
+    """Add a stop notice to the file at *path* (which only the caller writes), replacing
+    one for the same server and dropping those older than STOPPED_KEPT."""
+    kept = [s for s in read(path).stopped
+            if stopped.at - s.at < STOPPED_KEPT and (s.user, s.server) != (
+                stopped.user, stopped.server)]
+    write(path, Notices({}, [*kept, stopped]))
+
+
+def forget_stopped(path: str | Path, user: str, server: str) -> None:
+    """Drop the stop notice of *user*'s *server* (it is starting again), if any."""
+    current = read(path)
+    kept = [s for s in current.stopped if (s.user, s.server) != (user, server)]
+    if len(kept) != len(current.stopped):
+        write(path, Notices(current.warnings, kept))
+
+
 def keep_stopped(stopped: Iterable[Stopped], running: Mapping[tuple[str, str], float],
                  now: float) -> list[Stopped]:
     """Stop notices still worth showing: not older than STOPPED_KEPT, and not for a
@@ -124,13 +141,16 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
     return sorted(out, key=lambda n: n["at"])
 
 
-def home_page_notices(path: str | Path):
+def home_page_notices(*paths: str | Path):
     """``c.JupyterHub.template_vars["gpu_notices"]``: JupyterHub calls it with the user
-    who opens a page (None when nobody is signed in) and the template shows the list."""
+    who opens a page (None when nobody is signed in) and the template shows the list,
+    from every notices file in *paths* (the culler's; on a Swarm, the hub's own)."""
 
     def gpu_notices(user) -> list[dict[str, Any]]:
         if user is None:
             return []
-        return notices_for(read(path), user.name, time.time())
+        now = time.time()
+        return sorted((n for path in paths for n in notices_for(read(path), user.name, now)),
+                      key=lambda n: n["at"])
 
     return gpu_notices

@@ -1,0 +1,220 @@
+"""GpulabSwarmSpawner: a member's server as a Swarm service on the machine whose GPUs it
+leased (``hub.swarm: true``; README "Several GPU servers").
+
+Everything a member and an admin see stays :class:`~gpulab.spawner.GpulabSpawner`'s: the
+spawn form, user options validation, the lease taken before anything is created, the
+progress bar, the ready check, the messages. What changes is where the server runs:
+
+* the lease table (:func:`gpulab.leases.swarm_lease_book`) reads the GPUs from the
+  nodes' engine labels before every allocation (a machine that is down or drained gives
+  out nothing) and the leases from the services' labels, so a hub restart loses nothing;
+* the allocator picks the machine with the GPUs (a server with no GPU goes to the least
+  busy machine, :func:`~gpulab.swarm_services.node_for_cpu_server`);
+* the service is :func:`~gpulab.swarm_services.service_spec`, created as built, through
+  the Docker proxy in front of the manager (``gpulab-docker-proxy --swarm``), which
+  checks it as strictly as a container create;
+* whether the server runs is :func:`~gpulab.swarm_services.server_state`: a server whose
+  machine went down or was drained, or whose task ended, is reported stopped, with the
+  reason in the hub's log, and its service is removed, which releases its GPUs.
+
+The hub reaches the server at its task's address on ``spawn.network``, an attachable
+overlay network the hub and the proxy are attached to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import docker.errors
+from traitlets import Unicode
+
+from .contract import LABEL_MANAGED
+from .culler import notices
+from .leases import LeaseBook, swarm_lease_book
+from .settings import Settings
+from .spawner import GpulabSpawner, SpawnFailed, _http_error
+from .swarm_services import (
+    RUNNING,
+    STARTING,
+    node_for_cpu_server,
+    node_name,
+    server_state,
+    service_spec,
+    task_address,
+)
+
+
+class GpulabSwarmSpawner(GpulabSpawner):
+    object_type = "service"
+    object_id_key = "ID"
+
+    node_id = Unicode("", help="The Swarm node (ID) this server was placed on.")
+    notices_file = Unicode(
+        "",
+        config=True,
+        help="""Where the hub notes servers it found stopped (their machine went down,
+        was drained, or their task ended), for their members' home pages
+        (gpulab.culler.notices' format). Empty: the hub's log only.""",
+    )
+    ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task
+
+    @property
+    def lease_book(self) -> LeaseBook:
+        return swarm_lease_book()
+
+    @property
+    def internal_hostname(self):
+        return self.object_name
+
+    # ------------------------------------------------------------- the Swarm's view
+
+    async def _swarm_view(self) -> tuple[dict | None, list, list]:
+        """(this server's service or None, its tasks, every node)."""
+        try:
+            service = await self.docker("inspect_service", self.object_name)
+        except docker.errors.NotFound:
+            return None, [], []
+        tasks = await self.docker("tasks", filters={"service": service["ID"]})
+        nodes = await self.docker("nodes")
+        return service, tasks, nodes
+
+    async def _running_task(self) -> dict | None:
+        tasks = await self.docker("tasks", filters={"service": self.object_name,
+                                                    "desired-state": "running"})
+        return next((t for t in tasks if (t.get("Status") or {}).get("State") == RUNNING),
+                    None)
+
+    # ------------------------------------------------------------- start
+
+    async def start(self):
+        if self.notices_file:  # a notice of the last stop is news no more
+            notices.forget_stopped(self.notices_file, self.user.name, self.name)
+        return await super().start()
+
+    async def _check_host_objects(self, settings: Settings) -> None:
+        """Nothing to check here: the image and volumes are on the nodes, which the
+        manager cannot be asked about. A node without the image fails the task, and the
+        member reads why (``No such image``) from :meth:`start_object`."""
+
+    async def pull_image(self, image):
+        """Nothing: images are on the nodes (README: how images reach them), not on the
+        manager the hub talks to; a node without it fails the task, which says so."""
+
+    async def _lease(self, gpus_config) -> list:
+        gpus = await super()._lease(gpus_config)
+        if gpus:
+            self.node_id = gpus[0].node  # the allocator keeps a server on one machine
+            return gpus
+        nodes = await self.docker("nodes")
+        services = await self.docker("services", filters={"label": f"{LABEL_MANAGED}=true"})
+        self.node_id = node_for_cpu_server(nodes, services)
+        if not self.node_id:
+            self.lease_book.settle(self.user.name, self.name)
+            raise _http_error(503, "No machine of the lab is up to run your server; try "
+                                   "again later, or tell an admin.")
+        return gpus
+
+    async def get_object(self):
+        try:
+            return await self.docker("inspect_service", self.object_name)
+        except docker.errors.NotFound:
+            return None
+
+    async def create_object(self):
+        settings = self._lab_config[0]
+        spec = service_spec(settings, self.user.name, self.name, self.gpu_uuids,
+                            self.node_id, env=self.get_env(),
+                            command=await self.get_command())
+        return await self.docker(
+            "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],
+            mode=spec["Mode"], endpoint_spec=spec["EndpointSpec"])
+
+    async def start_object(self):
+        """Wait until the service's task runs on its machine; a task that ends first
+        fails the spawn with the Swarm's reason and the end of the server's log."""
+        said_waiting = False
+        while True:
+            service, tasks, nodes = await self._swarm_view()
+            if service is None:
+                raise SpawnFailed("Your server's service disappeared while starting "
+                                  "(removed from outside the hub). Start it again.")
+            state = server_state(service, tasks, nodes)
+            if state.state == RUNNING:
+                return
+            if state.state != STARTING:
+                log_tail = await self._log_tail()
+                await self.remove_object()
+                raise SpawnFailed(f"Your server could not start: {state.reason}. "
+                                  f"Last lines of its log:\n{log_tail}")
+            if not said_waiting:
+                where = next((node_name(n) for n in nodes if n.get("ID") == self.node_id),
+                             self.node_id)
+                self._report(40, f"Starting your server on {where}")
+                said_waiting = True
+            await asyncio.sleep(self.ready_poll_interval_swarm)
+
+    async def get_ip_and_port(self):
+        task = await self._running_task()
+        address = task_address(task or {}, self.network_name)
+        if not address:
+            raise SpawnFailed(f"Your server runs but has no address on the network "
+                              f"{self.network_name}; tell an admin (spawn.network must be "
+                              f"an attachable overlay network the hub is on).")
+        return address, self.port
+
+    async def _ended(self) -> str | None:
+        service, tasks, nodes = await self._swarm_view()
+        if service is None:
+            raise SpawnFailed("Your server's service disappeared while starting "
+                              "(removed from outside the hub). Start it again.")
+        state = server_state(service, tasks, nodes)
+        return None if state.state in (RUNNING, STARTING) else state.reason
+
+    # ------------------------------------------------------------- running, stopping
+
+    async def poll(self):
+        """None while the server runs (or starts); else why it stopped. A stopped
+        server's service is removed here, which releases its GPUs: JupyterHub calls
+        stop() only for servers it believes run."""
+        service, tasks, nodes = await self._swarm_view()
+        if service is None:
+            return 0
+        state = server_state(service, tasks, nodes)
+        if state.state in (RUNNING, STARTING):
+            return None
+        self.log.warning("%s stopped: %s; removing its service, which releases its GPUs",
+                         self._log_name, state.reason)
+        if self.notices_file:
+            notices.record_stopped(self.notices_file, notices.Stopped(
+                self.user.name, self.name, time.time(), "machine", state.reason))
+        await self.remove_object()
+        self.lease_book.settle(self.user.name, self.name)
+        return state.reason
+
+    async def stop_object(self):
+        """A service has no stop: :meth:`remove_object` removes it (``remove`` is on)."""
+
+    async def remove_object(self):
+        try:
+            await self.docker("remove_service", self.object_name)
+        except docker.errors.NotFound:
+            pass
+
+    async def _remove_leftover(self) -> None:
+        try:
+            await self.remove_object()
+            self.log.info("Removed %s left by a start that was given up", self.object_name)
+        except docker.errors.APIError as e:
+            self.log.warning("Could not remove %s after a given-up start: %s",
+                             self.object_name, e)
+
+    async def _log_tail(self, lines: int = 20) -> str:
+        def read() -> bytes:
+            return b"".join(self.client.service_logs(
+                self.object_name, stdout=True, stderr=True, tail=lines, is_tty=False))
+        try:
+            out = await asyncio.wait_for(asyncio.to_thread(read), 10)
+        except Exception as e:  # the service or its machine may already be gone
+            return f"(log unavailable: {e or type(e).__name__})"
+        return out.decode("utf-8", "replace").strip()
