@@ -62,3 +62,20 @@ def close(a, b, tol=1e-4):
     if isinstance(a, list):
         return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b, strict=True))
     return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+def check_result(result: dict, device: str) -> None:
+    """Assert that *result* (the cell's printed JSON) has the walkthroughs' exact
+    gradients, computed on *device* ("cpu" or "cuda")."""
+    assert result["device"] == device, result
+    assert result["linear"]["grad_device"].startswith(device)
+    assert result["linear"]["loss"] == 4.0
+    assert (result["linear"]["w"], result["linear"]["x"], result["linear"]["b"]) == (12.0, 8.0, 4.0)
+    assert result["minimum"] == 0.0
+    assert result["cubic"] == {"first": [12.0, 3.0], "second": [12.0, -6.0]}
+    chain = result["chain"]
+    assert [chain[n]["shape"] for n in ("X", "W", "B")] == [[4, 3], [3, 2], [2]]
+    dX, dW, dB = chain_grads(chain["X"]["value"], chain["W"]["value"], chain["B"]["value"])
+    assert close(chain["X"]["grad"], dX)
+    assert close(chain["W"]["grad"], dW)
+    assert close(chain["B"]["grad"], dB)

@@ -93,9 +93,10 @@ def session_cookies(page) -> set[str]:
     return {c["name"] for c in page.context.cookies()} & SESSION_COOKIES
 
 
-def submit_login(page, username: str, token: str, next_url: str | None = None):
+def submit_login(page, username: str, token: str, next_url: str | None = None,
+                 hub_url: str = HUB_URL):
     """Open the login page, fill the form like a person would, submit; the response."""
-    url = f"{HUB_URL}/hub/login"
+    url = f"{hub_url}/hub/login"
     if next_url is not None:
         url += "?" + requests.compat.urlencode({"next": next_url})
     page.goto(url)

@@ -1,0 +1,300 @@
+"""A real JupyterHub on a real (simulated) Swarm: gpulab's multi-node mode end to end.
+
+The manager runs the stack's hub, its proxy and the Docker proxy (``--swarm``) as
+containers of gpulab/hub, as README "Several GPU servers" sets them up: the hub and the
+proxy on the attachable overlay network ``gpulab``, the Docker proxy on a bridge of its
+own that only the hub shares, the manager's Docker socket mounted into the Docker proxy
+only. Two workers have two fake GPUs each (engine label ``gpulab.gpus``) and the stand-in
+NVIDIA runtime as their default runtime, which records the GPUs each container was given.
+Members reach the hub through the proxy's published port, from this machine's loopback
+(:class:`tests.swarm.forward.Forward`), with their login tokens.
+
+The tests run in order on one cluster, as a lab's week does: members spread over the
+machines, one too many is refused, autograd runs on a worker, the hub restarts, a
+machine dies.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.swarm.forward import Forward
+
+from .autograd_cell import AUTOGRAD_CELL, check_result
+from .browser import submit_login
+from .stack import Hub, LabUser, StackError, wait_for
+
+pytestmark = pytest.mark.integration
+
+SWARM_NODES = 3  # a manager without GPUs, two GPU servers
+SWARM_IMAGES = ("gpulab/hub:latest", "gpulab/singleuser:latest")
+# Fixed addresses outside the range the Swarm hands out: each node's load-balancer
+# endpoint on an overlay takes the next free address (.2 on the first node), and a
+# container asking for a taken one fails to start after 20 s ("attaching to network
+# failed ... context deadline exceeded").
+SUBNET, IP_RANGE = "10.213.0.0/24", "10.213.0.0/25"
+HUB_IP, PROXY_IP = "10.213.0.250", "10.213.0.251"
+MANAGED = "org.gpulab.managed"
+
+SETTINGS = """\
+hub:
+  admins: [admin]
+  swarm: true
+  idle_timeout: 0
+spawn:
+  image: gpulab/singleuser:latest
+  network: gpulab
+  datasets_volume: ""
+  mem_limit: 1g
+  cpu_limit: 1
+  shm_size: 64m
+  start_timeout: 2m
+"""
+GPUS = "inventory: auto\ndefaults: {gpus: 1, max_gpus: 2}\n"
+# The stack's own config, and a poll every 3 s instead of 30 so that a dead machine's
+# servers are seen stopped within the test's patience.
+HUB_CONFIG = """\
+from gpulab.hubconfig import configure
+
+configure(c)  # noqa: F821
+c.Spawner.poll_interval = 3  # noqa: F821
+"""
+
+
+class SwarmLab:
+    """The hub's stack on the manager, and what the tests ask of it."""
+
+    def __init__(self, swarm, root):
+        self.swarm, self.root = swarm, root
+        self.manager = swarm.manager
+        self.api_token = secrets.token_hex(32)
+        self.forward: Forward | None = None
+        self.hub: Hub | None = None
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        return self.swarm.docker(self.manager, *args, check=check, timeout=timeout)
+
+    # ------------------------------------------------------------- the stack
+
+    def start(self) -> None:
+        config, secret_dir = self.root / "config", self.root / "secrets"
+        config.mkdir()
+        secret_dir.mkdir()
+        (config / "gpulab.yaml").write_text(SETTINGS)
+        (config / "gpus.yaml").write_text(GPUS)
+        (self.root / "jupyterhub_config.py").write_text(HUB_CONFIG)
+        for name, value in (("api-token", self.api_token),
+                            ("metrics-token", secrets.token_hex(32)),
+                            ("proxy-token", secrets.token_hex(32))):
+            (secret_dir / name).write_text(value + "\n")
+        hardened = ["--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                    "--read-only", "--tmpfs", "/tmp"]
+        self.docker("network", "create", "--driver", "overlay", "--attachable",
+                    "--subnet", SUBNET, "--ip-range", IP_RANGE, "gpulab")
+        self.docker("network", "create", "--internal", "gpulab-docker")
+        self.docker("run", "-d", "--name", "gpulab-docker-proxy", *hardened,
+                    "--network", "gpulab-docker", "--network-alias", "docker-proxy",
+                    "-v", f"{self.manager.paths.socket}:/run/docker.sock:ro",
+                    "-v", f"{config}:/srv/gpulab/config:ro",
+                    "gpulab/hub:latest", "gpulab-docker-proxy", "--swarm",
+                    "--listen", "0.0.0.0:2375", "--docker-socket", "/run/docker.sock",
+                    "--settings", "/srv/gpulab/config/gpulab.yaml")
+        self.docker("run", "-d", "--name", "gpulab-proxy", *hardened, "--user", "65534",
+                    "--network", "gpulab", "--ip", PROXY_IP, "-p", "8000:8000",
+                    "-v", f"{secret_dir}/proxy-token:/run/secrets/proxy-token:ro",
+                    "--entrypoint", "sh", "gpulab/hub:latest", "-c",
+                    "CONFIGPROXY_AUTH_TOKEN=$(cat /run/secrets/proxy-token) exec "
+                    "configurable-http-proxy --ip 0.0.0.0 --port 8000 --api-ip 0.0.0.0 "
+                    f"--api-port 8001 --default-target http://{HUB_IP}:8081 "
+                    f"--error-target http://{HUB_IP}:8081/hub/error")
+        self.docker("create", "--name", "gpulab-hub", *hardened,
+                    "--network", "gpulab", "--ip", HUB_IP,
+                    "-v", "gpulab-hub-data:/srv/jupyterhub",
+                    "-v", f"{config}:/srv/gpulab/config:ro",
+                    "-v", f"{secret_dir}:/srv/gpulab/secrets:ro",
+                    "-v", f"{self.root}/jupyterhub_config.py:/srv/gpulab/jupyterhub_config.py:ro",
+                    "-e", "DOCKER_HOST=tcp://docker-proxy:2375",
+                    "-e", f"GPULAB_HUB_ADDRESS={HUB_IP}",
+                    "-e", f"GPULAB_PROXY_API_URL=http://{PROXY_IP}:8001",
+                    "-e", f"GPULAB_PROXY_IP={PROXY_IP}",
+                    "-e", "GPULAB_CONFIG_DIR=/srv/gpulab/config",
+                    "gpulab/hub:latest")
+        self.docker("network", "connect", "gpulab-docker", "gpulab-hub")
+        self.docker("start", "gpulab-hub")
+        self.forward = Forward(self.manager.plan.netns, (self.manager.address, 8000))
+        self.hub = Hub(self.forward.url, token=self.api_token)
+        self.wait_hub()
+
+    def wait_hub(self, timeout: float = 90) -> None:
+        def up():
+            state = self.docker("inspect", "-f", "{{.State.Status}}", "gpulab-hub").strip()
+            if state != "running":
+                raise StackError(f"the hub is {state}:\n{self.logs('gpulab-hub')}")
+            return self.hub.is_up()
+        wait_for(up, timeout, interval=0.5, what="the hub on the manager to answer")
+
+    def logs(self, container: str, tail: int = 60) -> str:
+        out = subprocess.run(["docker", "-H", self.manager.host, "logs", "--tail", str(tail),
+                              container], capture_output=True, text=True, timeout=30)
+        return out.stdout + out.stderr
+
+    def close(self) -> None:
+        if self.forward:
+            self.forward.close()
+        print("\n----- the hub's log (last lines) -----\n" + self.logs("gpulab-hub", 80))
+        print("----- the Docker proxy's log -----\n" + self.logs("gpulab-docker-proxy", 30))
+
+    # ------------------------------------------------------------- the Swarm's view
+
+    def services(self) -> list[dict]:
+        out = self.docker("service", "ls", "-q", "--filter", f"label={MANAGED}=true")
+        ids = out.split()
+        return json.loads(self.docker("service", "inspect", *ids)) if ids else []
+
+    def placement(self) -> dict[str, tuple[str, str]]:
+        """member -> (node hostname, GPU UUIDs) from the services' labels."""
+        names = {n["ID"]: n["Description"]["Hostname"] for n in json.loads(
+            self.docker("node", "inspect", *self.docker("node", "ls", "-q").split()))}
+        return {s["Spec"]["Labels"]["org.gpulab.user"]:
+                (names.get(s["Spec"]["Labels"]["org.gpulab.node"], "?"),
+                 s["Spec"]["Labels"]["org.gpulab.gpus"]) for s in self.services()}
+
+    def gpus_given(self, node) -> dict[str, str]:
+        """container ID -> NVIDIA_VISIBLE_DEVICES, as the stand-in runtime on *node* saw
+        them (the last record of each container)."""
+        return {r["id"]: r["NVIDIA_VISIBLE_DEVICES"] for r in self.swarm.runtime_records(node)}
+
+
+@pytest.fixture(scope="module")
+def lab(swarm, tmp_path_factory):
+    lab = SwarmLab(swarm, tmp_path_factory.mktemp("swarm-hub"))
+    try:
+        lab.start()
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture(scope="module")
+def members(lab):
+    """Four members, created through the hub's REST API as gpulab's CLI does."""
+    return [lab.hub.create_user(prefix=f"m{i}") for i in range(4)]
+
+
+def spawn(user: LabUser, options: dict) -> requests.Response:
+    return requests.post(f"{user.hub.api}/users/{user.name}/server", json=options,
+                         headers=user._headers(), timeout=180)
+
+
+def wait_ready(user: LabUser, timeout: float = 150) -> None:
+    wait_for(lambda: (user.hub.server_model(user.name) or {}).get("ready"), timeout,
+             interval=0.2, what=f"{user.name}'s server to be ready")
+
+
+# ---------------------------------------------------------------- tests, in order
+
+
+def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
+    started = []
+    for user in members:
+        t0 = time.monotonic()
+        r = spawn(user, {"gpus": 1})
+        assert r.status_code in (201, 202), r.text
+        wait_ready(user)
+        started.append(time.monotonic() - t0)
+    print(f"spawn to ready on a worker, one at a time: "
+          f"{', '.join(f'{s:.1f}' for s in started)} s")
+    placed = lab.placement()
+    print(f"placement: {placed}")
+    assert set(placed) == {u.name for u in members}
+    workers = {w.hostname: w for w in lab.swarm.workers}
+    pairs = [(node, gpu) for node, gpu in placed.values()]
+    assert len(set(pairs)) == 4, pairs  # no GPU twice
+    assert all(node in workers and gpu in workers[node].gpus for node, gpu in pairs), pairs
+    # Spread: the first two members landed on different machines.
+    assert placed[members[0].name][0] != placed[members[1].name][0]
+    # Each container got exactly its leased GPU from the node's runtime.
+    given = {}
+    for worker in lab.swarm.workers:
+        given.update(lab.gpus_given(worker))
+    for s in lab.services():
+        ids = lab.docker("service", "ps", "-q", "--no-trunc", "--filter",
+                         "desired-state=running", s["ID"]).split()
+        [task] = json.loads(lab.docker("inspect", *ids))
+        container = task["Status"]["ContainerStatus"]["ContainerID"]
+        assert given.get(container) == s["Spec"]["Labels"]["org.gpulab.gpus"], (given, s)
+
+
+def test_one_more_than_the_cluster_holds_is_refused(lab):
+    late = lab.hub.create_user(prefix="late")
+    r = spawn(late, {"gpus": 1})
+    assert r.status_code == 409, (r.status_code, r.text)
+    assert "GPU" in r.json()["message"], r.text
+    assert late.name not in lab.placement()
+
+
+def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members):
+    user = members[0]
+    node, _ = lab.placement()[user.name]
+    assert node in {w.hostname for w in lab.swarm.workers}
+    result = json.loads(user.run_code(AUTOGRAD_CELL).strip().splitlines()[-1])
+    print(f"autograd on {node}: {result['device']}, torch {result['torch']}")
+    check_result(result, "cpu")  # the fake GPUs carry no CUDA device
+
+
+def test_a_hub_restart_keeps_every_lease(lab, members):
+    before = lab.placement()
+    lab.docker("kill", "gpulab-hub")  # SIGKILL: no clean shutdown
+    lab.docker("start", "gpulab-hub")
+    lab.wait_hub()
+    assert lab.placement() == before
+    for user in members:
+        assert (lab.hub.server_model(user.name) or {}).get("ready"), user.name
+        r = user.api("GET", "/status")
+        assert r.status_code == 200, (user.name, r.status_code, r.text[:200])
+    late = lab.hub.create_user(prefix="late")
+    r = spawn(late, {"gpus": 1})
+    assert r.status_code == 409, (r.status_code, r.text)  # nothing was double-booked
+
+
+def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, new_page):
+    placed = lab.placement()
+    victim = lab.swarm.workers[0]
+    on_victim = [u for u in members if placed[u.name][0] == victim.hostname]
+    elsewhere = [u for u in members if placed[u.name][0] != victim.hostname]
+    assert on_victim and elsewhere, placed
+    lab.swarm.stop_engine(victim, crash=True)
+    lab.swarm.wait_state(victim, "Down", 30)
+    # Its servers are reported stopped and their services removed (leases released).
+    for user in on_victim:
+        wait_for(lambda u=user: lab.hub.server_model(u.name) is None, 60, interval=0.5,
+                 what=f"{user.name}'s server on the dead machine to be reported stopped")
+    wait_for(lambda: set(lab.placement()) == {u.name for u in elsewhere}, 30,
+             what="the dead machine's services to be removed")
+    for user in elsewhere:
+        assert (lab.hub.server_model(user.name) or {}).get("ready"), user.name
+    # Coming back, the member reads why on the hub's home page, in her browser.
+    page = new_page()
+    submit_login(page, on_victim[0].name, on_victim[0].token, next_url="/hub/home",
+                 hub_url=lab.forward.url)
+    notice = page.locator("#gpu-notices .gpu-notice[data-kind=stopped]")
+    assert notice.inner_text().startswith(
+        f"Your server was stopped: the machine it ran on ({victim.hostname}) is down."), (
+        notice.inner_text())
+    # The other machine is full and the dead one gives nothing: refused, not placed there.
+    back = on_victim[0]
+    r = spawn(back, {"gpus": 1})
+    assert r.status_code == 409, (r.status_code, r.text)
+    # A member on the live machine stops; the next spawn lands there, on that GPU.
+    freed = lab.placement()[elsewhere[0].name]
+    elsewhere[0].stop_server()
+    r = spawn(back, {"gpus": 1})
+    assert r.status_code in (201, 202), r.text
+    wait_ready(back)
+    assert lab.placement()[back.name] == freed
