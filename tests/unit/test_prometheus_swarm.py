@@ -1,0 +1,70 @@
+"""Every GPU series carries its node: a static `node` label on the single-host config, and
+on a Swarm (prometheus.swarm.yml) the nodes found through the manager's Docker API, each
+scraped at <address>:9445 and labelled with its hostname. The swarm config keeps
+everything else of prometheus.yml (rules, Alertmanager, the hub's scrape), and the real
+promtool accepts it. tests/integration/test_monitoring_nodes.py runs it in a real
+Prometheus against a Docker API that lists nodes."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROM = Path(__file__).resolve().parents[2] / "monitoring" / "prometheus"
+PROMTOOL = shutil.which("promtool")
+TOKEN = "/etc/prometheus/secrets/metrics-token"
+
+
+def load(name):
+    return yaml.safe_load((PROM / name).read_text())
+
+
+def jobs(config):
+    return {j["job_name"]: j for j in config["scrape_configs"]}
+
+
+def test_single_host_exporter_carries_a_static_node():
+    exporter = jobs(load("prometheus.yml"))["gpulab-exporter"]
+    assert exporter["static_configs"] == [{"targets": ["exporter:9445"],
+                                           "labels": {"node": "local"}}]
+
+
+def test_swarm_config_differs_only_in_how_exporters_are_found():
+    single, swarm = load("prometheus.yml"), load("prometheus.swarm.yml")
+    assert {k: v for k, v in swarm.items() if k != "scrape_configs"} == \
+        {k: v for k, v in single.items() if k != "scrape_configs"}
+    assert jobs(swarm)["gpulab-hub"] == jobs(single)["gpulab-hub"]
+    assert set(jobs(swarm)) == set(jobs(single)) == {"gpulab-exporter", "gpulab-hub"}
+
+
+def test_swarm_exporter_job_discovers_ready_nodes_through_the_read_only_proxy():
+    job = jobs(load("prometheus.swarm.yml"))["gpulab-exporter"]
+    assert "static_configs" not in job
+    [sd] = job["dockerswarm_sd_configs"]
+    assert (sd["host"], sd["role"], sd["port"]) == ("tcp://docker-proxy-ro:2375", "nodes", 9445)
+    rules = [(r.get("source_labels"), r.get("regex"), r.get("action", "replace"),
+              r.get("target_label"), r.get("replacement")) for r in job["relabel_configs"]]
+    assert rules == [
+        (["__meta_dockerswarm_node_status"], "ready", "keep", None, None),
+        (["__meta_dockerswarm_node_availability"], "drain", "drop", None, None),
+        (["__meta_dockerswarm_node_label_gpulab_exporter"], "false", "drop", None, None),
+        (["__meta_dockerswarm_node_address"], None, "replace", "__address__", "$1:9445"),
+        (["__meta_dockerswarm_node_hostname"], None, "replace", "node", None),
+    ]
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install "
+                                             "--no-install-recommends prometheus)")
+def test_swarm_config_is_valid(tmp_path):
+    for name in ("prometheus.swarm.yml", "alerts.yml", "usage.yml"):
+        shutil.copy(PROM / name, tmp_path / name)
+    (tmp_path / "metrics-token").write_text("test-token\n")
+    config = tmp_path / "prometheus.swarm.yml"
+    text = config.read_text()
+    assert TOKEN in text
+    config.write_text(text.replace(TOKEN, str(tmp_path / "metrics-token")))
+    p = subprocess.run([PROMTOOL, "check", "config", config.name], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "SUCCESS" in p.stdout + p.stderr, p.stdout + p.stderr
