@@ -77,8 +77,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "%(default)s)")
     p.add_argument("--exporter-url", default=env.get("GPULAB_EXPORTER_URL")
                    or DEFAULT_EXPORTER_URL, metavar="URL",
-                   help="gpulab-exporter, primary source (env GPULAB_EXPORTER_URL; "
-                        "default: %(default)s)")
+                   help="gpulab-exporter, primary source; 'none' to read the table from "
+                        "Prometheus only, as on a Swarm of several GPU nodes, where one "
+                        "exporter sees one node (env GPULAB_EXPORTER_URL; default: "
+                        "%(default)s)")
     p.add_argument("--prometheus-url", default=env.get("GPULAB_PROMETHEUS_URL")
                    or DEFAULT_PROMETHEUS_URL, metavar="URL",
                    help="Prometheus: the GPUs' history, the usage page, and the table's data "
@@ -109,7 +111,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
 
 
 async def serve(args: argparse.Namespace) -> None:
-    sources = [ExporterSource(args.exporter_url, timeout=args.timeout)]
+    sources: list[ExporterSource | PrometheusSource] = []
+    if args.exporter_url.lower() != "none":
+        sources.append(ExporterSource(args.exporter_url, timeout=args.timeout))
     if args.prometheus_url.lower() != "none":
         sources.append(PrometheusSource(args.prometheus_url, timeout=args.timeout))
     hub_auth = HubOAuth.instance()
@@ -152,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.refresh_seconds < 1:
         raise SystemExit("--refresh-seconds must be at least 1")
+    if args.exporter_url.lower() == args.prometheus_url.lower() == "none":
+        raise SystemExit("--exporter-url and --prometheus-url are both 'none': the table "
+                         "would have no data source")
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(args))

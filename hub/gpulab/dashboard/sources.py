@@ -3,7 +3,10 @@
 Primary: the exporter's ``/api/gpus`` (the full snapshot: processes, leases, errors).
 Beside it: Alertmanager's active alerts (``alerts`` in the snapshot), when configured.
 Fallback: Prometheus' HTTP API, querying the ``gpulab_*`` series the exporter exports
-(last scraped values; no per-process memory). Each source is a :class:`Source` with
+(last scraped values; no per-process memory). On a Swarm of several GPU machines
+Prometheus is the one source that sees every node's exporter (each series carries its
+``node`` label: monitoring/prometheus/prometheus.swarm.yml), so the dashboard runs with
+``--exporter-url none`` there. Each source is a :class:`Source` with
 one ``fetch()``; :func:`read_first` tries them in order and always returns a snapshot
 dict, with ``source`` (who answered, None if nobody did) and ``unreachable`` (who did
 not, and why). A failing source never raises out of here: the page says what is down.
@@ -33,8 +36,9 @@ DEFAULT_PROMETHEUS_URL = "http://prometheus:9090"
 DEFAULT_ALERTMANAGER_URL = "http://alertmanager:9093"
 DEFAULT_TIMEOUT = 3.0
 
-# Everything the exporter exports, in one instant query.
-PROMETHEUS_SERIES = '{__name__=~"gpulab_(gpu|exporter)_.+"}'
+# Everything the exporters export, in one instant query, and whether Prometheus reaches
+# each of them (on a Swarm, a node whose exporter is down still has its `up`).
+PROMETHEUS_SERIES = '{__name__=~"gpulab_(gpu|exporter)_.+"} or up{job="gpulab-exporter"}'
 # When Prometheus last scraped the exporter (sample time, not evaluation time).
 PROMETHEUS_SCRAPED = "max(timestamp(gpulab_exporter_nvml_up))"
 
@@ -226,34 +230,48 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
     """Instant-vector samples (``{"metric": {labels}, "value": [t, "v"]}``) of the
     ``gpulab_*`` metrics -> the exporter's ``/api/gpus`` shape. Processes are listed
     only where ``gpulab_gpu_process_info`` is exported (opt-in), without memory; a
-    GPU's per-user memory comes from ``gpulab_gpu_user_memory_used_bytes``."""
+    GPU's per-user memory comes from ``gpulab_gpu_user_memory_used_bytes``.
+
+    Series with a ``node`` label (Prometheus' target label: one per machine) give their
+    GPUs a ``node`` too, and GPUs are told apart by node as well as index and UUID (every
+    machine has a GPU 0). With several nodes, ``nvml_up`` is true only when NVML answers
+    on all of them, and ``nodes_down`` lists each exporter Prometheus does not reach
+    (``up`` 0: {"node", "instance"}), whose GPUs are then missing."""
     snap: dict[str, Any] = {"timestamp": timestamp, "nvml_up": None, "nvml_error": None,
                             "driver_version": None, "fake": False, "docker_up": None,
                             "gpus": []}
-    gpus: dict[tuple[str, str], dict[str, Any]] = {}
+    gpus: dict[tuple[str | None, str, str], dict[str, Any]] = {}
+    nvml: dict[str | None, bool] = {}  # node -> NVML answers there
+    drivers: set[str] = set()
+    down: list[dict[str, str]] = []
 
     def gpu(labels: dict[str, str]) -> dict[str, Any]:
-        key = (labels.get("gpu", ""), labels.get("uuid", ""))
+        key = (labels.get("node"), labels.get("gpu", ""), labels.get("uuid", ""))
         if key not in gpus:
-            index = int(key[0]) if key[0].isdigit() else None
-            gpus[key] = {"index": index, "uuid": key[1], "model": None, "up": True,
+            index = int(key[1]) if key[1].isdigit() else None
+            gpus[key] = {"index": index, "uuid": key[2], "model": None, "up": True,
                          "error": None, "leases": [], "processes": None,
                          "user_memory_bytes": None}
+            if key[0] is not None:
+                gpus[key]["node"] = key[0]
         return gpus[key]
 
     for sample in series:
         labels = dict(sample.get("metric") or {})
         name = labels.pop("__name__", "")
         value = _float((sample.get("value") or [None, None])[1])
-        if name == "gpulab_exporter_nvml_up":
-            snap["nvml_up"] = value == 1.0
+        if name == "up":
             if value == 0.0:
-                snap["nvml_error"] = "gpulab_exporter_nvml_up is 0 (see the exporter's log)"
+                down.append({"node": labels.get("node") or labels.get("instance", ""),
+                             "instance": labels.get("instance", "")})
+        elif name == "gpulab_exporter_nvml_up":
+            nvml[labels.get("node")] = value == 1.0
         elif name == "gpulab_exporter_docker_up":
-            snap["docker_up"] = value == 1.0
+            snap["docker_up"] = value == 1.0 and snap["docker_up"] is not False
         elif name == "gpulab_exporter_info":
-            snap["driver_version"] = labels.get("driver") or None
-            snap["fake"] = labels.get("backend") == "fake"
+            if labels.get("driver"):
+                drivers.add(labels["driver"])
+            snap["fake"] = snap["fake"] or labels.get("backend") == "fake"
         elif name == "gpulab_gpu_up":
             g = gpu(labels)
             g["up"] = value != 0.0
@@ -281,7 +299,17 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
                 "user": labels.get("user") or None, "server": None}]
     for g in gpus.values():
         g["leases"].sort(key=lambda le: (le["user"], le["server"]))
-    snap["gpus"] = sorted(gpus.values(), key=lambda g: (g["index"] is None, g["index"] or 0))
+    snap["gpus"] = sorted(gpus.values(), key=lambda g: (g.get("node") or "", g["index"] is None,
+                                                        g["index"] or 0))
+    if nvml:
+        snap["nvml_up"] = all(nvml.values())
+        silent = sorted(node or "" for node, up in nvml.items() if not up)
+        if silent:
+            where = f" on {', '.join(silent)}" if any(silent) else ""
+            snap["nvml_error"] = f"gpulab_exporter_nvml_up is 0{where} (see the exporter's log)"
+    snap["driver_version"] = ", ".join(sorted(drivers)) or None
+    if down:
+        snap["nodes_down"] = sorted(down, key=lambda d: (d["node"], d["instance"]))
     return snap
 
 

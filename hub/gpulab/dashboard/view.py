@@ -7,6 +7,12 @@ sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did
 ``cull_warnings`` (the GPU culler's standing warnings: {"user", "server", "stop_at",
 "message"} each), shown beside the lease they will end.
 
+Several machines (a Swarm's GPU nodes, read through Prometheus): each GPU carries its
+``node``, and ``nodes_down`` lists the exporters Prometheus does not reach. When the data
+names more than one node, the rows are grouped by node, ``nodes`` holds per-node totals
+and the table gets a Node column; with one node, or none named, ``nodes`` is None and the
+page is the single-machine page it always was (:func:`show_nodes`, :func:`node_totals`).
+
 Every optional field may be missing or None (NVML NotSupported, a lost GPU, Prometheus
 without the series): the row then shows "N/A" there, never 0. The model is plain JSON
 types, so the page's script re-renders it exactly as the server template did.
@@ -14,6 +20,7 @@ types, so the page's script re-renders it exactly as the server template did.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +45,10 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
              for w in snapshot.get("cull_warnings") or ()}
     gpus = [gpu_row(g, now=now, idle_below=idle_below, culls=culls)
             for g in snapshot.get("gpus") or ()]
-    gpus.sort(key=lambda r: (r["index"] is None, r["index"] if r["index"] is not None else 0))
+    gpus.sort(key=lambda r: (r["node"] or "", r["index"] is None,
+                             r["index"] if r["index"] is not None else 0))
+    down = [{"node": str(d.get("node") or ""), "instance": str(d.get("instance") or "")}
+            for d in snapshot.get("nodes_down") or ()]
 
     banners: list[str] = []
     if unreachable:
@@ -52,6 +62,9 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
     if source and nvml_up is False:
         banners.append("NVML is not answering on the exporter: "
                        f"{snapshot.get('nvml_error') or 'no reason given'}.")
+    for d in down:
+        banners.append(f"The exporter on node {d['node'] or '?'} ({d['instance']}) is not "
+                       "answering Prometheus: that node's GPUs are missing from the table.")
     if snapshot.get("docker_up") is False:
         banners.append("The exporter cannot list containers: users and lease holders may be "
                        "out of date.")
@@ -80,6 +93,7 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
         "message": message,
         "driver_version": snapshot.get("driver_version"),
         "summary": summarize(gpus),
+        "nodes": node_totals(gpus, down) if show_nodes(gpus, down) else None,
         "gpus": gpus,
     }
 
@@ -101,6 +115,7 @@ def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
     processes = gpu.get("processes")
     allocated = bool(holders)
     return {
+        "node": gpu.get("node") or None,
         "index": gpu.get("index"),
         "uuid": gpu.get("uuid") or "",
         "model": gpu.get("model") or "unknown model",
@@ -135,6 +150,56 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             f"{idle} idle but allocated, {lost} lost")
     return {"gpus": n, "allocated": allocated, "idle_allocated": idle, "lost": lost,
             "text": line}
+
+
+def show_nodes(rows: Sequence[dict[str, Any]], down: Sequence[dict[str, Any]] = ()) -> bool:
+    """Whether the page needs a Node column and per-node totals: the rows (and the nodes
+    whose exporter is down) name more than one node. A GPU without a node counts as a
+    node of its own (shown as "?") only beside named ones."""
+    return len({r.get("node") or None for r in rows} | {d.get("node") or None
+                                                        for d in down}) > 1
+
+
+def node_totals(rows: Sequence[dict[str, Any]],
+                down: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Per node, in node order: its GPUs, GPUs held (leased), lost GPUs, memory used and
+    total over the GPUs that report both, and mean utilization over those that report it
+    (a lost GPU reports neither; all unknown is "N/A", never 0). A node whose exporter is
+    down (*down*: {"node", "instance"}) has no GPUs and ``exporter_up`` False."""
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_node.setdefault(r.get("node") or "", []).append(r)
+    dead = {d.get("node") or "" for d in down}
+    out = []
+    for node in sorted(set(by_node) | dead):
+        mine = by_node.get(node, [])
+        both = [r for r in mine if r["memory_used_bytes"] is not None
+                and r["memory_total_bytes"] is not None]
+        used = sum(r["memory_used_bytes"] for r in both) if both else None
+        total = sum(r["memory_total_bytes"] for r in both) if both else None
+        utils = [r["utilization_percent"] for r in mine if r["utilization_percent"] is not None]
+        util = sum(utils) / len(utils) if utils else None
+        up = node not in dead or bool(mine)
+        n, held = len(mine), sum(1 for r in mine if r["allocated"])
+        lost = sum(1 for r in mine if r["state"] == "lost")
+        out.append({
+            "node": node or None,
+            "node_text": node or "?",
+            "exporter_up": up,
+            "state_text": "OK" if up else "EXPORTER DOWN",
+            "gpus": n,
+            "held": held,
+            "lost": lost,
+            "memory_used_bytes": used,
+            "memory_total_bytes": total,
+            "memory_text": _memory_text(used, total),
+            "memory_bar": _bar(used / total if used is not None and total else None),
+            "utilization_percent": None if util is None else round(util),
+            "utilization_text": NA if util is None else f"{round(util)}%",
+            "utilization_bar": _bar(None if util is None else util / 100),
+            "text": f"{n} GPU{'' if n == 1 else 's'}, {held} held, {lost} lost",
+        })
+    return out
 
 
 def format_bytes(n: float | None) -> str:

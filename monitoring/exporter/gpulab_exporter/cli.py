@@ -19,6 +19,14 @@ log = logging.getLogger("gpulab_exporter")
 FAKE_CONTROL = "/dev/shm/gpulab-fake-nvml.json"
 
 
+def _uuid_list(text: str) -> tuple[str, ...]:
+    uuids = tuple(u.strip() for u in text.split(","))
+    if not all(uuids):
+        raise argparse.ArgumentTypeError(f"expected UUID,UUID,... without empty ones, got "
+                                         f"{text!r}")
+    return uuids
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpulab-exporter",
@@ -45,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                    help="simulate N GPUs instead of NVML, for demos and CPU-only stacks "
                         "(reported as backend=\"fake\" in gpulab_exporter_info)")
+    p.add_argument("--fake-uuids", type=_uuid_list, default=(), metavar="UUID,...",
+                   help="with --fake-gpus N: the N fake GPUs' UUIDs, comma-separated "
+                        "(default: GPU-fa4e0000-0000-4000-8000-<index>, the same on every "
+                        "machine; fakes on several nodes of one Swarm need their own)")
     p.add_argument("--fake-control", default=FAKE_CONTROL, metavar="FILE",
                    help="with --fake-gpus: a JSON file, re-read at every poll, that puts "
                         "host processes on the fake GPUs, marks fake GPUs lost and holds "
@@ -66,10 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0 or args.process_interval < args.interval:
         raise SystemExit("gpulab-exporter: need --interval > 0 and "
                          "--process-interval >= --interval")
+    if args.fake_uuids and not args.fake_gpus:
+        raise SystemExit("gpulab-exporter: --fake-uuids needs --fake-gpus")
     if args.fake_gpus:
         from gpulab_exporter.fake_nvml import FakeNvml
 
-        nvml = FakeNvml.demo(args.fake_gpus, animate=True, control=args.fake_control or None)
+        try:
+            nvml = FakeNvml.demo(args.fake_gpus, animate=True,
+                                 control=args.fake_control or None, uuids=args.fake_uuids)
+        except ValueError as e:
+            raise SystemExit(f"gpulab-exporter: --fake-uuids: {e}") from None
         log.warning("FAKE NVML: serving %d simulated GPUs (--fake-gpus); these numbers "
                     "are not real hardware%s", args.fake_gpus,
                     f"; processes and lost GPUs from {args.fake_control}"

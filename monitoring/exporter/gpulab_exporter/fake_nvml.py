@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,10 +124,17 @@ class FakeNvml:
         self._control_error: str | None = None
 
     @classmethod
-    def demo(cls, count: int, animate: bool = False, control: str | None = None) -> FakeNvml:
+    def demo(cls, count: int, animate: bool = False, control: str | None = None,
+             uuids: Sequence[str] = ()) -> FakeNvml:
         """``count`` healthy fake H200s; with ``animate`` their load drifts over time so
-        a dashboard fed by them shows movement; *control*: a control file's path."""
-        gpus = [FakeGpu(index=i) for i in range(count)]
+        a dashboard fed by them shows movement; *control*: a control file's path;
+        *uuids*: their UUIDs (default :func:`fake_uuid` of each index, the same on every
+        machine: fakes on several machines need their own)."""
+        if uuids and len(uuids) != count:
+            raise ValueError(f"{count} fake GPUs need {count} UUIDs, got {len(uuids)}")
+        if len(set(uuids)) != len(uuids):
+            raise ValueError(f"fake GPU UUIDs must differ, got {list(uuids)}")
+        gpus = [FakeGpu(index=i, uuid=uuids[i] if uuids else "") for i in range(count)]
         return cls(gpus, on_read=_animate if animate else None, control=control)
 
     # -- the control file ------------------------------------------------------------
