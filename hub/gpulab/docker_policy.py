@@ -308,7 +308,9 @@ ROUTES: tuple[Route, ...] = (
            timestamps=_BOOL, details=_FALSE, follow=_FALSE, since=_TIME,
            tail=re.compile("all|[0-9]{1,9}")),
     _route("GET", "/tasks", swarm=True, filters=_ANY),
-    _route("GET", "/nodes", swarm=True, filters=_ANY),
+    # Also for read-only clients: Prometheus finds the exporters of a Swarm's machines in
+    # the node list (monitoring/prometheus/prometheus.swarm.yml); it holds no secret.
+    _route("GET", "/nodes", read_only=True, swarm=True, filters=_ANY),
     _route("GET", "/nodes/{node}", swarm=True),
 )
 

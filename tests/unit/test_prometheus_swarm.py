@@ -73,14 +73,13 @@ def test_swarm_config_is_valid(tmp_path):
     assert p.returncode == 0 and "SUCCESS" in p.stdout + p.stderr, p.stdout + p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gpulab.docker_policy lets read-only clients (docker-proxy-ro) ping, read the version "
-    "and list containers only: GET /nodes is a --swarm route for the hub's proxy. "
-    "prometheus.swarm.yml's discovery needs it on the read-only proxy in front of the "
-    "manager (Route read_only=True, swarm=True); when that is allowed, drop this xfail"))
 def test_the_read_only_swarm_proxy_lets_prometheus_list_nodes():
     from gpulab.docker_policy import decide
 
     # what Prometheus' Docker client sends for role: nodes without filters
     decision = decide("GET", "/v1.41/nodes", read_only=True, swarm=True)
     assert decision.allowed, decision.reasons
+    # and nothing else of the Swarm's: services and tasks hold members' environments
+    for target in ("/v1.41/services?filters=%7B%22label%22%3A%5B%22org.gpulab.managed%3Dtrue%22%5D%7D",
+                   "/v1.41/tasks", f"/v1.41/nodes/{'a' * 25}"):
+        assert not decide("GET", target, read_only=True, swarm=True).allowed, target
