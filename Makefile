@@ -38,20 +38,34 @@ SSH_PORT := $(or $(GPULAB_SSH_PORT),2222)
 SSH_HOST := $(or $(GPULAB_HOSTNAME),$(HUB_HOST))
 SSH_PUBLIC_URL := $(if $(filter 0.0.0.0,$(GPULAB_BIND_ADDRESS)),$(if $(GPULAB_HOSTNAME),$(HUB_URL)),$(HUB_URL))
 
+# The settings folder the stack mounts (config/ of this checkout unless told otherwise).
+export GPULAB_CONFIG ?= $(CURDIR)/config
+# Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; README "Several GPU
+# servers"). The hub and the proxy then sit above the range the Swarm hands out.
+SWARM ?=
+ifneq ($(SWARM),)
+export GPULAB_HUB_IP ?= 172.30.0.250
+export GPULAB_PROXY_IP ?= 172.30.0.251
+endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
 COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose) \
   -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml) \
-  $(if $(GPULAB_HOSTNAME),-f docker-compose.https.yml)
-# The Docker socket's group: the Docker API filters run as nobody in that group, not root.
-export GPULAB_DOCKER_GID = $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)
+  $(if $(GPULAB_HOSTNAME),-f docker-compose.https.yml) $(if $(SWARM),-f docker-compose.swarm.yml)
+# The Docker socket (the manager's, on a Swarm) that the Docker API filters hold, and its
+# group: they run as nobody in that group, not root.
+export GPULAB_DOCKER_SOCKET ?= /var/run/docker.sock
+export GPULAB_DOCKER_GID = $(shell stat -c %g $(GPULAB_DOCKER_SOCKET) 2>/dev/null || echo 0)
+# BUILD_IMAGES=no: use the images already on this engine (built elsewhere and loaded).
+BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: help up up-swarm down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
+	@echo "make up-swarm      the same on a Docker Swarm's manager: members' servers on its GPU servers"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
@@ -94,14 +108,21 @@ ssh-key: images secrets
 	  | sed 's/^/[gpulab] /'
 
 images: docker
+ifeq ($(BUILD_IMAGES),no)
+	@for image in gpulab/hub:latest gpulab/exporter:latest gpulab/prometheus:latest; do \
+	  docker image inspect $$image >/dev/null 2>&1 || { echo "[gpulab] BUILD_IMAGES=no, but \
+	$$image is not on this Docker engine: load it (docker save | docker load) or build it (make images)" >&2; exit 1; }; done
+else
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
+endif
 
 up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
+	@scripts/swarm-preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Alertmanager would crash-loop on a bad config/alertmanager.yml: refuse it here.
-	@out=$$(docker run --rm --network none -v "$(CURDIR)/config:/srv/gpulab/config:ro" \
+	@out=$$(docker run --rm --network none -v "$(GPULAB_CONFIG):/srv/gpulab/config:ro" \
 	  --entrypoint amtool gpulab/prometheus:latest check-config \
 	  /srv/gpulab/config/alertmanager.yml 2>&1) \
 	  || { echo "$$out" | sed 's|/srv/gpulab/config/|config/|' >&2; \
@@ -110,7 +131,7 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@# that Compose recreates them when the files change: Prometheus (config and rules),
 	@# Alertmanager, and with HTTPS the proxy (a renewed certificate, another host name).
 	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
-	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum config/alertmanager.yml | cut -c1-16) \
+	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum $(GPULAB_CONFIG)/alertmanager.yml | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
 	  $(COMPOSE) up -d --remove-orphans
@@ -120,10 +141,17 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
 
+up-swarm:
+	@$(MAKE) --no-print-directory up SWARM=yes
+
 down:
 	@if docker info >/dev/null 2>&1; then \
 	  ids=$$(docker ps -aq --filter label=org.gpulab.managed=true); \
 	  if [ -n "$$ids" ]; then echo "[gpulab] removing user containers"; docker rm -f $$ids >/dev/null; fi; \
+	  if [ "$$(docker info --format '{{.Swarm.ControlAvailable}}')" = true ]; then \
+	    ids=$$(docker service ls -q --filter label=org.gpulab.managed=true); \
+	    if [ -n "$$ids" ]; then echo "[gpulab] removing members' servers (Swarm services)"; \
+	      docker service rm $$ids >/dev/null; fi; fi; \
 	  $(COMPOSE) down --remove-orphans; \
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi

@@ -2,6 +2,7 @@
 
     gpulab config check [FILE...]       validate config/gpulab.yaml and config/gpus.yaml
     gpulab config describe              every setting, its default and what it does
+    gpulab config get KEY [FILE]        one setting's value, checked (scripts: true/false)
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
     gpulab token revoke USER TOKEN_ID
@@ -133,6 +134,20 @@ def _cmd_config_check(args) -> int:
     return failed
 
 
+def _cmd_config_get(args) -> int:
+    try:
+        value = load_settings(args.file)[args.key]
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyError:
+        print(f"error: no setting {args.key!r} (gpulab config describe lists them)",
+              file=sys.stderr)
+        return 2
+    print(str(value).lower() if isinstance(value, bool) else value)
+    return 0
+
+
 def _cmd_config_describe(args) -> int:
     print(describe())
     return 0
@@ -217,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="*", metavar="FILE")
     check.set_defaults(func=_cmd_config_check)
     csub.add_parser("describe", help="list every setting").set_defaults(func=_cmd_config_describe)
+    get = csub.add_parser("get", help="print one setting's value (checked)")
+    get.add_argument("key", help="e.g. hub.swarm")
+    get.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    get.set_defaults(func=_cmd_config_get)
 
     token = sub.add_parser("token", help="issue, list and revoke login tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)

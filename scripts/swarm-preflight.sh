@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Before `make up` (single) or `make up-swarm` (swarm): is config/gpulab.yaml's hub.swarm
+# what this command starts, and, for a Swarm, is this engine its manager and which
+# machines and GPUs will the hub see. Prints what an admin must do, never a traceback.
+# Usage: scripts/swarm-preflight.sh single|swarm   (GPULAB_CONFIG: the config folder)
+set -euo pipefail
+mode=${1:?single or swarm}
+config=${GPULAB_CONFIG:-$(cd "$(dirname "$0")/.." && pwd)/config}
+say() { echo "[gpulab] $*"; }
+die() { echo "[gpulab] $*" >&2; exit 1; }
+
+swarm=$(docker run --rm --network none -v "$config:/srv/gpulab/config:ro" gpulab/hub:latest \
+  gpulab config get hub.swarm /srv/gpulab/config/gpulab.yaml 2>&1 | sed 's|/srv/gpulab/config/|config/|') \
+  || die "$swarm"
+if [ "$mode" = single ]; then
+  [ "$swarm" = false ] || die "config/gpulab.yaml sets hub.swarm: true: on the Swarm's manager, \
+start gpulab with make up-swarm (README: Several GPU servers); on one host, set it to false."
+  exit 0
+fi
+[ "$swarm" = true ] || die "make up-swarm runs gpulab across a Swarm's machines: set hub.swarm: true \
+in config/gpulab.yaml first (README: Several GPU servers); on one host, use make up."
+
+[ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
+  || die "this Docker engine is not a Swarm manager: run 'docker swarm init' on this machine and \
+'docker swarm join ...' on each GPU server first (README: Several GPU servers)."
+
+driver=$(docker network inspect -f '{{.Driver}}' gpulab 2>/dev/null || true)
+if [ -n "$driver" ] && [ "$driver" != overlay ]; then
+  die "the network gpulab is a $driver network from a single-host 'make up': run 'make down' \
+and 'docker network rm gpulab', then make up-swarm again."
+fi
+
+say "machines in this Swarm (the hub places members' servers on those with GPUs):"
+gpus_total=0
+while read -r id; do
+  line=$(docker node inspect -f '{{.Description.Hostname}}|{{.Status.State}}|{{.Spec.Availability}}|{{index .Description.Engine.Labels "gpulab.gpus"}}' "$id")
+  IFS='|' read -r host state availability gpus <<<"$line"
+  count=0
+  [ -n "$gpus" ] && count=$(tr ',' '\n' <<<"$gpus" | grep -c .)
+  gpus_total=$((gpus_total + count))
+  printf '[gpulab]   %-24s %-6s %-7s %s GPU(s)\n' "$host" "$state" "$availability" "$count"
+done < <(docker node ls -q)
+if [ "$gpus_total" = 0 ]; then
+  say "warning: no machine lists GPUs. On each GPU server, add its GPU UUIDs to the engine's"
+  say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
+fi
+say "each machine that runs members' servers needs the image of config/gpulab.yaml's spawn.image"
+say "(e.g. docker save gpulab/singleuser:latest | ssh GPU-SERVER docker load)."
