@@ -76,14 +76,16 @@ class Gpu:
     mode: str = EXCLUSIVE
     max_users: int = 1  # leases this GPU takes at once: 1 when exclusive
     reserved: bool = False  # given only to the users and groups that pin it
-    node: str = ""  # the machine (Swarm node) it is in; "" on a single host
+    node: str = ""  # the machine (Swarm node ID) it is in; "" on a single host
+    machine: str = ""  # that machine's name (hostname), for people; "" on a single host
 
     @property
     def capacity(self) -> int:
         return 1 if self.mode == EXCLUSIVE else self.max_users
 
     def label(self) -> str:
-        return (f"GPU {self.index}" + (f" of {self.node}" if self.node else "")
+        where = self.machine or self.node
+        return (f"GPU {self.index}" + (f" of {where}" if where else "")
                 + (f" ({self.model})" if self.model else ""))
 
 
@@ -175,12 +177,12 @@ class NotEnoughGpus(AllocationError):
 # ---------------------------------------------------------------- inventory
 
 
-def _found(d: Any) -> tuple[str, int, str, str]:
-    """(node, index, uuid, model) from an (index, uuid, model) tuple, an
+def _found(d: Any) -> tuple[str, int, str, str, str]:
+    """(node, index, uuid, model, machine) from an (index, uuid, model) tuple, an
     nvml_discovery.DiscoveredGpu (node "": this host) or a :class:`Gpu` of a Swarm node."""
     if isinstance(d, tuple):
-        return ("", *d)
-    return getattr(d, "node", ""), d.index, d.uuid, d.model
+        return ("", *d, "")
+    return getattr(d, "node", ""), d.index, d.uuid, d.model, getattr(d, "machine", "")
 
 
 def resolve_inventory(
@@ -202,10 +204,10 @@ def resolve_inventory(
     gpus: list[Gpu] = []
     if config.auto:
         pool = config.pools[DEFAULT_POOL]
-        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users, node=n)
-                for n, i, u, m in found]
+        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users, node=n, machine=h)
+                for n, i, u, m, h in found]
     else:
-        present = {u: (i, m, n) for n, i, u, m in found}
+        present = {u: (i, m, n, h) for n, i, u, m, h in found}
         for e in config.gpus:
             if discovered is not None and e.uuid not in present:
                 warnings.append(
@@ -216,16 +218,16 @@ def resolve_inventory(
             pool = config.pools[e.pool]
             mode = e.mode or pool.mode
             max_users = 1 if mode == EXCLUSIVE else (e.max_users or pool.max_users)
-            model = e.model or present.get(e.uuid, (0, "", ""))[1]
-            node = present.get(e.uuid, (0, "", ""))[2]
-            gpus.append(Gpu(e.index, e.uuid, model, e.pool, mode, max_users, e.reserved, node))
+            _, found_model, node, machine = present.get(e.uuid, (0, "", "", ""))
+            gpus.append(Gpu(e.index, e.uuid, e.model or found_model, e.pool, mode, max_users,
+                            e.reserved, node, machine))
             if discovered is not None and present[e.uuid][0] != e.index:
                 warnings.append(
                     f"{config.filename}:{e.line}: GPU {e.uuid} is listed with index {e.index} "
                     f"but NVML reports index {present[e.uuid][0]}; check inventory"
                 )
         listed = {e.uuid for e in config.gpus}
-        for _n, i, u, m in found:
+        for _n, i, u, m, _h in found:
             if u not in listed:
                 warnings.append(
                     f"{config.filename}: GPU {i} ({m}, {u}) is present but not listed under "

@@ -140,6 +140,7 @@ class GpulabSpawner(DockerSpawner):
             return ""
         holders = await self.lease_book.holders([g.uuid for g in inventory])
         is_admin = self.user.admin
+        machines = any(g.machine for g in inventory)  # on a Swarm: which server it is in
         rows = []
         for g in inventory:
             held = holders.get(g.uuid, [])
@@ -151,10 +152,12 @@ class GpulabSpawner(DockerSpawner):
             else:
                 status = ("in use" if len(held) >= g.capacity
                           else f"shared ({len(held)}/{g.capacity})")
+            machine = f"<td>{escape(g.machine)}</td>" if machines else ""
             rows.append(
-                f"<tr><td>{g.index}</td><td>{escape(g.model)}</td><td>{escape(g.pool)}</td>"
-                f"<td>{escape(status)}</td></tr>"
+                f"<tr>{machine}<td>{g.index}</td><td>{escape(g.model)}</td>"
+                f"<td>{escape(g.pool)}</td><td>{escape(status)}</td></tr>"
             )
+        head = "<th>Machine</th>" if machines else ""
         choices = "".join(
             f'<option value="{n}"{" selected" if n == policy.gpus else ""}>{n}</option>'
             for n in range(policy.max_gpus + 1)
@@ -165,7 +168,7 @@ class GpulabSpawner(DockerSpawner):
   <select class="form-control" id="gpulab-gpus" name="gpus">{choices}</select>
 </div>
 <table class="table table-condensed" id="gpulab-gpu-table">
-  <thead><tr><th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
+  <thead><tr>{head}<th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
   <tbody>{''.join(rows)}</tbody>
 </table>
 <p class="form-text" id="gpulab-culling">{escape(policy_note(policy, config.culling))}</p>"""
@@ -281,7 +284,7 @@ class GpulabSpawner(DockerSpawner):
             try:
                 self.gpu_uuids = [g.uuid for g in gpus]
                 if gpus:
-                    names = ", ".join(f"GPU {g.index} ({g.model})" for g in gpus)
+                    names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
                 self.apply_settings(settings, self.gpu_uuids)
                 self._report(20, f"Creating your container from {self.image}")

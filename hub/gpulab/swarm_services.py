@@ -112,7 +112,7 @@ def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]], model: str = "") ->
     for _, uuids in listed:
         for u in uuids:
             seen[u] = seen.get(u, 0) + 1
-    return [Gpu(i, u, model, node=str(n.get("ID") or ""))
+    return [Gpu(i, u, model, node=str(n.get("ID") or ""), machine=node_name(n))
             for n, uuids in listed if node_usable(n)
             for i, u in enumerate(uuids) if seen[u] == 1]
 

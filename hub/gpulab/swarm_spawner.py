@@ -27,7 +27,7 @@ import asyncio
 import time
 
 import docker.errors
-from traitlets import Unicode
+from traitlets import Unicode, default
 
 from .contract import LABEL_MANAGED
 from .culler import notices
@@ -58,6 +58,12 @@ class GpulabSwarmSpawner(GpulabSpawner):
         (gpulab.culler.notices' format). Empty: the hub's log only.""",
     )
     ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task
+
+    @default("poll_interval")
+    def _default_poll_interval(self):
+        # A machine can go down under a running server: look every 10 s, so that its
+        # GPUs come back soon after Swarm reports it down (JupyterHub's default is 30 s).
+        return 10
 
     @property
     def lease_book(self) -> LeaseBook:

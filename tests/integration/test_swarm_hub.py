@@ -1,10 +1,9 @@
 """A real JupyterHub on a real (simulated) Swarm: gpulab's multi-node mode end to end.
 
-The manager runs the stack's hub, its proxy and the Docker proxy (``--swarm``) as
-containers of gpulab/hub, as README "Several GPU servers" sets them up: the hub and the
-proxy on the attachable overlay network ``gpulab``, the Docker proxy on a bridge of its
-own that only the hub shares, the manager's Docker socket mounted into the Docker proxy
-only. Two workers have two fake GPUs each (engine label ``gpulab.gpus``) and the stand-in
+The stack comes up as README "Several GPU servers" says: ``make up-swarm`` on the Swarm's
+manager (run here in the manager's network namespace, with its Docker socket), with
+hub.swarm on in its config folder and the images loaded onto the machines (no registry).
+Two workers have two fake GPUs each (engine label ``gpulab.gpus``) and the stand-in
 NVIDIA runtime as their default runtime, which records the GPUs each container was given.
 Members reach the hub through the proxy's published port, from this machine's loopback
 (:class:`tests.swarm.forward.Forward`), with their login tokens.
@@ -17,7 +16,8 @@ machine dies.
 from __future__ import annotations
 
 import json
-import secrets
+import os
+import shutil
 import subprocess
 import time
 
@@ -28,18 +28,13 @@ from tests.swarm.forward import Forward
 
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import submit_login
-from .stack import Hub, LabUser, StackError, wait_for
+from .stack import REPO, TOKEN_FILE, Hub, LabUser, StackError, wait_for
 
 pytestmark = pytest.mark.integration
 
 SWARM_NODES = 3  # a manager without GPUs, two GPU servers
-SWARM_IMAGES = ("gpulab/hub:latest", "gpulab/singleuser:latest")
-# Fixed addresses outside the range the Swarm hands out: each node's load-balancer
-# endpoint on an overlay takes the next free address (.2 on the first node), and a
-# container asking for a taken one fails to start after 20 s ("attaching to network
-# failed ... context deadline exceeded").
-SUBNET, IP_RANGE = "10.213.0.0/24", "10.213.0.0/25"
-HUB_IP, PROXY_IP = "10.213.0.250", "10.213.0.251"
+SWARM_IMAGES = ("gpulab/singleuser:latest",)  # the members' servers, on every machine
+STACK_IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest")
 MANAGED = "org.gpulab.managed"
 
 SETTINGS = """\
@@ -57,14 +52,6 @@ spawn:
   start_timeout: 2m
 """
 GPUS = "inventory: auto\ndefaults: {gpus: 1, max_gpus: 2}\n"
-# The stack's own config, and a poll every 3 s instead of 30 so that a dead machine's
-# servers are seen stopped within the test's patience.
-HUB_CONFIG = """\
-from gpulab.hubconfig import configure
-
-configure(c)  # noqa: F821
-c.Spawner.poll_interval = 3  # noqa: F821
-"""
 
 
 class SwarmLab:
@@ -73,7 +60,6 @@ class SwarmLab:
     def __init__(self, swarm, root):
         self.swarm, self.root = swarm, root
         self.manager = swarm.manager
-        self.api_token = secrets.token_hex(32)
         self.forward: Forward | None = None
         self.hub: Hub | None = None
 
@@ -82,53 +68,35 @@ class SwarmLab:
 
     # ------------------------------------------------------------- the stack
 
+    def make(self, target: str, timeout: float = 300) -> str:
+        """``make TARGET`` of this checkout on the manager: in its network namespace, with
+        its Docker engine, the test's config folder and the images already loaded."""
+        sock = str(self.manager.paths.socket)
+        out = subprocess.run(
+            ["nsenter", f"--net=/run/netns/{self.manager.plan.netns}", "--",
+             "make", "-C", str(REPO), "--no-print-directory", target, "BUILD_IMAGES=no",
+             f"GPULAB_CONFIG={self.root / 'config'}", f"DOCKER_HOST=unix://{sock}",
+             f"GPULAB_DOCKER_SOCKET={sock}"],
+            capture_output=True, text=True, timeout=timeout,
+            env={k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")})
+        print(f"----- make {target} on the manager -----\n{out.stdout}{out.stderr}")
+        if out.returncode != 0:
+            raise StackError(f"make {target} on the manager failed ({out.returncode}):\n"
+                             f"{out.stdout[-3000:]}{out.stderr[-3000:]}")
+        return out.stdout + out.stderr
+
     def start(self) -> None:
-        config, secret_dir = self.root / "config", self.root / "secrets"
+        config = self.root / "config"
         config.mkdir()
-        secret_dir.mkdir()
         (config / "gpulab.yaml").write_text(SETTINGS)
         (config / "gpus.yaml").write_text(GPUS)
-        (self.root / "jupyterhub_config.py").write_text(HUB_CONFIG)
-        for name, value in (("api-token", self.api_token),
-                            ("metrics-token", secrets.token_hex(32)),
-                            ("proxy-token", secrets.token_hex(32))):
-            (secret_dir / name).write_text(value + "\n")
-        hardened = ["--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                    "--read-only", "--tmpfs", "/tmp"]
-        self.docker("network", "create", "--driver", "overlay", "--attachable",
-                    "--subnet", SUBNET, "--ip-range", IP_RANGE, "gpulab")
-        self.docker("network", "create", "--internal", "gpulab-docker")
-        self.docker("run", "-d", "--name", "gpulab-docker-proxy", *hardened,
-                    "--network", "gpulab-docker", "--network-alias", "docker-proxy",
-                    "-v", f"{self.manager.paths.socket}:/run/docker.sock:ro",
-                    "-v", f"{config}:/srv/gpulab/config:ro",
-                    "gpulab/hub:latest", "gpulab-docker-proxy", "--swarm",
-                    "--listen", "0.0.0.0:2375", "--docker-socket", "/run/docker.sock",
-                    "--settings", "/srv/gpulab/config/gpulab.yaml")
-        self.docker("run", "-d", "--name", "gpulab-proxy", *hardened, "--user", "65534",
-                    "--network", "gpulab", "--ip", PROXY_IP, "-p", "8000:8000",
-                    "-v", f"{secret_dir}/proxy-token:/run/secrets/proxy-token:ro",
-                    "--entrypoint", "sh", "gpulab/hub:latest", "-c",
-                    "CONFIGPROXY_AUTH_TOKEN=$(cat /run/secrets/proxy-token) exec "
-                    "configurable-http-proxy --ip 0.0.0.0 --port 8000 --api-ip 0.0.0.0 "
-                    f"--api-port 8001 --default-target http://{HUB_IP}:8081 "
-                    f"--error-target http://{HUB_IP}:8081/hub/error")
-        self.docker("create", "--name", "gpulab-hub", *hardened,
-                    "--network", "gpulab", "--ip", HUB_IP,
-                    "-v", "gpulab-hub-data:/srv/jupyterhub",
-                    "-v", f"{config}:/srv/gpulab/config:ro",
-                    "-v", f"{secret_dir}:/srv/gpulab/secrets:ro",
-                    "-v", f"{self.root}/jupyterhub_config.py:/srv/gpulab/jupyterhub_config.py:ro",
-                    "-e", "DOCKER_HOST=tcp://docker-proxy:2375",
-                    "-e", f"GPULAB_HUB_ADDRESS={HUB_IP}",
-                    "-e", f"GPULAB_PROXY_API_URL=http://{PROXY_IP}:8001",
-                    "-e", f"GPULAB_PROXY_IP={PROXY_IP}",
-                    "-e", "GPULAB_CONFIG_DIR=/srv/gpulab/config",
-                    "gpulab/hub:latest")
-        self.docker("network", "connect", "gpulab-docker", "gpulab-hub")
-        self.docker("start", "gpulab-hub")
-        self.forward = Forward(self.manager.plan.netns, (self.manager.address, 8000))
-        self.hub = Hub(self.forward.url, token=self.api_token)
+        shutil.copy(REPO / "config" / "alertmanager.yml", config / "alertmanager.yml")
+        self.swarm.load_images(*STACK_IMAGES, nodes=[self.manager])
+        out = self.make("up-swarm")
+        for worker in self.swarm.workers:  # the preflight lists the machines and GPUs
+            assert f"{worker.hostname} " in out and "2 GPU(s)" in out, out
+        self.forward = Forward(self.manager.plan.netns, ("127.0.0.1", 8000))
+        self.hub = Hub(self.forward.url, token=TOKEN_FILE.read_text().strip())
         self.wait_hub()
 
     def wait_hub(self, timeout: float = 90) -> None:
@@ -149,6 +117,7 @@ class SwarmLab:
             self.forward.close()
         print("\n----- the hub's log (last lines) -----\n" + self.logs("gpulab-hub", 80))
         print("----- the Docker proxy's log -----\n" + self.logs("gpulab-docker-proxy", 30))
+        self.make("down")
 
     # ------------------------------------------------------------- the Swarm's view
 
@@ -231,12 +200,19 @@ def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
         assert given.get(container) == s["Spec"]["Labels"]["org.gpulab.gpus"], (given, s)
 
 
-def test_one_more_than_the_cluster_holds_is_refused(lab):
+def test_one_more_than_the_cluster_holds_is_refused(lab, new_page):
     late = lab.hub.create_user(prefix="late")
     r = spawn(late, {"gpus": 1})
     assert r.status_code == 409, (r.status_code, r.text)
     assert "GPU" in r.json()["message"], r.text
     assert late.name not in lab.placement()
+    # Her spawn form says which machine each GPU is in, and that all are taken.
+    page = new_page()
+    submit_login(page, late.name, late.token, next_url="/hub/spawn", hub_url=lab.forward.url)
+    rows = page.locator("#gpulab-gpu-table tbody tr").all_inner_texts()
+    machines = sorted(row.split("\t")[0] for row in rows)
+    assert machines == sorted(w.hostname for w in lab.swarm.workers for _ in w.gpus), rows
+    assert all(row.rstrip().endswith("in use") for row in rows), rows
 
 
 def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members):

@@ -466,9 +466,10 @@ class Swarm:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def load_images(self, *images: str) -> None:
-        """Copy *images* from the main engine to every node: ``docker save`` once, then
-        ``docker load`` on all nodes at once. No registry is involved."""
+    def load_images(self, *images: str, nodes: list[Node] | None = None) -> None:
+        """Copy *images* from the main engine to every node (or to *nodes*): ``docker
+        save`` once, then ``docker load`` on those nodes at once. No registry."""
+        nodes = self.nodes if nodes is None else nodes
         for image in images:
             if run(["docker", "image", "inspect", image], check=False).returncode != 0:
                 raise SwarmError(f"image {image} is not on the main Docker engine: "
@@ -476,9 +477,9 @@ class Swarm:
         archive = self.dir / "images.tar"
         run(["docker", "save", "-o", str(archive), *images], timeout=300)
         try:
-            with ThreadPoolExecutor(len(self.nodes)) as pool:
+            with ThreadPoolExecutor(len(nodes)) as pool:
                 list(pool.map(lambda n: self.docker(n, "load", "-q", "-i", str(archive),
-                                                    timeout=300), self.nodes))
+                                                    timeout=300), nodes))
         finally:
             archive.unlink(missing_ok=True)
 
