@@ -103,6 +103,7 @@ class Request:
     server: str = ""
     groups: Iterable[str] = ()  # the user's JupyterHub group names
     count: int | None = None  # None = the user's default (Policy.gpus)
+    machine: str = ""  # the node its GPUs must be on ("": any; a Swarm's node-local homes)
 
 
 # ---------------------------------------------------------------- errors
@@ -279,6 +280,8 @@ def allocate(
     """
     policy = config.policy_for(request.user, request.groups)
     asked = _count_of(request.count)
+    if request.machine:
+        inventory = [g for g in inventory if g.node == request.machine]
     if policy.no_gpu:
         if asked:
             raise NoGpuAccess(

@@ -129,6 +129,12 @@ def _network_list(value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _homes(value: Any) -> str:
+    if value not in ("machine", "shared"):
+        raise ValueError(f"expected machine or shared, got {value!r}")
+    return value
+
+
 def _optional_string(value: Any) -> str:
     if value in (None, ""):
         return ""
@@ -196,6 +202,12 @@ SETTINGS: tuple[Setting, ...] = (
             "CPU limit of each user container, in cores. Example: 2.5"),
     Setting("spawn.pids_limit", _positive_int, 1024,
             "Maximum number of processes in each user container."),
+    Setting("spawn.swarm_homes", _homes, "machine",
+            "With hub.swarm: where members' homes live. machine: on the GPU server where "
+            "the member's server first ran (a Docker volume there); her server always "
+            "goes back to that machine, and cannot start while it is down or full. "
+            "shared: spawn.home_volume is storage every machine mounts (README: Several "
+            "GPU servers, shared homes); servers go wherever GPUs are free."),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),
 )

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import docker.errors
+from tornado import web
 from traitlets import Unicode, default
 
 from .contract import LABEL_MANAGED
@@ -39,6 +41,7 @@ from .swarm_services import (
     STARTING,
     node_for_cpu_server,
     node_name,
+    node_usable,
     server_state,
     service_spec,
     task_address,
@@ -50,6 +53,8 @@ class GpulabSwarmSpawner(GpulabSpawner):
     object_id_key = "ID"
 
     node_id = Unicode("", help="The Swarm node (ID) this server was placed on.")
+    home_node = Unicode("", help="""The node (ID) that holds this server's home volume
+        (spawn.swarm_homes: machine): where it ran first. Kept across stops.""")
     notices_file = Unicode(
         "",
         config=True,
@@ -107,14 +112,39 @@ class GpulabSwarmSpawner(GpulabSpawner):
         """Nothing: images are on the nodes (README: how images reach them), not on the
         manager the hub talks to; a node without it fails the task, which says so."""
 
+    def _home_machine(self) -> str:
+        """The node this server must run on ("" = any): where its home volume is."""
+        homes = self._lab_config[0]["spawn.swarm_homes"]
+        return self.home_node if homes == "machine" else ""
+
+    def _request(self, count):
+        return replace(super()._request(count), machine=self._home_machine())
+
     async def _lease(self, gpus_config) -> list:
-        gpus = await super()._lease(gpus_config)
+        nodes = await self.docker("nodes")
+        home = self._home_machine()
+        if home:
+            node = next((n for n in nodes if n.get("ID") == home), None)
+            where = node_name(node) if node else home
+            if node is None or not node_usable(node):
+                raise _http_error(
+                    503, f"Your files are on the lab's machine {where}, which is "
+                         f"{'gone from the cluster' if node is None else 'down or out of service'}"
+                         f", so your server cannot start until it is back. If it stays "
+                         f"away, an admin can move your home to another machine.")
+        try:
+            gpus = await super()._lease(gpus_config)
+        except web.HTTPError as e:
+            if home and e.status_code == 409:
+                raise _http_error(409, f"Your files are on the lab's machine {where}, so "
+                                       f"your server runs there: {e.jupyterhub_message}"
+                                  ) from None
+            raise
         if gpus:
             self.node_id = gpus[0].node  # the allocator keeps a server on one machine
             return gpus
-        nodes = await self.docker("nodes")
         services = await self.docker("services", filters={"label": f"{LABEL_MANAGED}=true"})
-        self.node_id = node_for_cpu_server(nodes, services)
+        self.node_id = home or node_for_cpu_server(nodes, services)
         if not self.node_id:
             self.lease_book.settle(self.user.name, self.name)
             raise _http_error(503, "No machine of the lab is up to run your server; try "
@@ -136,7 +166,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],
             mode=spec["Mode"], endpoint_spec=spec["EndpointSpec"])
 
-    async def start_object(self):
+    async def _wait_running(self):
         """Wait until the service's task runs on its machine; a task that ends first
         fails the spawn with the Swarm's reason and the end of the server's log."""
         said_waiting = False
@@ -160,6 +190,11 @@ class GpulabSwarmSpawner(GpulabSpawner):
                 said_waiting = True
             await asyncio.sleep(self.ready_poll_interval_swarm)
 
+    async def start_object(self):
+        await self._wait_running()
+        if not self.home_node:  # its home volume now exists on this machine
+            self.home_node = self.node_id
+
     async def get_ip_and_port(self):
         task = await self._running_task()
         address = task_address(task or {}, self.network_name)
@@ -176,6 +211,23 @@ class GpulabSwarmSpawner(GpulabSpawner):
                               "(removed from outside the hub). Start it again.")
         state = server_state(service, tasks, nodes)
         return None if state.state in (RUNNING, STARTING) else state.reason
+
+    # ------------------------------------------------------------- state
+
+    def get_state(self):
+        state = super().get_state()
+        if self.home_node:
+            state["home_node"] = self.home_node
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.home_node = state.get("home_node", "")
+
+    def clear_state(self):
+        home = self.home_node  # a stop clears the server's state, not where its home is
+        super().clear_state()
+        self.home_node = home
 
     # ------------------------------------------------------------- running, stopping
 

@@ -263,14 +263,25 @@ def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, 
     assert notice.inner_text().startswith(
         f"Your server was stopped: the machine it ran on ({victim.hostname}) is down."), (
         notice.inner_text())
-    # The other machine is full and the dead one gives nothing: refused, not placed there.
+    # Her home is on the dead machine (spawn.swarm_homes: machine): she is told so.
     back = on_victim[0]
     r = spawn(back, {"gpus": 1})
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert (f"Your files are on the lab's machine {victim.hostname}, which is down"
+            in r.json()["message"]), r.text
+    # A new member: the other machine is full and the dead one gives nothing.
+    new = lab.hub.create_user(prefix="new")
+    r = spawn(new, {"gpus": 1})
     assert r.status_code == 409, (r.status_code, r.text)
     # A member on the live machine stops; the next spawn lands there, on that GPU.
     freed = lab.placement()[elsewhere[0].name]
     elsewhere[0].stop_server()
-    r = spawn(back, {"gpus": 1})
+    r = spawn(new, {"gpus": 1})
     assert r.status_code in (201, 202), r.text
-    wait_ready(back)
-    assert lab.placement()[back.name] == freed
+    wait_ready(new)
+    assert lab.placement()[new.name] == freed
+    # The member whose files are on the live machine goes back there, and nowhere else.
+    r = spawn(elsewhere[0], {"gpus": 1})
+    assert r.status_code == 409, (r.status_code, r.text)
+    assert (f"Your files are on the lab's machine {freed[0]}, so your server runs there"
+            in r.json()["message"]), r.text

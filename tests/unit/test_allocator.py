@@ -594,6 +594,17 @@ def test_a_restart_stays_on_its_machine():
     assert [(g.node, g.index) for g in got] == [("node2", 0), ("node2", 1)]
 
 
+def test_a_server_whose_home_is_on_a_machine_gets_gpus_there_or_none():
+    cfg = parse_gpus_config(AUTO)
+    inv = cluster(node1=2, node2=2)
+    [g] = allocate(cfg, inv, [], Request("alice", machine="node2"))
+    assert (g.node, g.index) == ("node2", 0)  # node1 comes first otherwise
+    busy = [Lease(inv[2].uuid, "x", "", T0), Lease(inv[3].uuid, "y", "", T0)]
+    with pytest.raises(NotEnoughGpus) as e:  # node1 is free, but her home is on node2
+        allocate(cfg, inv, busy, Request("alice", machine="node2"))
+    assert "only 0 of the 2 GPUs" in str(e.value)
+
+
 def test_enough_free_gpus_split_over_machines_are_refused_and_say_so():
     cfg = parse_gpus_config(AUTO)
     inv = cluster(node1=2, node2=2)
