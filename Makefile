@@ -136,7 +136,11 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
 	  $(COMPOSE) up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
+ifeq ($(SWARM),)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
+else
+	@echo "[gpulab] warning: on a Swarm, members' servers are NOT isolated from each other (the overlay bypasses gpulab-netguard; README: Several GPU servers)"
+endif
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"

@@ -130,8 +130,8 @@ class GpulabSwarmSpawner(GpulabSpawner):
                 raise _http_error(
                     503, f"Your files are on the lab's machine {where}, which is "
                          f"{'gone from the cluster' if node is None else 'down or out of service'}"
-                         f", so your server cannot start until it is back. If it stays "
-                         f"away, an admin can move your home to another machine.")
+                         f", so your server cannot start until it is back; tell an admin "
+                         f"if it stays away.")
         try:
             gpus = await super()._lease(gpus_config)
         except web.HTTPError as e:
