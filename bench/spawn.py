@@ -21,6 +21,13 @@ example the image before and after a change:
     git stash pop; make images
     python -m bench.spawn --image gpulab/singleuser:before --image gpulab/singleuser:cpu
 
+`--swarm` adds gpulab on a simulated Swarm (tests/swarm: a manager and two GPU
+servers, each a dockerd in a network namespace of its own, on this machine), brought up
+with `make up-swarm` as the README says: the same spawns, each landing on a worker,
+against the single-host stack's, in the same run. Its hub is reached through the
+manager's published port (tests/swarm/forward.py); Docker's timestamps are on the
+workers, so it has no phase breakdown.
+
 Run with `make bench` or `python -m bench.spawn --n 5 --concurrent 4` from the
 repository root, stack up.
 """
@@ -87,6 +94,7 @@ class Target:
     proxy_container: str
     user_container: object  # username -> the name of their server's container
     login_tokens: bool  # gpulab's hub: members get a login token, as in real use
+    phases: bool = True  # Docker's timestamps for its containers are on this machine
 
 
 def gpulab_target(label: str) -> Target:
@@ -136,7 +144,7 @@ def spawn_once(target: Target, phases: bool = False) -> dict[str, float | None]:
 
 
 def measure(target: Target, n: int, concurrent: int) -> dict[str, list]:
-    seq = [spawn_once(target, phases=True) for _ in range(n)]
+    seq = [spawn_once(target, phases=target.phases) for _ in range(n)]
     with ThreadPoolExecutor(concurrent) as pool:
         conc = list(pool.map(lambda _: spawn_once(target)["total"], range(concurrent)))
     return {"sequential": [s["total"] for s in seq], f"{concurrent} at once": conc,
@@ -167,7 +175,29 @@ def median(xs: list[float | None]) -> str:
     return f"{statistics.median(xs):.2f}" if xs else "-"
 
 
+def swarm_results(n: int, concurrent: int) -> dict[str, list]:
+    """measure() on gpulab's stack on a simulated Swarm, torn down afterwards."""
+    import tempfile
+
+    from tests.integration.swarm_lab import SwarmLab
+    from tests.swarm import Swarm
+
+    print("starting a simulated Swarm (1 manager, 2 GPU servers) and make up-swarm ...",
+          flush=True)
+    with Swarm(nodes=3, images=("gpulab/singleuser:latest",)) as cluster, \
+            tempfile.TemporaryDirectory(prefix="gpulab-bench-swarm-") as root:
+        lab = SwarmLab(cluster, Path(root))
+        try:
+            lab.start()
+            target = Target("gpulab, Swarm worker", lab.hub, "", "", None, login_tokens=True,
+                            phases=False)
+            return measure(target, n, concurrent)
+        finally:
+            lab.close()
+
+
 def print_timelines(results: dict[str, dict]) -> None:
+    results = {k: v for k, v in results.items() if all(len(t) > 1 for t in v["timeline"])}
     labels = list(results)
     width = max(12, *(len(label) for label in labels))
     print("\none spawn, phase by phase: seconds since the request at the end of each phase "
@@ -187,6 +217,8 @@ def main() -> None:
                          "by side (default: the one config/gpulab.yaml sets)")
     ap.add_argument("--no-vanilla", action="store_true",
                     help="skip the stock DockerSpawner baseline")
+    ap.add_argument("--swarm", action="store_true",
+                    help="also gpulab on a simulated Swarm, servers on its workers")
     args = ap.parse_args()
 
     if not Hub().is_up():
@@ -200,6 +232,8 @@ def main() -> None:
         finally:
             if config:
                 config.restore()
+    if args.swarm:
+        results["gpulab, Swarm worker"] = swarm_results(args.n, args.concurrent)
     if not args.no_vanilla:
         vanilla = start_vanilla_hub()
         try:
@@ -217,7 +251,8 @@ def main() -> None:
             print(f"{label:{width}} {phase:12} {summary(phases[phase])}")
     print_timelines(results)
     labels = list(results)
-    pairs = [(labels[0], other) for other in labels[1:] if other != "vanilla DockerSpawner"]
+    pairs = [(other, labels[0]) if other == "gpulab, Swarm worker" else (labels[0], other)
+             for other in labels[1:] if other != "vanilla DockerSpawner"]
     if "vanilla DockerSpawner" in results:
         pairs += [("vanilla DockerSpawner", label) for label in labels[:-1]]
     for slower, faster in pairs:

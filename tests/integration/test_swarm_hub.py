@@ -16,130 +16,20 @@ machine dies.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import time
 
 import pytest
 import requests
 
-from tests.swarm.forward import Forward
-
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import submit_login
-from .stack import REPO, TOKEN_FILE, Hub, LabUser, StackError, wait_for
+from .stack import LabUser, wait_for
+from .swarm_lab import SwarmLab
 
 pytestmark = pytest.mark.integration
 
 SWARM_NODES = 3  # a manager without GPUs, two GPU servers
 SWARM_IMAGES = ("gpulab/singleuser:latest",)  # the members' servers, on every machine
-STACK_IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest")
-MANAGED = "org.gpulab.managed"
-
-SETTINGS = """\
-hub:
-  admins: [admin]
-  swarm: true
-  idle_timeout: 0
-spawn:
-  image: gpulab/singleuser:latest
-  network: gpulab
-  datasets_volume: ""
-  mem_limit: 1g
-  cpu_limit: 1
-  shm_size: 64m
-  start_timeout: 2m
-"""
-GPUS = "inventory: auto\ndefaults: {gpus: 1, max_gpus: 2}\n"
-
-
-class SwarmLab:
-    """The hub's stack on the manager, and what the tests ask of it."""
-
-    def __init__(self, swarm, root):
-        self.swarm, self.root = swarm, root
-        self.manager = swarm.manager
-        self.forward: Forward | None = None
-        self.hub: Hub | None = None
-
-    def docker(self, *args: str, check: bool = True, timeout: float = 60) -> str:
-        return self.swarm.docker(self.manager, *args, check=check, timeout=timeout)
-
-    # ------------------------------------------------------------- the stack
-
-    def make(self, target: str, timeout: float = 300) -> str:
-        """``make TARGET`` of this checkout on the manager: in its network namespace, with
-        its Docker engine, the test's config folder and the images already loaded."""
-        sock = str(self.manager.paths.socket)
-        out = subprocess.run(
-            ["nsenter", f"--net=/run/netns/{self.manager.plan.netns}", "--",
-             "make", "-C", str(REPO), "--no-print-directory", target, "BUILD_IMAGES=no",
-             f"GPULAB_CONFIG={self.root / 'config'}", f"DOCKER_HOST=unix://{sock}",
-             f"GPULAB_DOCKER_SOCKET={sock}"],
-            capture_output=True, text=True, timeout=timeout,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")})
-        print(f"----- make {target} on the manager -----\n{out.stdout}{out.stderr}")
-        if out.returncode != 0:
-            raise StackError(f"make {target} on the manager failed ({out.returncode}):\n"
-                             f"{out.stdout[-3000:]}{out.stderr[-3000:]}")
-        return out.stdout + out.stderr
-
-    def start(self) -> None:
-        config = self.root / "config"
-        config.mkdir()
-        (config / "gpulab.yaml").write_text(SETTINGS)
-        (config / "gpus.yaml").write_text(GPUS)
-        shutil.copy(REPO / "config" / "alertmanager.yml", config / "alertmanager.yml")
-        self.swarm.load_images(*STACK_IMAGES, nodes=[self.manager])
-        out = self.make("up-swarm")
-        for worker in self.swarm.workers:  # the preflight lists the machines and GPUs
-            assert f"{worker.hostname} " in out and "2 GPU(s)" in out, out
-        self.forward = Forward(self.manager.plan.netns, ("127.0.0.1", 8000))
-        self.hub = Hub(self.forward.url, token=TOKEN_FILE.read_text().strip())
-        self.wait_hub()
-
-    def wait_hub(self, timeout: float = 90) -> None:
-        def up():
-            state = self.docker("inspect", "-f", "{{.State.Status}}", "gpulab-hub").strip()
-            if state != "running":
-                raise StackError(f"the hub is {state}:\n{self.logs('gpulab-hub')}")
-            return self.hub.is_up()
-        wait_for(up, timeout, interval=0.5, what="the hub on the manager to answer")
-
-    def logs(self, container: str, tail: int = 60) -> str:
-        out = subprocess.run(["docker", "-H", self.manager.host, "logs", "--tail", str(tail),
-                              container], capture_output=True, text=True, timeout=30)
-        return out.stdout + out.stderr
-
-    def close(self) -> None:
-        if self.forward:
-            self.forward.close()
-        print("\n----- the hub's log (last lines) -----\n" + self.logs("gpulab-hub", 80))
-        print("----- the Docker proxy's log -----\n" + self.logs("gpulab-docker-proxy", 30))
-        self.make("down")
-
-    # ------------------------------------------------------------- the Swarm's view
-
-    def services(self) -> list[dict]:
-        out = self.docker("service", "ls", "-q", "--filter", f"label={MANAGED}=true")
-        ids = out.split()
-        return json.loads(self.docker("service", "inspect", *ids)) if ids else []
-
-    def placement(self) -> dict[str, tuple[str, str]]:
-        """member -> (node hostname, GPU UUIDs) from the services' labels."""
-        names = {n["ID"]: n["Description"]["Hostname"] for n in json.loads(
-            self.docker("node", "inspect", *self.docker("node", "ls", "-q").split()))}
-        return {s["Spec"]["Labels"]["org.gpulab.user"]:
-                (names.get(s["Spec"]["Labels"]["org.gpulab.node"], "?"),
-                 s["Spec"]["Labels"]["org.gpulab.gpus"]) for s in self.services()}
-
-    def gpus_given(self, node) -> dict[str, str]:
-        """container ID -> NVIDIA_VISIBLE_DEVICES, as the stand-in runtime on *node* saw
-        them (the last record of each container)."""
-        return {r["id"]: r["NVIDIA_VISIBLE_DEVICES"] for r in self.swarm.runtime_records(node)}
-
-
 @pytest.fixture(scope="module")
 def lab(swarm, tmp_path_factory):
     lab = SwarmLab(swarm, tmp_path_factory.mktemp("swarm-hub"))
