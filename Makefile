@@ -49,8 +49,8 @@ export GPULAB_PROXY_IP ?= 172.30.0.251
 endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
-COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose) \
-  -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml) \
+COMPOSE_BIN = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-compose.gpu.yml) \
   $(if $(GPULAB_HOSTNAME),-f docker-compose.https.yml) $(if $(SWARM),-f docker-compose.swarm.yml)
 # The Docker socket (the manager's, on a Swarm) that the Docker API filters hold, and its
 # group: they run as nobody in that group, not root.
@@ -61,11 +61,12 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up up-swarm down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: help up up-swarm node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
 	@echo "make up-swarm      the same on a Docker Swarm's manager: members' servers on its GPU servers"
+	@echo "make node-exporter on each GPU server of that Swarm: its GPU exporter, for the manager's Prometheus"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
@@ -147,6 +148,11 @@ endif
 
 up-swarm:
 	@$(MAKE) --no-print-directory up SWARM=yes
+
+# On each GPU server of a Swarm: its GPU exporter, for the manager's Prometheus.
+node-exporter: docker
+	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
+	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
 
 down:
 	@if docker info >/dev/null 2>&1; then \

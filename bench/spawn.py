@@ -179,12 +179,12 @@ def swarm_results(n: int, concurrent: int) -> dict[str, list]:
     """measure() on gpulab's stack on a simulated Swarm, torn down afterwards."""
     import tempfile
 
-    from tests.integration.swarm_lab import SwarmLab
+    from tests.integration.swarm_lab import IMAGES, SwarmLab
     from tests.swarm import Swarm
 
     print("starting a simulated Swarm (1 manager, 2 GPU servers) and make up-swarm ...",
           flush=True)
-    with Swarm(nodes=3, images=("gpulab/singleuser:latest",)) as cluster, \
+    with Swarm(nodes=3, images=IMAGES) as cluster, \
             tempfile.TemporaryDirectory(prefix="gpulab-bench-swarm-") as root:
         lab = SwarmLab(cluster, Path(root))
         try:

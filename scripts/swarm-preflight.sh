@@ -33,16 +33,23 @@ fi
 say "machines in this Swarm (the hub places members' servers on those with GPUs):"
 gpus_total=0
 while read -r id; do
-  line=$(docker node inspect -f '{{.Description.Hostname}}|{{.Status.State}}|{{.Spec.Availability}}|{{index .Description.Engine.Labels "gpulab.gpus"}}' "$id")
-  IFS='|' read -r host state availability gpus <<<"$line"
+  line=$(docker node inspect -f '{{.Description.Hostname}}|{{.Status.State}}|{{.Spec.Availability}}|{{index .Description.Engine.Labels "gpulab.gpus"}}|{{index .Spec.Labels "gpulab.exporter"}}' "$id")
+  IFS='|' read -r host state availability gpus exporter <<<"$line"
   count=0
   [ -n "$gpus" ] && count=$(tr ',' '\n' <<<"$gpus" | grep -c .)
   gpus_total=$((gpus_total + count))
   printf '[gpulab]   %-24s %-6s %-7s %s GPU(s)\n' "$host" "$state" "$availability" "$count"
+  # Prometheus scrapes an exporter on every machine not labelled gpulab.exporter=false:
+  # a machine without GPUs runs none (make node-exporter is for GPU servers).
+  if [ "$count" = 0 ] && [ -z "$exporter" ]; then
+    docker node update --label-add gpulab.exporter=false "$id" >/dev/null
+    say "  (no GPUs: labelled gpulab.exporter=false, so Prometheus does not expect an exporter there)"
+  fi
 done < <(docker node ls -q)
 if [ "$gpus_total" = 0 ]; then
   say "warning: no machine lists GPUs. On each GPU server, add its GPU UUIDs to the engine's"
   say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
 fi
-say "each machine that runs members' servers needs the image of config/gpulab.yaml's spawn.image"
+say "each GPU server needs the image of config/gpulab.yaml's spawn.image, and for its GPU"
+say "exporter (make node-exporter there) gpulab/exporter and gpulab/hub"
 say "(e.g. docker save gpulab/singleuser:latest | ssh GPU-SERVER docker load)."

@@ -14,7 +14,10 @@ from tests.swarm.forward import Forward
 
 from .stack import REPO, TOKEN_FILE, Hub, StackError, wait_for
 
-STACK_IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest")
+# Copied onto every machine (no registry): the stack on the manager, the members' image and
+# each GPU server's exporter (with its read-only Docker proxy, from the hub image).
+IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest",
+          "gpulab/singleuser:latest")
 MANAGED = "org.gpulab.managed"
 
 SETTINGS = """\
@@ -48,20 +51,24 @@ class SwarmLab:
 
     # ------------------------------------------------------------- the stack
 
-    def make(self, target: str, timeout: float = 300) -> str:
-        """``make TARGET`` of this checkout on the manager: in its network namespace, with
-        its Docker engine, the test's config folder and the images already loaded."""
-        sock = str(self.manager.paths.socket)
+    def make(self, target: str, node=None, timeout: float = 300, **variables: str) -> str:
+        """``make TARGET`` of this checkout on *node* (default: the manager): in its
+        network namespace, with its Docker engine, the test's config folder and the
+        images already loaded; *variables* are more ``make`` variables."""
+        node = node or self.manager
+        sock = str(node.paths.socket)
+        variables = {"BUILD_IMAGES": "no", "GPULAB_CONFIG": str(self.root / "config"),
+                     "DOCKER_HOST": f"unix://{sock}", "GPULAB_DOCKER_SOCKET": sock,
+                     **variables}
         out = subprocess.run(
-            ["nsenter", f"--net=/run/netns/{self.manager.plan.netns}", "--",
-             "make", "-C", str(REPO), "--no-print-directory", target, "BUILD_IMAGES=no",
-             f"GPULAB_CONFIG={self.root / 'config'}", f"DOCKER_HOST=unix://{sock}",
-             f"GPULAB_DOCKER_SOCKET={sock}"],
+            ["nsenter", f"--net=/run/netns/{node.plan.netns}", "--",
+             "make", "-C", str(REPO), "--no-print-directory", target,
+             *(f"{k}={v}" for k, v in variables.items())],
             capture_output=True, text=True, timeout=timeout,
             env={k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")})
-        print(f"----- make {target} on the manager -----\n{out.stdout}{out.stderr}")
+        print(f"----- make {target} on {node.name} -----\n{out.stdout}{out.stderr}")
         if out.returncode != 0:
-            raise StackError(f"make {target} on the manager failed ({out.returncode}):\n"
+            raise StackError(f"make {target} on {node.name} failed ({out.returncode}):\n"
                              f"{out.stdout[-3000:]}{out.stderr[-3000:]}")
         return out.stdout + out.stderr
 
@@ -71,10 +78,14 @@ class SwarmLab:
         (config / "gpulab.yaml").write_text(SETTINGS)
         (config / "gpus.yaml").write_text(self.gpus)
         shutil.copy(REPO / "config" / "alertmanager.yml", config / "alertmanager.yml")
-        self.swarm.load_images(*STACK_IMAGES, nodes=[self.manager])
         out = self.make("up-swarm")
         for worker in self.swarm.workers:  # the preflight lists the machines and GPUs
             assert f"{worker.hostname} " in out and "2 GPU(s)" in out, out
+        # Each GPU server's exporter, with the fake GPUs its engine label lists.
+        for worker in self.swarm.workers:
+            self.make("node-exporter", worker, GPULAB_NODE_ADDRESS=worker.address,
+                      GPULAB_EXPORTER_FLAGS=f"--fake-gpus {len(worker.gpus)} "
+                                            f"--fake-uuids {','.join(worker.gpus)}")
         self.forward = Forward(self.manager.plan.netns, ("127.0.0.1", 8000))
         self.hub = Hub(self.forward.url, token=TOKEN_FILE.read_text().strip())
         self.wait_hub()

@@ -24,12 +24,12 @@ import requests
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import submit_login
 from .stack import LabUser, wait_for
-from .swarm_lab import SwarmLab
+from .swarm_lab import IMAGES, SwarmLab
 
 pytestmark = pytest.mark.integration
 
 SWARM_NODES = 3  # a manager without GPUs, two GPU servers
-SWARM_IMAGES = ("gpulab/singleuser:latest",)  # the members' servers, on every machine
+SWARM_IMAGES = IMAGES  # no registry: copied onto every machine
 @pytest.fixture(scope="module")
 def lab(swarm, tmp_path_factory):
     lab = SwarmLab(swarm, tmp_path_factory.mktemp("swarm-hub"))
@@ -88,6 +88,36 @@ def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
         [task] = json.loads(lab.docker("inspect", *ids))
         container = task["Status"]["ContainerStatus"]["ContainerID"]
         assert given.get(container) == s["Spec"]["Labels"]["org.gpulab.gpus"], (given, s)
+
+
+def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members, new_page):
+    """Prometheus on the manager finds each GPU server's exporter (make node-exporter) in
+    the Swarm's node list; the operators' dashboard, reading Prometheus, shows every
+    machine's GPUs with a Node column, and per machine how many are held."""
+    r = lab.hub.request("POST", "/gpulab/login-tokens/admin", json={"expires_in": 3600})
+    assert r.status_code == 201, r.text
+    page = new_page()
+    submit_login(page, "admin", r.json()["token"], next_url="/services/gpus/",
+                 hub_url=lab.forward.url)
+    expected = sorted(w.hostname for w in lab.swarm.workers for _ in w.gpus)
+
+    held = {w.hostname: "2" for w in lab.swarm.workers}  # every GPU, by its member
+    seen = {}
+
+    def listed():
+        page.reload()
+        rows = page.locator("#node-rows tr.node")
+        seen["nodes"] = {rows.nth(i).locator("td").nth(0).inner_text():
+                         rows.nth(i).locator("td").nth(4).inner_text()
+                         for i in range(rows.count())}
+        seen["gpus"] = page.locator("#gpu-rows tr.gpu").all_inner_texts()
+        return (sorted(page.locator("#gpu-rows tr.gpu td.node").all_inner_texts()) == expected
+                and seen["nodes"] == held)
+    try:
+        wait_for(listed, 120, interval=3, what="the dashboard to list every machine's GPUs")
+    except AssertionError:
+        print(f"the dashboard showed: {seen}")
+        raise
 
 
 def test_one_more_than_the_cluster_holds_is_refused(lab, new_page):
