@@ -39,13 +39,17 @@ SSH_HOST := $(or $(GPULAB_HOSTNAME),$(HUB_HOST))
 SSH_PUBLIC_URL := $(if $(filter 0.0.0.0,$(GPULAB_BIND_ADDRESS)),$(if $(GPULAB_HOSTNAME),$(HUB_URL)),$(HUB_URL))
 
 # The settings folder the stack mounts (config/ of this checkout unless told otherwise).
-export GPULAB_CONFIG ?= $(CURDIR)/config
+GPULAB_CONFIG ?= $(CURDIR)/config
+# An absolute path: `docker run -v` takes a relative one for a volume's name.
+export GPULAB_CONFIG := $(abspath $(GPULAB_CONFIG))
 # Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; README "Several GPU
 # servers"). The hub and the proxy then sit above the range the Swarm hands out.
 SWARM ?=
 ifneq ($(SWARM),)
+# With another GPULAB_SUBNET, set these three for it too (make up-swarm checks them).
 export GPULAB_HUB_IP ?= 172.30.0.250
 export GPULAB_PROXY_IP ?= 172.30.0.251
+export GPULAB_SWARM_IP_RANGE ?= 172.30.0.0/25
 endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
@@ -132,7 +136,7 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@# that Compose recreates them when the files change: Prometheus (config and rules),
 	@# Alertmanager, and with HTTPS the proxy (a renewed certificate, another host name).
 	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
-	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum $(GPULAB_CONFIG)/alertmanager.yml | cut -c1-16) \
+	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum "$(GPULAB_CONFIG)/alertmanager.yml" | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
 	  $(COMPOSE) up -d --remove-orphans

@@ -20,6 +20,25 @@ fi
 [ "$swarm" = true ] || die "make up-swarm runs gpulab across a Swarm's machines: set hub.swarm: true \
 in config/gpulab.yaml first (README: Several GPU servers); on one host, use make up."
 
+# The hub's and the proxy's fixed addresses: in the subnet, outside the range the Swarm
+# hands out (a container asking for a taken address fails to start after 20 s).
+addresses=$(python3 - "${GPULAB_SUBNET:-172.30.0.0/24}" "${GPULAB_SWARM_IP_RANGE:-172.30.0.0/25}" \
+  "${GPULAB_HUB_IP:-172.30.0.250}" "${GPULAB_PROXY_IP:-172.30.0.251}" 2>&1 <<'EOF'
+import ipaddress, sys
+try:
+    net, pool = ipaddress.ip_network(sys.argv[1]), ipaddress.ip_network(sys.argv[2])
+    hub, proxy = ipaddress.ip_address(sys.argv[3]), ipaddress.ip_address(sys.argv[4])
+except ValueError as e:
+    sys.exit(str(e))
+if not pool.subnet_of(net):
+    sys.exit(f"GPULAB_SWARM_IP_RANGE {pool} is not inside GPULAB_SUBNET {net}")
+for name, ip in (("GPULAB_HUB_IP", hub), ("GPULAB_PROXY_IP", proxy)):
+    if ip not in net or ip in pool:
+        sys.exit(f"{name} {ip} must be in GPULAB_SUBNET {net} and outside "
+                 f"GPULAB_SWARM_IP_RANGE {pool}, which the Swarm hands out")
+EOF
+) || die "$addresses"
+
 [ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
   || die "this Docker engine is not a Swarm manager: run 'docker swarm init' on this machine and \
 'docker swarm join ...' on each GPU server first (README: Several GPU servers)."

@@ -236,7 +236,13 @@ def resolve_inventory(
                 )
         gpus.sort(key=lambda g: (g.node, g.index))
     for pin in config.all_pins():
-        if not any(pin.matches(g.index, g.uuid) for g in gpus):
+        if isinstance(pin.ref, int) and any(g.node for g in gpus):
+            warnings.append(
+                f"{config.filename}:{pin.line}: pinned GPU {pin}: every machine has a GPU "
+                f"{pin.ref}, so on several machines a pin names a GPU by UUID; this one "
+                f"is ignored"
+            )
+        elif not any(pin.matches(g.index, g.uuid) for g in gpus):
             warnings.append(
                 f"{config.filename}:{pin.line}: pinned GPU {pin} is not available on this "
                 f"host; users pinned to it get other GPUs"
@@ -351,6 +357,10 @@ def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
     out: list[str] = []
     for pin in pins:
         for g in inventory:
+            # An index is a GPU of one host; across machines only a UUID is (see
+            # resolve_inventory's warning).
+            if isinstance(pin.ref, int) and g.node:
+                continue
             if pin.matches(g.index, g.uuid) and g.uuid not in out:
                 out.append(g.uuid)
     return out

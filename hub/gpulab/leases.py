@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +36,8 @@ from .gpus_config import GpusConfig
 from .nvml_discovery import discover_gpus
 
 log = logging.getLogger(__name__)
+
+STOPPING = "(a server that is stopping)"  # the holder of a cooling GPU (LeaseBook.cool)
 
 ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
 ListNodes = Callable[[], Awaitable[list[Gpu]]]
@@ -99,6 +102,9 @@ class LeaseBook:
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, str], list[Lease]] = {}
         self._discovered: list | None = None
+        # GPUs of removed Swarm services whose containers may still be stopping:
+        # uuid -> until when (time.monotonic()); see cool().
+        self._cooling: dict[str, float] = {}
 
     # ------------------------------------------------------------- inventory
 
@@ -132,7 +138,20 @@ class LeaseBook:
         leases = leases_from_labels(containers)
         for (user, server), pending in self._pending.items():
             leases = [le for le in leases if (le.user, le.server) != (user, server)] + pending
+        now = time.monotonic()
+        self._cooling = {u: t for u, t in self._cooling.items() if t > now}
+        held = {le.gpu_uuid for le in leases}
+        leases += [Lease(u, STOPPING, "", self._now()) for u in self._cooling if u not in held]
         return leases
+
+    def cool(self, gpu_uuids: Sequence[str], seconds: float) -> None:
+        """Keep *gpu_uuids* busy for *seconds* more: a removed Swarm service's lease is
+        gone from the manager at once, while its container on the machine is still being
+        stopped (up to the stop grace period) and may hold the GPU's memory. Busy for
+        everyone, the same member included; not counted in anyone's quota."""
+        until = time.monotonic() + seconds
+        for uuid in gpu_uuids:
+            self._cooling[uuid] = max(self._cooling.get(uuid, 0.0), until)
 
     async def view(self, config: GpusConfig) -> list[LeaseView]:
         inventory = await self.current_inventory(config)

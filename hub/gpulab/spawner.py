@@ -94,6 +94,8 @@ class GpulabSpawner(DockerSpawner):
     _progress_events = List()
     _gpulab_env = Dict()
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
+    _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
+                                      "with a message (a little before start_timeout)")
 
     @default("prefix")
     def _default_prefix(self):
@@ -277,6 +279,7 @@ class GpulabSpawner(DockerSpawner):
         # A little before JupyterHub's own start_timeout, which would only say "Spawn
         # failed" (its TimeoutError carries no message): this one says why, with the log.
         deadline = time.monotonic() + self.start_timeout - min(2.0, self.start_timeout / 10)
+        self._start_deadline = deadline
         await self._preflight(settings)
 
         gpus = await self._lease(gpus_config)

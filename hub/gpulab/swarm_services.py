@@ -185,9 +185,13 @@ def server_state(service: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]],
     if node is None:
         return ServerState(STOPPED, "the machine it ran on has left the cluster")
     where = node_name(node)
-    if (node.get("Status") or {}).get("State") != "ready":
+    # Only "down" (its heartbeats stopped) is a dead machine. "unknown" is what every node
+    # reads right after the manager restarts or the leader changes, until it reports in
+    # again; "disconnected" is a machine leaving: neither means its servers stopped.
+    if (node.get("Status") or {}).get("State") == "down":
         return ServerState(STOPPED, f"the machine it ran on ({where}) is down")
-    if (node.get("Spec") or {}).get("Availability") != "active":
+    # Drain stops a machine's tasks; pause only keeps new ones away.
+    if (node.get("Spec") or {}).get("Availability") == "drain":
         return ServerState(STOPPED, f"an admin took its machine ({where}) out of service")
     newest = max(tasks, key=lambda t: (t.get("Version") or {}).get("Index", 0), default=None)
     if newest is None:

@@ -31,7 +31,7 @@ import docker.errors
 from tornado import web
 from traitlets import Unicode, default
 
-from .contract import LABEL_MANAGED
+from .contract import LABEL_MANAGED, LABEL_NODE
 from .culler import notices
 from .leases import LeaseBook, swarm_lease_book
 from .settings import Settings
@@ -47,6 +47,8 @@ from .swarm_services import (
     task_address,
 )
 
+STOP_GRACE_SECONDS = 10  # Swarm's default StopGracePeriod, which service_spec keeps
+
 
 class GpulabSwarmSpawner(GpulabSpawner):
     object_type = "service"
@@ -55,6 +57,8 @@ class GpulabSwarmSpawner(GpulabSpawner):
     node_id = Unicode("", help="The Swarm node (ID) this server was placed on.")
     home_node = Unicode("", help="""The node (ID) that holds this server's home volume
         (spawn.swarm_homes: machine): where it ran first. Kept across stops.""")
+    home_machine = Unicode("", help="""That node's hostname: a machine that leaves the
+        Swarm and joins again gets a new ID, and keeps its name and its volumes.""")
     notices_file = Unicode(
         "",
         config=True,
@@ -100,7 +104,10 @@ class GpulabSwarmSpawner(GpulabSpawner):
 
     async def start(self):
         if self.notices_file:  # a notice of the last stop is news no more
-            notices.forget_stopped(self.notices_file, self.user.name, self.name)
+            try:
+                notices.forget_stopped(self.notices_file, self.user.name, self.name)
+            except OSError as e:  # a member's start never fails on a notice
+                self.log.warning("Could not update %s: %s", self.notices_file, e)
         return await super().start()
 
     async def _check_host_objects(self, settings: Settings) -> None:
@@ -125,7 +132,11 @@ class GpulabSwarmSpawner(GpulabSpawner):
         home = self._home_machine()
         if home:
             node = next((n for n in nodes if n.get("ID") == home), None)
-            where = node_name(node) if node else home
+            if node is None and self.home_machine:  # it joined again, under a new ID
+                node = next((n for n in nodes if node_name(n) == self.home_machine), None)
+                if node is not None:
+                    self.home_node = home = str(node.get("ID"))
+            where = self.home_machine or (node_name(node) if node else home)
             if node is None or not node_usable(node):
                 raise _http_error(
                     503, f"Your files are on the lab's machine {where}, which is "
@@ -183,6 +194,17 @@ class GpulabSwarmSpawner(GpulabSpawner):
                 await self.remove_object()
                 raise SpawnFailed(f"Your server could not start: {state.reason}. "
                                   f"Last lines of its log:\n{log_tail}")
+            if time.monotonic() > self._start_deadline:
+                newest = max(tasks, key=lambda t: (t.get("Version") or {}).get("Index", 0),
+                             default={})
+                status = newest.get("Status") or {}
+                await self.remove_object()
+                raise SpawnFailed(
+                    f"Your server did not start within {self.start_timeout} seconds, so it "
+                    f"was removed. The Swarm said: {status.get('State', 'no task yet')}"
+                    f"{': ' + status['Message'] if status.get('Message') else ''}"
+                    f"{' (' + status['Err'] + ')' if status.get('Err') else ''}. "
+                    f"Try again; if it happens again, tell an admin.")
             if not said_waiting:
                 where = next((node_name(n) for n in nodes if n.get("ID") == self.node_id),
                              self.node_id)
@@ -193,11 +215,22 @@ class GpulabSwarmSpawner(GpulabSpawner):
     async def start_object(self):
         await self._wait_running()
         if not self.home_node:  # its home volume now exists on this machine
-            self.home_node = self.node_id
+            await self._remember_home(self.node_id)
+
+    async def _remember_home(self, node_id: str) -> None:
+        nodes = await self.docker("nodes")
+        self.home_node = node_id
+        self.home_machine = next((node_name(n) for n in nodes if n.get("ID") == node_id), "")
 
     async def get_ip_and_port(self):
         task = await self._running_task()
         address = task_address(task or {}, self.network_name)
+        ended = None if task else await self._ended()
+        if ended is not None:  # it ended between running and here
+            log_tail = await self._log_tail()
+            await self.remove_object()
+            raise SpawnFailed(f"Your server exited while starting ({ended}). "
+                              f"Last lines of its log:\n{log_tail}")
         if not address:
             raise SpawnFailed(f"Your server runs but has no address on the network "
                               f"{self.network_name}; tell an admin (spawn.network must be "
@@ -218,16 +251,19 @@ class GpulabSwarmSpawner(GpulabSpawner):
         state = super().get_state()
         if self.home_node:
             state["home_node"] = self.home_node
+            state["home_machine"] = self.home_machine
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.home_node = state.get("home_node", "")
+        self.home_machine = state.get("home_machine", "")
 
     def clear_state(self):
-        home = self.home_node  # a stop clears the server's state, not where its home is
+        # A stop clears the server's state, not where its home is.
+        home = (self.home_node, self.home_machine)
         super().clear_state()
-        self.home_node = home
+        self.home_node, self.home_machine = home
 
     # ------------------------------------------------------------- running, stopping
 
@@ -238,15 +274,23 @@ class GpulabSwarmSpawner(GpulabSpawner):
         service, tasks, nodes = await self._swarm_view()
         if service is None:
             return 0
+        if not self.home_node:
+            # JupyterHub saves the state only once start() returns: a hub killed while
+            # the server was starting learns where its home is from the service's label.
+            await self._remember_home(
+                ((service.get("Spec") or {}).get("Labels") or {}).get(LABEL_NODE, ""))
         state = server_state(service, tasks, nodes)
         if state.state in (RUNNING, STARTING):
             return None
         self.log.warning("%s stopped: %s; removing its service, which releases its GPUs",
                          self._log_name, state.reason)
-        if self.notices_file:
-            notices.record_stopped(self.notices_file, notices.Stopped(
-                self.user.name, self.name, time.time(), "machine", state.reason))
         await self.remove_object()
+        if self.notices_file:
+            try:
+                notices.record_stopped(self.notices_file, notices.Stopped(
+                    self.user.name, self.name, time.time(), notices.MACHINE, state.reason))
+            except OSError as e:
+                self.log.warning("Could not tell %s why: %s", self._log_name, e)
         self.lease_book.settle(self.user.name, self.name)
         return state.reason
 
@@ -257,7 +301,9 @@ class GpulabSwarmSpawner(GpulabSpawner):
         try:
             await self.docker("remove_service", self.object_name)
         except docker.errors.NotFound:
-            pass
+            return
+        # Its container on the machine gets up to Swarm's stop grace period to end.
+        self.lease_book.cool(self.gpu_uuids, STOP_GRACE_SECONDS + 2)
 
     async def _remove_leftover(self) -> None:
         try:

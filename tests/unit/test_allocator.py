@@ -605,6 +605,21 @@ def test_a_server_whose_home_is_on_a_machine_gets_gpus_there_or_none():
     assert "only 0 of the 2 GPUs" in str(e.value)
 
 
+def test_a_pin_by_index_means_nothing_across_machines():
+    # Every machine has a GPU 0: withholding all of them from everyone else would leave
+    # GPUs idle while members get 409s. Only a UUID pins a GPU there.
+    cfg = parse_gpus_config(AUTO + "users:\n  alice: {pinned: [0]}\n")
+    inv = cluster(node1=2, node2=2)
+    leases = [Lease(inv[1].uuid, "x", "", T0), Lease(inv[3].uuid, "y", "", T0)]
+    [g] = allocate(cfg, inv, leases, Request("dave"))  # GPU 0s are not withheld
+    assert g.index == 0
+    gpus, warnings = resolve_inventory(cfg, inv)
+    assert any("on several machines a pin names a GPU by UUID" in w for w in warnings)
+    by_uuid = parse_gpus_config(AUTO + f"users:\n  alice: {{pinned: [{inv[3].uuid}]}}\n")
+    [g] = allocate(by_uuid, inv, [], Request("alice"))
+    assert g.uuid == inv[3].uuid
+
+
 def test_enough_free_gpus_split_over_machines_are_refused_and_say_so():
     cfg = parse_gpus_config(AUTO)
     inv = cluster(node1=2, node2=2)

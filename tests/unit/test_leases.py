@@ -152,3 +152,21 @@ def test_lease_containers_maps_each_lease_to_the_first_holding_container():
     held = lease_containers([first, second, dead])
     assert {k: v["Id"] for k, v in held.items()} == {
         (G0, "alice", ""): "first", (G1, "alice", ""): "first"}
+
+
+async def test_a_removed_services_gpu_stays_busy_while_its_container_stops(monkeypatch):
+    """On a Swarm the lease leaves with the service at once, its container later: the GPU
+    cools for a while, busy for everyone (her own restart too), in nobody's quota."""
+    import gpulab.leases as leases
+
+    clock = [1000.0]
+    monkeypatch.setattr(leases.time, "monotonic", lambda: clock[0])
+    docker = FakeDocker([container("bob", [G1])])
+    b = book(docker)
+    b.cool([G0], 12)  # alice's service was just removed
+    with pytest.raises(NotEnoughGpus):  # G0 cools, G1 is bob's
+        await b.acquire(TWO_GPUS, Request("alice"))
+    assert [(le.gpu_uuid, le.user) for le in await b._table()][-1] == (G0, leases.STOPPING)
+    clock[0] += 13
+    [g] = await b.acquire(TWO_GPUS, Request("alice"))
+    assert g.uuid == G0

@@ -136,6 +136,11 @@ def task(state, desired="running", index=1, err=""):
      "the machine it ran on (host-a) is down"),
     ([task("running")], [node("a", [G0], availability="drain")], STOPPED,
      "an admin took its machine (host-a) out of service"),
+    # the manager restarted or the leader changed: every node reads "unknown" a while
+    ([task("running")], [node("a", [G0], state="unknown")], RUNNING, ""),
+    ([task("running")], [node("a", [G0], state="disconnected")], RUNNING, ""),
+    # paused: no new servers there, the running ones keep running
+    ([task("running")], [node("a", [G0], availability="pause")], RUNNING, ""),
     ([task("running")], [node("b", [G1])], STOPPED,
      "the machine it ran on has left the cluster"),
 ])

@@ -25,6 +25,7 @@ from .decide import CullWarning
 log = logging.getLogger(__name__)
 
 STOPPED_KEPT = 3 * 86400
+MACHINE = "machine"  # Stopped.reason of a server whose Swarm machine went down or drained
 
 
 @dataclass(frozen=True)
@@ -130,11 +131,16 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
                                "back now." if w.reason == "idle" else
                                "Save your work; you can start it again afterwards.")})
     for s in notices.stopped:
-        if s.user == user:
-            out.append({"kind": "stopped", "server": s.server, "at": s.at,
-                        "text": f"Your {server_label(s.server)} was stopped: {s.message}. "
-                                f"Its GPU went back to the lab; the files in your home "
-                                f"are kept. Start it again when you need it."})
+        if s.user != user:
+            continue
+        if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.swarm_spawner)
+            after = ("Your files are kept. Start it again when you need it; if they are on "
+                     "that machine, it can start once the machine is back.")
+        else:
+            after = ("Its GPU went back to the lab; the files in your home are kept. Start "
+                     "it again when you need it.")
+        out.append({"kind": "stopped", "server": s.server, "at": s.at,
+                    "text": f"Your {server_label(s.server)} was stopped: {s.message}. {after}"})
     for n in out:
         at = datetime.fromtimestamp(n["at"], UTC)
         n["iso"], n["utc"] = at.isoformat(), at.strftime("%Y-%m-%d %H:%M")
