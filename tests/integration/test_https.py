@@ -29,7 +29,7 @@ import pytest
 
 from gpulab.naming import container_name
 
-from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot
+from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot, wait_for_lab_url
 from .stack import REPO, Hub, container_logs, docker, exporter_flags, make, wait_for
 from .throttle_rows import throttle
 
@@ -254,7 +254,7 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
             page.fill("#password_input", token)
             page.click("#login_submit")
             try:
-                page.wait_for_url(re.compile(rf"/user/{name}/lab"), timeout=120_000)
+                wait_for_lab_url(page, URL, name)  # CI once saw ERR_NETWORK_CHANGED here too
                 if not jupyterlab_shows(page, 90_000):
                     # CI saw this twice: the lab page served, then JupyterLab's chunks
                     # failed with net::ERR_NETWORK_CHANGED (Chromium drops requests in
