@@ -143,17 +143,44 @@ def wait_for_lab_url(page, hub_url: str, username: str, timeout_ms: float = 120_
                   f"({attempt + 1} time(s))", stacklevel=2)
 
 
+def jupyterlab_shows(page, timeout_ms: float) -> bool:
+    """Whether JupyterLab draws its launcher, or the notebook it restores, in time."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.locator("#jp-main-dock-panel").wait_for(state="visible", timeout=timeout_ms)
+        page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(
+            state="visible", timeout=timeout_ms)
+        return True
+    except PlaywrightTimeout:
+        return False
+
+
 def sign_in_to_lab(page, username: str, token: str) -> float:
     """Sign in on the login page as a member does and wait until JupyterLab shows its
     launcher, or the notebook it restores from their last session; returns the
-    time.monotonic() at which "Sign in" was pressed."""
+    time.monotonic() at which "Sign in" was pressed.
+
+    JupyterLab that loses some of its chunks to net::ERR_NETWORK_CHANGED (Docker
+    changing this host's interfaces, see :func:`wait_for_lab_url`) stays blank: after
+    60 s the page is reloaded once, as a member would, with a warning that says what the
+    console showed."""
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
     page.goto(f"{HUB_URL}/hub/login")
     page.fill("#username_input", username)
     page.fill("#password_input", token)
     pressed = time.monotonic()
     page.click("#login_submit")
     wait_for_lab_url(page, HUB_URL, username, 30_000)
-    page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(state="visible")
+    if not jupyterlab_shows(page, 60_000):
+        seen = list(errors)
+        page.reload()
+        if not jupyterlab_shows(page, 90_000):
+            raise AssertionError(f"JupyterLab did not show, even after a reload; console "
+                                 f"errors: {seen} then {errors[len(seen):]}")
+        warnings.warn(f"JupyterLab showed only after a reload; console errors: {seen}",
+                      stacklevel=2)
     return pressed
 
 

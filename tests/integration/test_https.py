@@ -29,7 +29,13 @@ import pytest
 
 from gpulab.naming import container_name
 
-from .browser import CHROMIUM, CHROMIUM_ARGS, screenshot, wait_for_lab_url
+from .browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyterlab_shows,
+    screenshot,
+    wait_for_lab_url,
+)
 from .stack import REPO, Hub, container_logs, docker, exporter_flags, make, wait_for
 from .throttle_rows import throttle
 
@@ -188,18 +194,6 @@ def chromium(playwright, home: Path):
     args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} {HUB_IP}"]
     return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args,
                                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-
-
-def jupyterlab_shows(page, timeout_ms: float) -> bool:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    try:
-        page.locator("#jp-main-dock-panel").wait_for(state="visible", timeout=timeout_ms)
-        page.locator(".jp-Launcher, .jp-NotebookPanel").first.wait_for(
-            state="visible", timeout=timeout_ms)
-        return True
-    except PlaywrightTimeout:
-        return False
 
 
 class Trouble:
