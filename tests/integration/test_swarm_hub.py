@@ -114,9 +114,18 @@ def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members
         return (sorted(page.locator("#gpu-rows tr.gpu td.node").all_inner_texts()) == expected
                 and seen["nodes"] == held)
     try:
-        wait_for(listed, 120, interval=3, what="the dashboard to list every machine's GPUs")
+        # Prometheus asks the node list every 30 s and scrapes every 15 s; a first ask
+        # before the read-only Docker proxy is up waits for the next one.
+        wait_for(listed, 240, interval=3, what="the dashboard to list every machine's GPUs")
     except AssertionError:
         print(f"the dashboard showed: {seen}")
+        targets = lab.docker("exec", "gpulab-hub", "python3", "-c",
+                             "import urllib.request; print(urllib.request.urlopen("
+                             "'http://prometheus:9090/api/v1/targets').read().decode())",
+                             check=False)
+        print(f"Prometheus' targets: {targets[:4000]}")
+        print(f"Prometheus' log: {lab.logs('gpulab-prometheus', 40)}")
+        print(f"the read-only Docker proxy's log: {lab.logs('gpulab-docker-proxy-ro', 40)}")
         raise
 
 
