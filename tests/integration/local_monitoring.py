@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -22,16 +21,13 @@ import pytest
 import requests
 import yaml
 
+from tests.ports import free_port
+
 from .stack import REPO, wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROM_CONFIG = REPO / "monitoring" / "prometheus"
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _answers(url: str) -> bool:

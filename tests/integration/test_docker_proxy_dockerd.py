@@ -28,6 +28,7 @@ from urllib.parse import quote
 import pytest
 
 from gpulab.docker_proxy import parse_response
+from tests.ports import free_port
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 IMAGE = "gpulab/singleuser:latest"
@@ -119,9 +120,7 @@ def proxy(tmp_path_factory):
         config.write_text(f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n"
                           f"  home_volume: '{HOME_VOLUME}-{{username}}'\n"
                           f"  datasets_volume: {DATASETS_VOLUME}\n")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpulab.docker_proxy", "--listen", f"127.0.0.1:{port}",

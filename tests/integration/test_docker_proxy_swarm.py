@@ -30,6 +30,7 @@ from urllib.parse import quote
 import pytest
 
 from gpulab.docker_proxy import parse_response
+from tests.ports import free_port
 
 from ..swarm.harness import wait_for
 from .test_docker_proxy_dockerd import Pairs, dump
@@ -183,9 +184,7 @@ def lab(swarm, tmp_path_factory):
         assert status == 201, out
     run = tmp_path_factory.mktemp("swarm-proxy")
     settings, log = run / "gpulab.yaml", run / "proxy.log"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     process = None
     try:
         lab = Lab(swarm, manager, Endpoint(port=port), settings)

@@ -27,7 +27,6 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.ssh.hostkey import known_hosts_line
+from tests.ports import free_port
 
 from .browser import submit_login
 from .stack import HUB_URL, container_logs, docker, wait_for
@@ -338,11 +338,6 @@ done
 echo "listeningOn==$port=="
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user):

@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from urllib.parse import urlencode
 
 from jupyterhub.proxy import Proxy
 from traitlets import default
+
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -57,12 +58,6 @@ class RouteTableProxy(Proxy):
 
     async def get_all_routes(self):
         return dict(self.routes)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CONFIG = """
@@ -140,7 +135,7 @@ class RunningHub:
             admin_scopes=ADMIN_SCOPES,
             weak_scopes=[s for s in ADMIN_SCOPES if s != "admin:users"]))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(HERE), str(REPO / "hub"), os.environ.get("PYTHONPATH", "")])}
+            [str(HERE), str(REPO), str(REPO / "hub"), os.environ.get("PYTHONPATH", "")])}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(config)],

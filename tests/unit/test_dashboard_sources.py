@@ -27,14 +27,10 @@ from gpulab.dashboard.sources import (
     snapshot_from_prometheus,
 )
 from gpulab.dashboard.view import build_view
+from tests.ports import free_port
 
 SCRAPED_AT = 1_700_000_000.0
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def closed_url():

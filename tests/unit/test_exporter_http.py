@@ -20,6 +20,7 @@ from gpulab_exporter.fake_nvml import FakeGpu, FakeNvml, fake_uuid
 from gpulab_exporter.nvml import GpuProcess
 from gpulab_exporter.server import make_app, make_registry, parse_listen, serve
 from gpulab_exporter.snapshot import Poller
+from tests.ports import free_port
 
 ANN = "a" * 64
 
@@ -140,11 +141,8 @@ def test_parse_listen_rejects(listen):
 
 def test_console_script_with_fake_gpus(tmp_path):
     """`python -m gpulab_exporter --fake-gpus 2` serves, says it is fake, stops on SIGTERM."""
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "gpulab_exporter", "--fake-gpus", "2", "--docker-url", "none",
            "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--process-interval", "0.4"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
