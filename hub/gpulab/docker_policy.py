@@ -81,6 +81,12 @@ from .settings import defaults
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
 # checked one; DeviceRequests need 1.40. Older clients are refused.
 MIN_API_VERSION = (1, 40)
+# The read-only calls (ping, version, the container and node lists) carry no body whose
+# meaning a version could change, so they are answered from 1.24 on: the version a Docker
+# client falls back to when its version negotiation's ping fails, which it then keeps
+# for good. Prometheus' Swarm discovery did, once, when its first ping came before this
+# proxy answered (and then never found an exporter).
+MIN_READ_ONLY_API_VERSION = (1, 24)
 _VERSION = re.compile(r"/v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?=/)")
 _PORT = re.compile(r"[1-9][0-9]{0,4}/(tcp|udp|sctp)")
 NO_NEW_PRIVILEGES = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
@@ -344,9 +350,10 @@ def decide(method: str, target: str, body: bytes = b"", *,
         return _refused(f"request target {target[:200]!r} is not a plain path", status=400)
     raw_path, _, raw_query = target.partition("?")
     prefix, path = _split_version(raw_path)
-    if prefix and tuple(map(int, prefix[2:].split("."))) < MIN_API_VERSION:
+    version = tuple(map(int, prefix[2:].split("."))) if prefix else None
+    if version and version < MIN_READ_ONLY_API_VERSION:
         return _refused(f"Docker API versions below "
-                        f"{'.'.join(map(str, MIN_API_VERSION))} are refused")
+                        f"{'.'.join(map(str, MIN_READ_ONLY_API_VERSION))} are refused")
     routes = [r for r in ROUTES if (r.read_only or not read_only) and (swarm or not r.swarm)]
     match = next(((r, m) for r in routes if r.method == method
                   for m in [r.path.fullmatch(path)] if m), None)
@@ -354,7 +361,12 @@ def decide(method: str, target: str, body: bytes = b"", *,
         who = "a read-only client" if read_only else "the hub"
         return _refused(f"{method} {path[:200]} is not among the calls {who} needs")
     route, m = match
-    if route.swarm and prefix and tuple(map(int, prefix[2:].split("."))) < (
+    if version and not route.read_only and version < MIN_API_VERSION:
+        return _refused(f"Docker API versions below "
+                        f"{'.'.join(map(str, MIN_API_VERSION))} are refused for "
+                        f"{method} {path[:200]} (only read-only calls are answered from "
+                        f"{'.'.join(map(str, MIN_READ_ONLY_API_VERSION))})")
+    if route.swarm and not route.read_only and version and version < (
             swarm_policy.MIN_API_VERSION):
         return _refused(f"Swarm calls need Docker API version "
                         f"{'.'.join(map(str, swarm_policy.MIN_API_VERSION))} or later (older "

@@ -462,13 +462,25 @@ def test_reasons_say_what_was_refused_and_why():
 
 @pytest.mark.parametrize("target, body, why", [
     # Below 1.24 a start body replaces the checked HostConfig.
-    ("/v1.23/containers/abc/start", b'{"Privileged": true, "Binds": ["/:/host"]}', "below 1.40"),
+    ("/v1.23/containers/abc/start", b'{"Privileged": true, "Binds": ["/:/host"]}', "below 1.24"),
     ("/v1.41/containers/abc/start", b'{"Privileged": true}', "takes no request body"),
-    ("/v1.12/containers/json", b"", "below 1.40"),
+    ("/v1.12/containers/json", b"", "below 1.24"),
+    ("/v1.39/containers/create?name=gpulab-user-a", b"{}", "below 1.40 are refused for POST"),
 ])
 def test_old_api_versions_and_bodies_outside_create_are_refused(target, body, why):
-    d = decide("POST" if "start" in target else "GET", target, body)
+    d = decide("POST" if "start" in target or "create" in target else "GET", target, body)
     assert not d.allowed and why in d.reason
+
+
+@pytest.mark.parametrize("target", ["/v1.24/_ping", "/v1.24/containers/json?all=1",
+                                    "/v1.24/nodes", "/v1.24/version"])
+def test_read_only_calls_are_answered_at_a_failed_negotiations_fallback_version(target):
+    """A Docker client whose version negotiation's ping failed keeps 1.24 for good
+    (Prometheus' Swarm discovery, started before the proxy answered): its lists still
+    work, and its writes would not."""
+    method = "HEAD" if target.endswith("_ping") else "GET"
+    assert decide(method, target, read_only=True, swarm=True).allowed
+    assert not decide("POST", "/v1.24/services/create", b"{}", swarm=True).allowed
 
 
 def test_per_container_calls_name_their_container():

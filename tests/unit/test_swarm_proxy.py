@@ -142,7 +142,7 @@ def test_a_service_log_is_read_not_followed():
 
 
 @pytest.mark.parametrize("target", [
-    "/v1.40/services/create", "/v1.40/services/gpulab-user-alice", "/v1.40/nodes",
+    "/v1.40/services/create", "/v1.40/services/gpulab-user-alice",
     f"/v1.40/tasks?filters={q({'service': ['x']})}",
 ])
 def test_swarm_calls_need_api_1_41(target):
