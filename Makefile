@@ -50,6 +50,7 @@ ifneq ($(SWARM),)
 export GPULAB_HUB_IP ?= 172.30.0.250
 export GPULAB_PROXY_IP ?= 172.30.0.251
 export GPULAB_SWARM_IP_RANGE ?= 172.30.0.0/25
+export GPULAB_SWARM := yes
 endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
@@ -65,7 +66,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up up-swarm node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -141,11 +142,7 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
 	  $(COMPOSE) up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
-ifeq ($(SWARM),)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
-else
-	@echo "[gpulab] warning: on a Swarm, members' servers are NOT isolated from each other (the overlay bypasses gpulab-netguard; README: Several GPU servers)"
-endif
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
@@ -153,10 +150,15 @@ endif
 up-swarm:
 	@$(MAKE) --no-print-directory up SWARM=yes
 
-# On each GPU server of a Swarm: its GPU exporter, for the manager's Prometheus.
-node-exporter: docker
+# On each GPU server of a Swarm: gpulab-netguard, which closes the users' overlay here, and
+# the GPU exporter, for the manager's Prometheus (node-exporter: its name until 0.13).
+swarm-node node-exporter:
+	@$(MAKE) --no-print-directory swarm-node-up SWARM=yes
+
+swarm-node-up: docker
 	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
+	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 
 down:
 	@if docker info >/dev/null 2>&1; then \

@@ -24,6 +24,10 @@ LABEL_NODE = "org.gpulab.node"
 # comma-separated, in NVML index order; the hub's inventory of that node.
 ENGINE_LABEL_GPUS = "gpulab.gpus"
 
+# The GPU exporter's port (monitoring/exporter's --listen default; published on each GPU
+# server of a Swarm for the manager's Prometheus).
+EXPORTER_PORT = 9445
+
 # User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
 # nothing else gpulab runs starts with it, so no username can take an infrastructure
 # container's name (or its DNS name on the users' network).

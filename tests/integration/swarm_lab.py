@@ -12,6 +12,7 @@ import subprocess
 
 from tests.swarm.forward import Forward
 
+from .probes import probe_with
 from .stack import REPO, TOKEN_FILE, Hub, StackError, wait_for
 
 # Copied onto every machine (no registry): the stack on the manager, the members' image and
@@ -59,7 +60,7 @@ class SwarmLab:
         sock = str(node.paths.socket)
         variables = {"BUILD_IMAGES": "no", "GPULAB_CONFIG": str(self.root / "config"),
                      "DOCKER_HOST": f"unix://{sock}", "GPULAB_DOCKER_SOCKET": sock,
-                     **variables}
+                     "GPULAB_DOCKER_EXEC_ROOT": str(node.paths.exec), **variables}
         out = subprocess.run(
             ["nsenter", f"--net=/run/netns/{node.plan.netns}", "--",
              "make", "-C", str(REPO), "--no-print-directory", target,
@@ -81,9 +82,9 @@ class SwarmLab:
         out = self.make("up-swarm")
         for worker in self.swarm.workers:  # the preflight lists the machines and GPUs
             assert f"{worker.hostname} " in out and "2 GPU(s)" in out, out
-        # Each GPU server's exporter, with the fake GPUs its engine label lists.
+        # Each GPU server's netguard and exporter, with the fake GPUs its engine label lists.
         for worker in self.swarm.workers:
-            self.make("node-exporter", worker, GPULAB_NODE_ADDRESS=worker.address,
+            self.make("swarm-node", worker, GPULAB_NODE_ADDRESS=worker.address,
                       GPULAB_EXPORTER_FLAGS=f"--fake-gpus {len(worker.gpus)} "
                                             f"--fake-uuids {','.join(worker.gpus)}")
         self.forward = Forward(self.manager.plan.netns, ("127.0.0.1", 8000))
@@ -98,8 +99,10 @@ class SwarmLab:
             return self.hub.is_up()
         wait_for(up, timeout, interval=0.5, what="the hub on the manager to answer")
 
-    def logs(self, container: str, tail: int = 60) -> str:
-        out = subprocess.run(["docker", "-H", self.manager.host, "logs", "--tail", str(tail),
+    def logs(self, container: str, tail: int = 60, node=None) -> str:
+        """The log of *container* on *node* (default: the manager)."""
+        node = node or self.manager
+        out = subprocess.run(["docker", "-H", node.host, "logs", "--tail", str(tail),
                               container], capture_output=True, text=True, timeout=30)
         return out.stdout + out.stderr
 
@@ -129,3 +132,41 @@ class SwarmLab:
         """container ID -> NVIDIA_VISIBLE_DEVICES, as the stand-in runtime on *node* saw
         them (the last record of each container)."""
         return {r["id"]: r["NVIDIA_VISIBLE_DEVICES"] for r in self.swarm.runtime_records(node)}
+
+    def addresses(self) -> dict[str, tuple[str, str]]:
+        """member -> (hostname of the machine her server runs on, its address on the
+        users' overlay), from the services' running tasks."""
+        names = {n["ID"]: n["Description"]["Hostname"] for n in json.loads(
+            self.docker("node", "inspect", *self.docker("node", "ls", "-q").split()))}
+        found = {}
+        for s in self.services():
+            ids = self.docker("service", "ps", "-q", "--no-trunc", "--filter",
+                              "desired-state=running", s["ID"]).split()
+            for task in json.loads(self.docker("inspect", *ids)) if ids else []:
+                for attachment in task.get("NetworksAttachments") or []:
+                    if attachment["Network"]["Spec"]["Name"] == "gpulab":
+                        found[s["Spec"]["Labels"]["org.gpulab.user"]] = (
+                            names[task["NodeID"]], attachment["Addresses"][0].split("/")[0])
+        return found
+
+    # ------------------------------------------------------------- the users' network
+
+    def probe_from_machine(self, node, targets: dict[str, tuple[str, int]]) -> dict[str, str]:
+        """*targets* as the machine *node* itself sees them (its network namespace)."""
+        return probe_with(["nsenter", f"--net=/run/netns/{node.plan.netns}"], targets)
+
+    def probe_from_container(self, container: str, targets: dict[str, tuple[str, int]]
+                             ) -> dict[str, str]:
+        """*targets* as one of the stack's containers on the manager sees them."""
+        return probe_with(["docker", "-H", self.manager.host, "exec", container], targets)
+
+    def gateway(self, node) -> str:
+        """*node*'s address on its docker_gwbridge (overlay containers' way out)."""
+        return self.swarm.docker(node, "network", "inspect", "-f",
+                                 "{{(index .IPAM.Config 0).Gateway}}", "docker_gwbridge").strip()
+
+    def overlay_netns(self, node):
+        """Docker's network namespace of the users' overlay on *node* (exists while one of
+        its containers runs there)."""
+        network = self.docker("network", "inspect", "-f", "{{.Id}}", "gpulab").strip()
+        return node.paths.exec / "netns" / f"1-{network[:10]}"

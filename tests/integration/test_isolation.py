@@ -20,26 +20,8 @@ import uuid
 
 import pytest
 
+from .probes import TCP, probe
 from .stack import docker, wait_for
-
-TCP = r'''
-import socket
-def tcp(host, port):
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-        return "open"
-    except socket.gaierror:
-        return "no such host"
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError as e:
-        return "unreachable" if "timed out" in str(e) or "unreachable" in str(e) else repr(e)
-'''
-
-
-def probe(user, targets: dict[str, tuple[str, int]]) -> dict[str, str]:
-    code = TCP + f"import json\nprint(json.dumps({{k: tcp(*v) for k, v in {targets!r}.items()}}))\n"
-    return json.loads(user.run_code(code).strip().splitlines()[-1])
 
 
 def probe_from_default_bridge(host: str, port: int) -> str:

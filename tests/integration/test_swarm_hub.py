@@ -16,6 +16,7 @@ machine dies.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -23,6 +24,7 @@ import requests
 
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import submit_login
+from .probes import probe
 from .stack import LabUser, wait_for
 from .swarm_lab import IMAGES, SwarmLab
 
@@ -90,8 +92,105 @@ def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
         assert given.get(container) == s["Spec"]["Labels"]["org.gpulab.gpus"], (given, s)
 
 
+def _neighbours(lab, members):
+    """(attacker, her machine, a member on the same machine, a member on another one)."""
+    at = lab.addresses()
+    by_name = {u.name: u for u in members}
+    attacker = members[0]
+    here = at[attacker.name][0]
+    same = next(n for n, (m, _) in at.items() if m == here and n != attacker.name)
+    other = next(n for n, (m, _) in at.items() if m != here)
+    return attacker, here, (same, at[same][1]), (other, at[other][1]), by_name
+
+
+def test_a_member_reaches_the_hub_api_and_nothing_else_on_any_machine(lab, members):
+    """Her own code, run in her server through the hub, tries every door: the neighbour's
+    server on her machine and on another, the proxy, the hub's other port, the overlay's
+    gateway, her machine itself, another machine's exporter and Swarm ports. Each blocked
+    target is shown answering to whom it is for (the hub, the proxy, a machine)."""
+    attacker, here, (same, same_ip), (other, other_ip), _ = _neighbours(lab, members)
+    workers = {w.hostname: w for w in lab.swarm.workers}
+    there = next(w for name, w in workers.items() if name != here)
+    hub, proxy = "172.30.0.250", "172.30.0.251"
+    doors = {
+        "neighbour on her machine": (same_ip, 8888),
+        "member on another machine": (other_ip, 8888),
+        "proxy API": (proxy, 8001),
+        "proxy public port": (proxy, 8000),
+        "hub's dashboard port": (hub, 9447),
+        "overlay gateway": ("172.30.0.1", 8888),
+        "her machine (docker_gwbridge)": (lab.gateway(workers[here]), 22),
+        "another machine's exporter": (there.address, 9445),
+        "another machine's Swarm gossip": (there.address, 7946),
+        "the manager's Swarm API": (lab.manager.address, 2377),
+    }
+    seen = probe(attacker, {**doors, "hub API": (hub, 8081)})
+    print(f"{attacker.name} on {here}: {json.dumps(seen, indent=1)}")
+    assert seen == {**{door: "unreachable" for door in doors}, "hub API": "open"}
+    # Controls: every blocked door answers to whom it is for.
+    assert set(lab.probe_from_container("gpulab-proxy", {
+        "same": (same_ip, 8888), "other": (other_ip, 8888), "dashboard": (hub, 9447),
+    }).values()) == {"open"}
+    assert lab.probe_from_container("gpulab-hub", {"api": (proxy, 8001)}) == {"api": "open"}
+    assert set(lab.probe_from_machine(lab.manager, {
+        "exporter": (there.address, 9445), "gossip": (there.address, 7946),
+    }).values()) == {"open"}
+    assert lab.probe_from_machine(there, {"api": (lab.manager.address, 2377)}) == {
+        "api": "open"}
+    # The overlay's gateway and her machine answer "refused" (reached, nothing listens)
+    # where nothing drops: from the machine itself.
+    assert lab.probe_from_machine(workers[here], {"gw": (lab.gateway(workers[here]), 22)}) \
+        == {"gw": "refused"}
+    for name in (here, there.hostname):
+        status = lab.swarm.docker(workers[name], "exec", "gpulab-netguard", "gpulab-netguard",
+                               "status")
+        assert status.startswith("users' network isolated on this machine"), status
+
+
+def test_a_flushed_overlay_firewall_is_put_back(lab, members):
+    """A firewall reload inside a machine's overlay namespace (here: every FORWARD rule
+    flushed): netguard puts the rules back within its check interval, and says so."""
+    attacker, here, (same, same_ip), _, _ = _neighbours(lab, members)
+    node = next(w for w in lab.swarm.workers if w.hostname == here)
+    netns = lab.overlay_netns(node)
+    in_overlay = ["nsenter", f"--net={netns}", "iptables"]
+    drop = ["FORWARD", "-i", "br0", "-o", "br0", "-m", "comment", "--comment",
+            "gpulab-netguard", "-j", "DROP"]
+    subprocess.run([*in_overlay, "-C", *drop], check=True)
+    subprocess.run([*in_overlay, "-F", "FORWARD"], check=True)
+    assert subprocess.run([*in_overlay, "-C", *drop], capture_output=True).returncode != 0
+    wait_for(lambda: subprocess.run([*in_overlay, "-C", *drop],
+                                    capture_output=True).returncode == 0,
+             30, interval=0.5, what="netguard to put the overlay's rules back")
+    time.sleep(0.5)
+    assert "had disappeared" in lab.logs("gpulab-netguard", 20, node=node)
+    assert probe(attacker, {"same": (same_ip, 8888)}) == {"same": "unreachable"}
+
+
+def test_a_machine_whose_last_server_stopped_is_closed_again_when_one_starts(lab, members):
+    """Docker removes a machine's overlay namespace with the last of its containers there,
+    and makes a new one (same name) for the next: netguard closes the new one too."""
+    attacker, here, (same, _), _, by_name = _neighbours(lab, members)
+    node = next(w for w in lab.swarm.workers if w.hostname == here)
+    netns = lab.overlay_netns(node)
+    pair = [attacker, by_name[same]]
+    for user in pair:
+        user.stop_server()
+    wait_for(lambda: not netns.exists(), 60, interval=0.5,
+             what=f"the overlay namespace on {here} to go with its last container")
+    for user in pair:  # back on the same machine (their homes are there); its GPUs cool
+        wait_for(lambda u=user: spawn(u, {"gpus": 1}).status_code in (201, 202), 60,
+                 interval=1, what=f"{user.name}'s server to start again")
+        wait_ready(user)
+    assert {lab.addresses()[u.name][0] for u in pair} == {here}
+    same_ip = lab.addresses()[same][1]
+    assert probe(attacker, {"same": (same_ip, 8888)}) == {"same": "unreachable"}
+    log = lab.logs("gpulab-netguard", 40, node=node)
+    assert log.count(f"closed the users' overlay namespace {netns.name}") >= 2, log
+
+
 def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members, new_page):
-    """Prometheus on the manager finds each GPU server's exporter (make node-exporter) in
+    """Prometheus on the manager finds each GPU server's exporter (make swarm-node) in
     the Swarm's node list; the operators' dashboard, reading Prometheus, shows every
     machine's GPUs with a Node column, and per machine how many are held."""
     r = lab.hub.request("POST", "/gpulab/login-tokens/admin", json={"expires_in": 3600})

@@ -409,11 +409,24 @@ class Swarm:
         node.paths.runtime.chmod(0o755)
 
     def _launch(self, node: Node) -> None:
+        self._share_exec_root(node)
         with open(node.paths.log, "ab") as log:
             node.process = subprocess.Popen(
                 P.dockerd_argv(node.plan, node.paths), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=P.dockerd_env(dict(os.environ)))
+
+    @staticmethod
+    def _share_exec_root(node: Node) -> None:
+        """Make the node's exec root a mount point with shared propagation, as every
+        directory is on a systemd host (this machine's / is private): gpulab-netguard
+        mounts ``<exec-root>/netns`` with ``rslave`` to see the network namespaces Docker
+        makes after it started, and Docker refuses that propagation from a private mount."""
+        exec_root = str(node.paths.exec)
+        node.paths.exec.mkdir(mode=0o700, exist_ok=True)
+        if exec_root not in P.mounts_under(Path("/proc/mounts").read_text(), exec_root):
+            run(["mount", "--bind", exec_root, exec_root])
+        run(["mount", "--make-rshared", exec_root])
 
     def _wait_engine(self, node: Node, timeout: float) -> None:
         def up():
