@@ -182,7 +182,8 @@ def configure(c) -> None:
             # containers cannot (gpulab-netguard lets them reach only port 8081).
             "url": f"http://{hub_host}:{DASHBOARD_PORT}",
             "command": [sys.executable, "-m", "gpulab.dashboard",
-                        "--culler-notices", str(notices_path)],
+                        "--culler-notices", str(notices_path),
+                        *(["--swarm"] if settings["hub.swarm"] else [])],
             # JupyterHub starts a managed service with only the environment it is given:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.
             "environment": {k: os.environ[k] for k in DASHBOARD_ENV if k in os.environ},

@@ -65,6 +65,7 @@ class LeaseView:
             "gpu_index": self.gpu.index if self.gpu else None,
             "model": self.gpu.model if self.gpu else None,
             "pool": self.gpu.pool if self.gpu else None,
+            "machine": self.gpu.machine if self.gpu else None,  # "" on one host
             "user": self.lease.user,
             "server": self.lease.server,
             "since": self.lease.since.isoformat() if self.lease.since else None,
@@ -171,7 +172,8 @@ class LeaseBook:
             rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
                                   c.get("Id") if c else None,
                                   str(c.get("State", "running")).lower() if c else None))
-        rows.sort(key=lambda r: (r.gpu.index if r.gpu else 1 << 30, r.lease.user))
+        rows.sort(key=lambda r: ((0, r.gpu.machine, r.gpu.index) if r.gpu else (1, "", 0),
+                                 r.lease.user))
         return rows
 
     # ------------------------------------------------------------- leasing

@@ -121,6 +121,7 @@ def lease_holder(service: Mapping[str, Any]) -> dict[str, Any]:
     """A member's service (the Docker API's service object) in the shape the lease
     table reads a container in: its ID, labels, creation time and state."""
     return {"Id": service.get("ID", ""),
+            "Names": [f"/{(service.get('Spec') or {}).get('Name', '')}"],
             "Labels": (service.get("Spec") or {}).get("Labels") or {},
             "Created": _epoch(service.get("CreatedAt")),
             "State": "running"}  # it holds its GPUs until the hub removes it

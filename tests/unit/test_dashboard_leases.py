@@ -41,6 +41,7 @@ from gpulab.dashboard.leases import (
     HubUnavailable,
     LeaseAdmin,
     ReleaseRefused,
+    SwarmServices,
     release_decision,
     server_containers,
 )
@@ -185,16 +186,16 @@ async def test_lease_model_from_container_dicts(gpus_path):
     rows = {le["user"]: le for le in model["leases"]}
     assert set(rows) == {"alice", "bob", "carol"}
     assert rows["alice"] == {
-        "gpu_uuid": G0, "gpu_index": 0, "model": "A100", "pool": "big", "user": "alice",
+        "gpu_uuid": G0, "gpu_index": 0, "model": "A100", "pool": "big", "machine": "", "user": "alice",
         "server": "", "since": "2026-01-01T10:30:00+00:00", "state": "active",
         "container_id": "alice-default-running-0123456789", "container_state": "running",
         "held_seconds": 5400, "releasable": True}
     assert (rows["bob"]["server"], rows["bob"]["container_state"]) == ("small", "created")
     assert (rows["carol"]["state"], rows["carol"]["gpu_index"]) == ("orphaned", None)
     assert model["gpus"] == [
-        {"index": 0, "uuid": G0, "model": "A100", "pool": "big", "mode": "exclusive",
+        {"index": 0, "uuid": G0, "model": "A100", "pool": "big", "machine": "", "mode": "exclusive",
          "reserved": False, "capacity": 1, "held": 1, "free": 0, "holders": ["alice"]},
-        {"index": 1, "uuid": G1, "model": "T4", "pool": "small", "mode": "shared",
+        {"index": 1, "uuid": G1, "model": "T4", "pool": "small", "machine": "", "mode": "shared",
          "reserved": False, "capacity": 2, "held": 1, "free": 1, "holders": ["bob/small"]},
     ]
     assert model["summary"] == {"gpus": 2, "held": 2, "leases": 3, "orphaned": 1,
@@ -325,7 +326,7 @@ async def test_admin_gets_the_json(dashboard):
     status, _, body = await fetch(base + PREFIX + "api/leases", headers=token("admin-token"))
     data = json.loads(body)
     assert status == 200 and set(data) == {"timestamp", "leases", "gpus", "summary",
-                                           "config_errors"}
+                                           "config_errors", "holder"}
     assert [(le["user"], le["gpu_index"], le["container_state"]) for le in data["leases"]] == \
         [("alice", 0, "running"), (EVIL, 1, "running")]
     assert [(g["held"], g["free"]) for g in data["gpus"]] == [(1, 0), (1, 1)]
@@ -498,3 +499,69 @@ async def test_docker_containers_lists_gpulab_ones_and_removes_by_force():
         await store.remove("broken")
     assert [c[1] for c in client.calls[1:]] == ["abc", "gone", "going", "broken"]
     assert all(c[2] == {"force": True} for c in client.calls[1:])
+
+
+class ScriptedSwarmClient(docker.APIClient):
+    """docker-py's APIClient (never connected) answering a Swarm manager's three calls the
+    lease page makes from a script: ``services()``, ``nodes()``, ``remove_service()``."""
+
+    def __init__(self, services, nodes):
+        super().__init__(base_url="tcp://127.0.0.1:9", version="1.41")
+        self.listed, self.node_list, self.calls = services, nodes, []
+
+    def services(self, **kwargs):
+        self.calls.append(("services", kwargs))
+        return [s for s in self.listed if s["ID"] not in
+                {c[1] for c in self.calls if c[0] == "remove"}]
+
+    def nodes(self, **kwargs):
+        return self.node_list
+
+    def remove_service(self, service):
+        self.calls.append(("remove", service))
+        if service == "gone":
+            raise _api_error(404)
+
+
+def swarm_service(sid, user, gpus, node_id):
+    return {"ID": sid, "CreatedAt": "2026-01-01T10:30:00Z",
+            "Spec": {"Name": f"gpulab-user-{user}", "Labels": {
+                LABEL_MANAGED: "true", LABEL_USER: user, LABEL_SERVER: "",
+                LABEL_GPUS: ",".join(gpus), "org.gpulab.node": node_id}}}
+
+
+def swarm_node(node_id, hostname, gpus):
+    return {"ID": node_id, "Spec": {"Availability": "active"}, "Status": {"State": "ready"},
+            "Description": {"Hostname": hostname,
+                            "Engine": {"Labels": {"gpulab.gpus": ",".join(gpus)}}}}
+
+
+async def test_on_a_swarm_the_page_lists_services_by_machine_and_releases_a_stuck_one(
+        hub_api, tmp_path):
+    """Every machine's GPUs (from the nodes' engine labels), the services holding them,
+    and a release that removes the service of a server the hub does not run."""
+    api_url, servers, _ = hub_api
+    servers["alice"] = [""]  # the hub runs alice's server; bob's service is left over
+    client = ScriptedSwarmClient(
+        [swarm_service("s-alice", "alice", [G0], "n1"), swarm_service("s-bob", "bob", [G2], "n2")],
+        [swarm_node("n1", "gpu-server-1", [G0, G1]), swarm_node("n2", "gpu-server-2", [G2])])
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("inventory: auto\n")
+    admin = LeaseAdmin(SwarmServices(client), HubServers(api_url, HUB_TOKEN, timeout=2), gpus,
+                       now=lambda: NOW)
+    model = await admin.model()
+    assert model["holder"] == "service"
+    assert [(g["machine"], g["index"], g["holders"]) for g in model["gpus"]] == [
+        ("gpu-server-1", 0, ["alice"]), ("gpu-server-1", 1, []), ("gpu-server-2", 0, ["bob"])]
+    assert [(le["user"], le["machine"], le["container_id"]) for le in model["leases"]] == [
+        ("alice", "gpu-server-1", "s-alice"), ("bob", "gpu-server-2", "s-bob")]
+
+    with pytest.raises(ReleaseRefused) as refused:
+        await admin.release(G0, "alice", "", admin="root")
+    assert refused.value.status == 409
+    assert "the hub runs this server; service running (gpulab-user-alice)" in \
+        refused.value.message
+    assert await admin.release(G2, "bob", "", admin="root") == ["gpulab-user-bob"]
+    assert ("remove", "s-bob") in client.calls
+    assert [le["user"] for le in (await admin.model())["leases"]] == ["alice"]
+    await SwarmServices(client).remove("gone")  # already removed: released

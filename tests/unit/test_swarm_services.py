@@ -150,8 +150,9 @@ def test_server_state_from_the_swarms_view(tasks, nodes, state, reason):
 
 def test_a_service_holds_its_lease_as_a_running_container_would():
     svc = {"ID": "s1", "CreatedAt": "2026-11-30T10:00:00Z",
-           "Spec": {"Labels": {LABEL_USER: "alice", LABEL_GPUS: G0}}}
-    assert lease_holder(svc) == {"Id": "s1", "Labels": {LABEL_USER: "alice", LABEL_GPUS: G0},
+           "Spec": {"Name": "gpulab-user-alice", "Labels": {LABEL_USER: "alice", LABEL_GPUS: G0}}}
+    assert lease_holder(svc) == {"Id": "s1", "Names": ["/gpulab-user-alice"],
+                                 "Labels": {LABEL_USER: "alice", LABEL_GPUS: G0},
                                  "Created": 1796032800.0, "State": "running"}
 
 

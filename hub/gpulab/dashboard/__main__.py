@@ -26,6 +26,7 @@ from gpulab.dashboard.leases import (
     DockerContainers,
     HubServers,
     LeaseAdmin,
+    SwarmServices,
     default_gpus_path,
     default_settings_path,
 )
@@ -101,6 +102,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "shows beside the leases they will end (default: none)")
     p.add_argument("--no-leases", action="store_true",
                    help="leave out the admins' lease page (no Docker socket here)")
+    p.add_argument("--swarm", action="store_true",
+                   help="the hub runs members' servers as Swarm services (hub.swarm): the "
+                        "lease page lists and releases services, and every machine's GPUs")
     p.add_argument("--refresh-seconds", type=float, default=5.0, metavar="SECONDS",
                    help="how often the page refreshes its table (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
@@ -129,7 +133,8 @@ async def serve(args: argparse.Namespace) -> None:
                             if args.culler_notices else None)
     leases = None
     if not args.no_leases:
-        leases = LeaseAdmin(DockerContainers(), HubServers(hub_auth.api_url, hub_auth.api_token),
+        store = SwarmServices() if args.swarm else DockerContainers()
+        leases = LeaseAdmin(store, HubServers(hub_auth.api_url, hub_auth.api_token),
                             args.gpus_file, settings_path=args.settings_file)
     usage = history = None
     if args.prometheus_url.lower() != "none":

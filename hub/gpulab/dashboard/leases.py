@@ -12,7 +12,8 @@ container is not running. Releasing it removes the container, which is what free
 lease (the labels are the lease). :func:`release_decision` is the rule, pure;
 :class:`LeaseAdmin` does the I/O around it.
 
-    ContainerStore     list / remove gpulab containers (DockerContainers: docker-py)
+    ContainerStore     list / remove gpulab containers (DockerContainers: docker-py;
+                       SwarmServices: members' services on a Swarm)
     HubServers         "is this server active?" from the hub's REST API
 """
 
@@ -35,7 +36,7 @@ from gpulab import live_config
 from gpulab.allocator import Gpu
 from gpulab.containers import label_claims
 from gpulab.gpus_config import GpusConfig
-from gpulab.leases import LeaseBook, LeaseView, docker_lister
+from gpulab.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.dashboard")
@@ -55,7 +56,8 @@ class Decision:
     why: str
 
 
-def release_decision(container_state: str, hub_active: bool) -> Decision:
+def release_decision(container_state: str, hub_active: bool,
+                     holder: str = "container") -> Decision:
     """Whether to remove one container of the server whose lease an admin releases.
 
     *hub_active*: the hub lists that server as running or starting/stopping. Then only
@@ -66,10 +68,10 @@ def release_decision(container_state: str, hub_active: bool) -> Decision:
     """
     state = (container_state or "running").lower()
     if not hub_active:
-        return Decision(True, f"the hub does not run this server; container {state}")
+        return Decision(True, f"the hub does not run this server; {holder} {state}")
     if state in NOT_RUNNING:
-        return Decision(True, f"container {state}")
-    return Decision(False, f"the hub runs this server; container {state}")
+        return Decision(True, f"{holder} {state}")
+    return Decision(False, f"the hub runs this server; {holder} {state}")
 
 
 def server_containers(containers: Sequence[dict[str, Any]], gpu_uuid: str, user: str,
@@ -102,6 +104,7 @@ def inventory_rows(inventory: Sequence[Gpu], rows: Sequence[LeaseView]) -> list[
         holders = [r.lease for r in rows if r.lease.gpu_uuid == g.uuid]
         out.append({
             "index": g.index, "uuid": g.uuid, "model": g.model, "pool": g.pool,
+            "machine": g.machine,
             "mode": g.mode, "reserved": g.reserved, "capacity": g.capacity,
             "held": len(holders), "free": max(0, g.capacity - len(holders)),
             "holders": [f"{le.user}/{le.server}" if le.server else le.user for le in holders],
@@ -110,12 +113,15 @@ def inventory_rows(inventory: Sequence[Gpu], rows: Sequence[LeaseView]) -> list[
 
 
 def lease_model(rows: Sequence[LeaseView], inventory: Sequence[Gpu],
-                config_errors: Sequence[str], now: datetime) -> dict[str, Any]:
-    """The whole page / ``api/leases`` model, plain JSON types."""
+                config_errors: Sequence[str], now: datetime,
+                holder: str = "container") -> dict[str, Any]:
+    """The whole page / ``api/leases`` model, plain JSON types. *holder*: what holds a
+    lease, and what a release removes ("container"; on a Swarm, "service")."""
     gpus = inventory_rows(inventory, rows)
     held = sum(1 for g in gpus if g["held"])
     return {
         "timestamp": now.timestamp(),
+        "holder": holder,
         "leases": [lease_row(r, now) for r in rows],
         "gpus": gpus,
         "summary": {"gpus": len(gpus), "held": held, "leases": len(rows),
@@ -173,6 +179,50 @@ class DockerContainers(ContainerStore):
                 log.info("container %s is already being removed", container_id[:12])
                 return
             raise
+
+
+class SwarmServices(ContainerStore):
+    """On a Swarm: members' services hold the leases (through the Docker proxy in front
+    of the manager). ``list()`` gives each in a container's shape
+    (:func:`gpulab.swarm_services.lease_holder`); ``remove(id)``
+    removes the service, which stops its server on whatever machine it runs."""
+
+    holder = "service"
+
+    def __init__(self, client=None):
+        self._client = client
+        self._listers = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            import docker
+
+            self._client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+        return self._client
+
+    async def _lister(self, which: int):
+        if self._listers is None:
+            self._listers = swarm_listers(await asyncio.to_thread(lambda: self.client))
+        return self._listers[which]
+
+    async def list(self) -> list[dict[str, Any]]:
+        return await (await self._lister(0))()
+
+    async def remove(self, container_id: str) -> None:
+        from docker.errors import APIError
+
+        client = await asyncio.to_thread(lambda: self.client)
+        try:
+            await asyncio.to_thread(client.remove_service, container_id)
+        except APIError as e:
+            if e.status_code == 404:  # gone already: released
+                return
+            raise
+
+    async def node_gpus(self) -> list[Gpu]:
+        """The GPUs the Swarm's usable machines list (their engine labels)."""
+        return await (await self._lister(1))()
 
 
 class HubUnavailable(Exception):
@@ -253,7 +303,11 @@ class LeaseAdmin:
         self.gpus_path = str(gpus_path)
         # gpulab.yaml: read only to report an invalid edit, as the hub's log does
         self.settings_path = str(settings_path) if settings_path else None
-        self.book = book or LeaseBook(store.list)
+        if book is None:
+            book = (LeaseBook(store.list, node_gpus=store.node_gpus)
+                    if isinstance(store, SwarmServices) else LeaseBook(store.list))
+        self.book = book
+        self.holder = getattr(store, "holder", "container")
         self.now = now
 
     def config(self) -> tuple[GpusConfig, list[str]]:
@@ -276,7 +330,7 @@ class LeaseAdmin:
     async def model(self) -> dict[str, Any]:
         config, errors = self.config()
         rows = await self.book.view(config)
-        return lease_model(rows, self.book.inventory(config), errors, self.now())
+        return lease_model(rows, self.book.inventory(config), errors, self.now(), self.holder)
 
     async def release(self, gpu_uuid: str, user: str, server: str, admin: str) -> list[str]:
         """Remove the containers holding *gpu_uuid* for *user*/*server* if the lease is
@@ -284,14 +338,14 @@ class LeaseAdmin:
         who = f"{user}/{server}" if server else user
         found = server_containers(await self.store.list(), gpu_uuid, user, server)
         if not found:
-            raise ReleaseRefused(404, f"No gpulab container of {who} holds GPU {gpu_uuid}: "
+            raise ReleaseRefused(404, f"No gpulab {self.holder} of {who} holds GPU {gpu_uuid}: "
                                       f"the lease is already released.")
         try:
             active = await self.hub.server_active(user, server)
         except HubUnavailable as e:
             raise ReleaseRefused(503, f"Nothing removed: cannot ask the hub whether {who} "
                                       f"runs ({e}).") from e
-        decisions = [(c, release_decision(str(c.get("State", "running")), active))
+        decisions = [(c, release_decision(str(c.get("State", "running")), active, self.holder))
                      for c in found]
         refused = [(c, d) for c, d in decisions if not d.remove]
         if refused:
@@ -303,6 +357,6 @@ class LeaseAdmin:
         for c, d in decisions:
             await self.store.remove(c["Id"])
             removed.append(container_name(c))
-            log.warning("admin %s released GPU %s of %s: removed container %s (%s)",
-                        admin, gpu_uuid, who, container_name(c), d.why)
+            log.warning("admin %s released GPU %s of %s: removed %s %s (%s)",
+                        admin, gpu_uuid, who, self.holder, container_name(c), d.why)
         return removed
