@@ -71,7 +71,7 @@ GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
 	@echo "make up-swarm      the same on a Docker Swarm's manager: members' servers on its GPU servers"
-	@echo "make node-exporter on each GPU server of that Swarm: its GPU exporter, for the manager's Prometheus"
+	@echo "make swarm-node    on each GPU server of that Swarm: gpulab-netguard and its GPU exporter"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
@@ -151,7 +151,7 @@ up-swarm:
 	@$(MAKE) --no-print-directory up SWARM=yes
 
 # On each GPU server of a Swarm: gpulab-netguard, which closes the users' overlay here, and
-# the GPU exporter, for the manager's Prometheus (node-exporter: its name until 0.13).
+# the GPU exporter, for the manager's Prometheus (node-exporter: its earlier name).
 swarm-node node-exporter:
 	@$(MAKE) --no-print-directory swarm-node-up SWARM=yes
 

@@ -59,7 +59,7 @@ while read -r id; do
   gpus_total=$((gpus_total + count))
   printf '[gpulab]   %-24s %-6s %-7s %s GPU(s)\n' "$host" "$state" "$availability" "$count"
   # Prometheus scrapes an exporter on every machine not labelled gpulab.exporter=false:
-  # a machine without GPUs runs none (make node-exporter is for GPU servers).
+  # a machine without GPUs runs none (make swarm-node is for GPU servers).
   if [ "$count" = 0 ] && [ -z "$exporter" ]; then
     docker node update --label-add gpulab.exporter=false "$id" >/dev/null
     say "  (no GPUs: labelled gpulab.exporter=false, so Prometheus does not expect an exporter there)"
@@ -70,5 +70,5 @@ if [ "$gpus_total" = 0 ]; then
   say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
 fi
 say "each GPU server needs the image of config/gpulab.yaml's spawn.image, and for its GPU"
-say "exporter (make node-exporter there) gpulab/exporter and gpulab/hub"
+say "exporter (make swarm-node there) gpulab/exporter and gpulab/hub"
 say "(e.g. docker save gpulab/singleuser:latest | ssh GPU-SERVER docker load)."
