@@ -204,9 +204,19 @@ def resolve_inventory(
     warnings: list[str] = []
     gpus: list[Gpu] = []
     if config.auto:
-        pool = config.pools[DEFAULT_POOL]
-        gpus = [Gpu(i, u, m, DEFAULT_POOL, pool.mode, pool.max_users, node=n, machine=h)
-                for n, i, u, m, h in found]
+        pool_of = {machine: p for p in config.pools.values() for machine in p.machines}
+        gpus = [Gpu(i, u, m, pool.name, pool.mode, pool.max_users, node=n, machine=h)
+                for n, i, u, m, h in found
+                for pool in [pool_of.get(h, config.pools[DEFAULT_POOL])]]
+        machines = sorted({h for *_, h in found if h})
+        for p in config.pools.values():
+            for machine in p.machines:
+                if machine not in machines:
+                    warnings.append(
+                        f"{config.filename}: pools.{p.name}.machines: no machine "
+                        f"{machine} lists GPUs"
+                        + (f" (machines with GPUs: {', '.join(machines)})" if machines else
+                           " (this hub is not on a Swarm, or no machine lists GPUs)"))
     else:
         present = {u: (i, m, n, h) for n, i, u, m, h in found}
         for e in config.gpus:
@@ -236,13 +246,13 @@ def resolve_inventory(
                 )
         gpus.sort(key=lambda g: (g.node, g.index))
     for pin in config.all_pins():
-        if isinstance(pin.ref, int) and any(g.node for g in gpus):
+        if isinstance(pin.ref, int) and not pin.machine and any(g.node for g in gpus):
             warnings.append(
                 f"{config.filename}:{pin.line}: pinned GPU {pin}: every machine has a GPU "
-                f"{pin.ref}, so on several machines a pin names a GPU by UUID; this one "
-                f"is ignored"
+                f"{pin.ref}, so on several machines a pin names a GPU by UUID or as "
+                f"MACHINE:{pin.ref}; this one is ignored"
             )
-        elif not any(pin.matches(g.index, g.uuid) for g in gpus):
+        elif not any(pin.matches(g.index, g.uuid, g.machine) for g in gpus):
             warnings.append(
                 f"{config.filename}:{pin.line}: pinned GPU {pin} is not available on this "
                 f"host; users pinned to it get other GPUs"
@@ -359,9 +369,9 @@ def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
         for g in inventory:
             # An index is a GPU of one host; across machines only a UUID is (see
             # resolve_inventory's warning).
-            if isinstance(pin.ref, int) and g.node:
+            if isinstance(pin.ref, int) and not pin.machine and g.node:
                 continue
-            if pin.matches(g.index, g.uuid) and g.uuid not in out:
+            if pin.matches(g.index, g.uuid, g.machine) and g.uuid not in out:
                 out.append(g.uuid)
     return out
 

@@ -9,7 +9,8 @@ Schema (every key optional; an empty or missing file means the defaults)::
 
     inventory: auto            # or a list of GPUs, see below
     pools:                     # named pools; "default" exists even when not listed
-      <name>: {mode: exclusive | shared, max_users: N, description: "..."}
+      <name>: {mode: exclusive | shared, max_users: N, description: "...",
+               machines: [<hostname>, ...]}   # a Swarm's machines whose GPUs are here
     defaults:                  # what every user gets
       gpus: 0                  # GPUs given when the user does not choose (default 0)
       max_gpus: 1              # most GPUs one user may hold, all servers together
@@ -78,10 +79,13 @@ MAX_GPUS_LIMIT = 64
 MAX_USERS_LIMIT = 1024
 
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_MACHINE_PIN = re.compile(rf"(?P<machine>{_HOSTNAME.pattern}):(?P<index>[0-9]{{1,3}})")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 _TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling")
-_POOL_KEYS = ("mode", "max_users", "description")
+_POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 _LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
 _DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *_LIMIT_KEYS)
@@ -102,6 +106,9 @@ class Pool:
     mode: str = EXCLUSIVE
     max_users: int = 1  # users per GPU; always 1 for exclusive
     description: str = ""
+    # On a Swarm with `inventory: auto`: the machines (hostnames) whose GPUs are in this
+    # pool; the GPUs of a machine no pool names are in pool "default".
+    machines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,11 +131,16 @@ class Pin:
 
     ref: int | str
     line: int | None = None
+    machine: str = ""  # "gpu-server-2:0": index 0 of that machine (a Swarm)
 
-    def matches(self, index: int, uuid: str) -> bool:
-        return self.ref == uuid if isinstance(self.ref, str) else self.ref == index
+    def matches(self, index: int, uuid: str, machine: str = "") -> bool:
+        if isinstance(self.ref, str):
+            return self.ref == uuid
+        return self.ref == index and self.machine == machine
 
     def __str__(self) -> str:
+        if self.machine:
+            return f"{self.machine}:{self.ref}"
         return self.ref if isinstance(self.ref, str) else f"index {self.ref}"
 
 
@@ -292,6 +304,19 @@ def _name(value: Any, what: str) -> str:
     return s
 
 
+def _list(value: Any) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {value!r}")
+    return value
+
+
+def _machine(value: Any) -> str:
+    if not isinstance(value, str) or not _HOSTNAME.fullmatch(value):
+        raise ValueError(f"expected a machine's hostname as `docker node ls` shows it, "
+                         f"got {value!r}")
+    return value
+
+
 def _uuid(value: Any) -> str:
     if not isinstance(value, str) or not _UUID.fullmatch(value.strip()):
         raise ValueError(
@@ -411,12 +436,27 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     for raw_name, body in raw_pools.items():
         path: Path_ = ("pools", str(raw_name))
         name = r.check(path, lambda v: _name(v, "a pool name"), raw_name)
-        body = r.mapping(path, body, _POOL_KEYS, "a mapping with mode: and max_users:")
+        body = r.mapping(path, body, _POOL_KEYS, "a mapping with mode:, max_users:, "
+                         "description: and machines:")
         pools[name] = _pool(r, path, name, body)
+
+    owner: dict[str, str] = {}
+    for pool in pools.values():
+        for i, machine in enumerate(pool.machines):
+            if machine in owner:
+                raise doc.error(("pools", pool.name, "machines", i),
+                                f"machine {machine} is in pool {owner[machine]} already; "
+                                f"a machine's GPUs are in one pool")
+            owner[machine] = pool.name
 
     # inventory
     raw_inv = top.get("inventory", "auto")
     auto = raw_inv == "auto"
+    if owner and not auto:
+        name = owner[next(iter(owner))]
+        raise doc.error(("pools", name, "machines"),
+                        "machines: is for `inventory: auto`; an explicit inventory gives "
+                        "each GPU its pool (pool: on its entry)")
     gpus: tuple[GpuEntry, ...] = ()
     if not auto:
         if not isinstance(raw_inv, list):
@@ -498,7 +538,12 @@ def _pool(r: _Reader, path: Path_, name: str, body: dict) -> Pool:
         )
     else:
         max_users = 1
-    return Pool(name, mode, max_users, description)
+    machines: tuple[str, ...] = ()
+    if "machines" in body:
+        machines = tuple(r.check(path + ("machines", i), _machine, m)
+                         for i, m in enumerate(r.check(path + ("machines",), _list,
+                                                       body["machines"])))
+    return Pool(name, mode, max_users, description, machines)
 
 
 def _inventory(r: _Reader, raw: list, pools: Mapping[str, Pool]) -> tuple[GpuEntry, ...]:
@@ -608,19 +653,24 @@ def _pins(
     if isinstance(value, str | int) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list):
-        raise doc.error(path, f"expected a list of GPU UUIDs or indexes, got {value!r}")
+        raise doc.error(path, f"expected a list of GPU UUIDs or indexes (or MACHINE:INDEX), "
+                              f"got {value!r}")
     pins: list[Pin] = []
     for i, ref in enumerate(value):
         p = path + (i,)
-        ref = r.check(p, _uuid, ref) if isinstance(ref, str) else r.check(p, _index, ref)
-        if not auto and not any(Pin(ref).matches(g.index, g.uuid) for g in gpus):
-            listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
-            raise doc.error(
-                p, f"pinned GPU {ref!r} is not listed under inventory; GPUs listed there: {listed}"
-            )
-        if any(q.ref == ref for q in pins):
-            raise doc.error(p, f"GPU {ref!r} is pinned twice")
-        pins.append(Pin(ref, doc.line_of(p)))
+        on = _MACHINE_PIN.fullmatch(ref) if isinstance(ref, str) else None
+        if on:  # MACHINE:INDEX, a GPU of one machine of a Swarm
+            pin = Pin(int(on["index"]), doc.line_of(p), on["machine"])
+        else:
+            ref = r.check(p, _uuid, ref) if isinstance(ref, str) else r.check(p, _index, ref)
+            pin = Pin(ref, doc.line_of(p))
+            if not auto and not any(pin.matches(g.index, g.uuid) for g in gpus):
+                listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+                raise doc.error(p, f"pinned GPU {ref!r} is not listed under inventory; GPUs "
+                                   f"listed there: {listed}")
+        if any((q.ref, q.machine) == (pin.ref, pin.machine) for q in pins):
+            raise doc.error(p, f"GPU {str(pin)!r} is pinned twice")
+        pins.append(pin)
     return tuple(pins)
 
 

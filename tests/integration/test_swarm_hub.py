@@ -62,6 +62,12 @@ def wait_ready(user: LabUser, timeout: float = 150) -> None:
 
 
 def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
+    # gpus.yaml (read again at every spawn) puts the last machine's GPUs in a pool of
+    # their own, and the third member in that pool only.
+    last = lab.swarm.workers[-1].hostname
+    (lab.root / "config" / "gpus.yaml").write_text(
+        f"{lab.gpus}pools:\n  last: {{machines: [{last}]}}\n"
+        f"users:\n  {members[2].name}: {{pools: [last]}}\n")
     started = []
     for user in members:
         t0 = time.monotonic()
@@ -80,6 +86,7 @@ def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
     assert all(node in workers and gpu in workers[node].gpus for node, gpu in pairs), pairs
     # Spread: the first two members landed on different machines.
     assert placed[members[0].name][0] != placed[members[1].name][0]
+    assert placed[members[2].name][0] == last  # her pool is that machine's
     # Each container got exactly its leased GPU from the node's runtime.
     given = {}
     for worker in lab.swarm.workers:

@@ -659,3 +659,50 @@ def test_random_spawns_and_stops_on_several_machines_never_double_book():
         assert len({g.node for g in got}) <= 1, step
         leases = add_leases(leases, Request(who), got, T0)
         assert max(Counter(le.gpu_uuid for le in leases).values(), default=0) <= 1, step
+
+
+def named(**sizes: int) -> list[Gpu]:
+    """Like :func:`cluster`, the machines named as the Swarm names them (hostnames)."""
+    return [Gpu(g.index, g.uuid, g.model, node=f"id-{g.node}", machine=g.node)
+            for g in cluster(**sizes)]
+
+
+MACHINE_POOLS = """\
+inventory: auto
+pools:
+  a100: {machines: [gpu-2], description: "the big ones"}
+  small: {mode: shared, max_users: 2, machines: [gpu-3]}
+defaults: {gpus: 1, max_gpus: 4, pools: [default]}
+users:
+  alice: {pools: [a100]}
+  bob: {pinned: ["gpu-3:1"]}
+"""
+
+
+def test_a_pool_names_machines_and_a_pin_names_one_machines_gpu():
+    cfg = parse_gpus_config(MACHINE_POOLS)
+    gpus, warnings = resolve_inventory(cfg, named(**{"gpu-1": 1, "gpu-2": 2, "gpu-3": 2}))
+    assert warnings == []
+    assert [(g.machine, g.index, g.pool, g.mode, g.max_users) for g in gpus] == [
+        ("gpu-1", 0, "default", "exclusive", 1),
+        ("gpu-2", 0, "a100", "exclusive", 1), ("gpu-2", 1, "a100", "exclusive", 1),
+        ("gpu-3", 0, "small", "shared", 2), ("gpu-3", 1, "small", "shared", 2)]
+    [g] = allocate(cfg, gpus, [], Request("alice"))  # her pool is gpu-2's
+    assert (g.machine, g.index) == ("gpu-2", 0)
+    [g] = allocate(cfg, gpus, [], Request("dave"))  # the defaults' pool: gpu-1's
+    assert (g.machine, g.index) == ("gpu-1", 0)
+    [g] = allocate(cfg, gpus, [], Request("bob"))  # his pin, on its machine
+    assert (g.machine, g.index) == ("gpu-3", 1)
+    [g] = allocate(cfg, gpus, [Lease(g.uuid, "bob", "", T0)], Request("carol"))
+    assert (g.machine, g.index) == ("gpu-1", 0)  # bob's pin is kept for him
+
+
+def test_a_pool_or_pin_naming_a_machine_that_lists_no_gpus_is_said():
+    cfg = parse_gpus_config(MACHINE_POOLS.replace("machines: [gpu-2]", "machines: [gpu-9]"))
+    _, warnings = resolve_inventory(cfg, named(**{"gpu-1": 1, "gpu-3": 2}))
+    assert warnings == ["gpus.yaml: pools.a100.machines: no machine gpu-9 lists GPUs "
+                        "(machines with GPUs: gpu-1, gpu-3)"]
+    _, warnings = resolve_inventory(cfg, [Gpu(0, uuid(0), "A100")])  # one host
+    assert any("pools.small.machines: no machine gpu-3 lists GPUs (this hub is not on a "
+               "Swarm" in w for w in warnings), warnings
+    assert any("pinned GPU gpu-3:1 is not available" in w for w in warnings), warnings

@@ -279,3 +279,20 @@ def test_culling_defaults_and_the_shipped_file():
     shipped = load_gpus_config(EXAMPLE)
     assert shipped.culling == c.culling and shipped.default_gpu_idle_timeout == 7200
     assert parse_gpus_config("users:\n  v: {no_gpu: true}\n").policy_for("v").no_gpu
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("pools:\n  a: {machines: [gpu-1]}\n  b: {machines: [gpu-2, gpu-1]}\n",
+     "gpus.yaml:3: pools.b.machines[1]", "machine gpu-1 is in pool a already"),
+    ("inventory:\n  - {index: 0, uuid: GPU-1}\npools:\n  a: {machines: [gpu-1]}\n",
+     "gpus.yaml:4: pools.a.machines", "an explicit inventory gives each GPU its pool"),
+    ("pools:\n  a: {machines: gpu-1}\n", "gpus.yaml:2: pools.a.machines", "expected a list"),
+    ("pools:\n  a: {machines: ['gpu 1']}\n", "gpus.yaml:2: pools.a.machines[0]",
+     "a machine's hostname"),
+    ("users:\n  bob: {pinned: ['gpu-1:0', 'gpu-1:0']}\n", "gpus.yaml:2: users.bob.pinned[1]",
+     "'gpu-1:0' is pinned twice"),
+])
+def test_machines_in_pools_and_pins_are_checked(text, where, words):
+    with pytest.raises(ConfigError) as e:
+        parse_gpus_config(text)
+    assert str(e.value).startswith(where) and words in str(e.value), str(e.value)
