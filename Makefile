@@ -50,7 +50,6 @@ ifneq ($(SWARM),)
 export GPULAB_HUB_IP ?= 172.30.0.250
 export GPULAB_PROXY_IP ?= 172.30.0.251
 export GPULAB_SWARM_IP_RANGE ?= 172.30.0.0/25
-export GPULAB_SWARM := yes
 endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
@@ -171,12 +170,13 @@ down:
 	  $(COMPOSE) down --remove-orphans; \
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
-	@# gpulab-netguard removes its firewall rules when it stops; rules left by one that was
-	@# killed (or by gpulab before netguard) are removed here.
+	@# gpulab-netguard leaves its firewall rules in place when it stops (stopping must not
+	@# open the users' network); they are removed here, with any left by gpulab before
+	@# netguard. On a Swarm, those inside the overlay's namespaces go with the namespaces.
 	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q -e gpulab-netguard -e gpulab-isolate-users; then \
 	  iptables -S | grep -e 'comment gpulab-netguard' -e 'comment gpulab-isolate-users' | sed 's/^-A /-D /' \
 	    | while read -r rule; do iptables $$rule; done; \
-	  echo "[gpulab] removed leftover firewall rules"; fi
+	  echo "[gpulab] removed gpulab-netguard's firewall rules"; fi
 
 logs:
 	@$(COMPOSE) logs -f hub

@@ -222,7 +222,8 @@ class GpusConfig:
         if any(g.pools is not None for g in mine):
             pools = _union(p for g in mine for p in (g.pools or ()))
         for g in mine:
-            pinned.extend(p for p in (g.pinned or ()) if p.ref not in {q.ref for q in pinned})
+            seen = {(q.ref, q.machine) for q in pinned}
+            pinned.extend(p for p in (g.pinned or ()) if (p.ref, p.machine) not in seen)
         limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
                                 getattr(self, f"default_{key}"))
                   for key in _LIMIT_KEYS}
@@ -661,6 +662,9 @@ def _pins(
         on = _MACHINE_PIN.fullmatch(ref) if isinstance(ref, str) else None
         if on:  # MACHINE:INDEX, a GPU of one machine of a Swarm
             pin = Pin(int(on["index"]), doc.line_of(p), on["machine"])
+        elif isinstance(ref, str) and ":" in ref:
+            raise doc.error(p, f"expected MACHINE:INDEX (a machine's hostname as `docker "
+                               f"node ls` shows it, a GPU index up to 999), got {ref!r}")
         else:
             ref = r.check(p, _uuid, ref) if isinstance(ref, str) else r.check(p, _index, ref)
             pin = Pin(ref, doc.line_of(p))

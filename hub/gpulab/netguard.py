@@ -24,10 +24,14 @@ decision; :func:`status` says whether the kernel filters bridged traffic at all 
 iptables, and nothing here would hold: then it says "not isolated", never "isolated").
 
 The ``gpulab-netguard`` container runs :func:`main` with the host's network namespace
-and only ``CAP_NET_ADMIN``: it installs the rules, checks every few seconds that they
-are still there (re-adding what a firewall reload removed, and saying so in its log),
-and removes them when it is stopped (``make down``). Because it is part of the stack,
-the rules come back with it after a reboot, before any user container exists.
+and only ``CAP_NET_ADMIN``: it installs the rules and checks every few seconds that they
+are still there (re-adding what a firewall reload removed, and saying so in its log).
+Stopping it leaves them in place; ``gpulab-netguard remove`` (run by ``make down``) takes
+them out. Because it is part of the stack, the rules come back with it after a reboot,
+before any user container exists.
+
+On a Swarm (``--swarm``) it does the same on every machine for the users' overlay
+network: see :func:`overlay_rules`, :func:`gateway_rules` and :class:`Overlays`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,6 +136,9 @@ def gateway_rules(bridge: str = GATEWAY_BRIDGE) -> list[Rule]:
     from_gateway = ("-i", bridge)
     return [
         *to_host(bridge),
+        # between two containers on it (Docker makes it with inter-container traffic
+        # off; an admin who made it by hand may not have)
+        Rule("DOCKER-USER", (*from_gateway, "-o", bridge, *DROP)),
         *(Rule("DOCKER-USER", (*from_gateway, "-p", proto, "-m", "multiport", "--dports",
                                ",".join(map(str, ports)), *DROP))
           for proto, ports in SWARM_PORTS),
@@ -172,15 +180,20 @@ class SwarmStatus:
 
     gateway_missing: int
     overlays: tuple[tuple[str, Status], ...]
+    subnet: str = "172.30.0.0/24"
+    others: tuple[str, ...] = ()  # the subnets of the other overlays' namespaces here
 
     @property
     def isolated(self) -> bool:
         return self.gateway_missing == 0 and all(s.isolated for _, s in self.overlays)
 
     def message(self) -> str:
-        where = (f"{len(self.overlays)} overlay namespace(s) here" if self.overlays else
-                 "no member's server on this machine yet: their rules go in as the first "
-                 "one starts")
+        where = (f"{len(self.overlays)} namespace(s) of the overlay {self.subnet} here"
+                 if self.overlays else
+                 f"no member's server on this machine yet: the rules of the overlay "
+                 f"{self.subnet} go in as the first one starts")
+        if self.others:
+            where += f"; other overlays here: {'; '.join(self.others)}"
         if self.isolated:
             return (f"users' network isolated on this machine (rules in place, bridged "
                     f"traffic filtered; {where})")
@@ -302,6 +315,11 @@ def read_in_netns(path: str, file: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+# libnetwork names an overlay's namespace <epoch>-<network id[:10]> (the epoch counts the
+# times it was set up again; 1 so far).
+_OVERLAY_NETNS = re.compile(r"[0-9]+-[0-9a-z]+")
+
+
 class Overlays:
     """The users' overlay's namespaces on this machine (Docker's ``<exec-root>/netns/
     1-<network id>``, which exists while one of the overlay's containers runs here), each
@@ -317,7 +335,7 @@ class Overlays:
         self.run = run
         self.read = read
         self.guards: dict[tuple[str, int], tuple[str, Guard]] = {}  # key: (path, guard)
-        self.others: set[tuple[str, int]] = set()
+        self.others: dict[tuple[str, int], str] = {}  # other overlays: their subnets
 
     def _present(self) -> dict[tuple[str, int], str]:
         found = {}
@@ -326,7 +344,7 @@ class Overlays:
         except FileNotFoundError:
             return found
         for entry in entries:
-            if not entry.name.startswith("1-"):  # overlay namespaces only
+            if not _OVERLAY_NETNS.fullmatch(entry.name):  # overlay namespaces only
                 continue
             try:
                 found[(entry.name, entry.stat().st_ino)] = str(entry)
@@ -334,25 +352,28 @@ class Overlays:
                 continue
         return found
 
-    def scan(self) -> list[str]:
-        """Find namespaces that appeared (putting the rules in at once) and forget those
-        that went; returns the names of the namespaces newly closed."""
+    def scan(self, apply: bool = True) -> list[str]:
+        """Find namespaces that appeared (putting the rules in at once, unless *apply* is
+        false: ``status`` only looks) and forget those that went; returns the names of the
+        namespaces newly found."""
         present = self._present()
         for key in [k for k in self.guards if k not in present]:
             del self.guards[key]
-        self.others &= set(present)
+        self.others = {k: v for k, v in self.others.items() if k in present}
         closed = []
         for key, path in present.items():
             if key in self.guards or key in self.others:
                 continue
-            ours = is_users_overlay(self.read(path, "/proc/net/route"), self.subnet)
+            routes = self.read(path, "/proc/net/route")
+            ours = is_users_overlay(routes, self.subnet)
             if ours is None:
                 continue  # not set up yet: look again at the next scan
             if not ours:
-                self.others.add(key)
+                self.others[key] = ", ".join(sorted(map(str, route_subnets(routes, "br0"))))
                 continue
             guard = Guard(self.wanted, self.iptables, run=in_netns(path, self.run))
-            guard.apply()
+            if apply:
+                guard.apply()
             self.guards[key] = (path, guard)
             closed.append(key[0])
         return closed
@@ -380,7 +401,7 @@ class OneHost:
         self.guard = guard
         self.what = bridge
 
-    def scan(self) -> list[str]:
+    def scan(self, apply: bool = True) -> list[str]:
         return []
 
     def apply(self) -> int:
@@ -402,14 +423,15 @@ class SwarmMachine:
         self.overlays = overlays
         self.what = f"{GATEWAY_BRIDGE} and the overlay {overlays.subnet}"
 
-    def scan(self) -> list[str]:
-        return self.overlays.scan()
+    def scan(self, apply: bool = True) -> list[str]:
+        return self.overlays.scan(apply)
 
     def apply(self) -> int:
         return self.gateway.apply() + self.overlays.apply()
 
     def status(self) -> SwarmStatus:
-        return SwarmStatus(len(self.gateway.missing()), self.overlays.status())
+        return SwarmStatus(len(self.gateway.missing()), self.overlays.status(),
+                           self.overlays.subnet, tuple(sorted(self.overlays.others.values())))
 
     def remove(self) -> None:
         self.gateway.remove()
@@ -463,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"removed gpulab's rules for {machine.what}")
         return 0
     if args.action == "status":
-        machine.scan()  # a running guard has already closed what it finds
+        machine.scan(apply=False)  # look only: a missing rule must show
         status = machine.status()
         print(status.message())
         return 0 if status.isolated else 1
@@ -498,8 +520,12 @@ def main(argv: list[str] | None = None) -> int:
         if status.message() != last:
             (log.info if status.isolated else log.error)("%s", status.message())
             last = status.message()
-    machine.remove()
-    log.info("stopped: rules for %s removed", machine.what)
+    # The rules stay: stopping (docker restart, make up after an upgrade) must not open
+    # the users' network while their servers run, which on a Swarm they do, as services,
+    # whatever happens to this stack. `gpulab-netguard remove` and `make down` take them
+    # out; a namespace's go with it.
+    log.info("stopped; the rules for %s stay in place (gpulab-netguard remove takes them "
+             "out)", machine.what)
     return 0
 
 

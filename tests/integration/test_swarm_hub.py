@@ -172,6 +172,13 @@ def test_a_flushed_overlay_firewall_is_put_back(lab, members):
     time.sleep(0.5)
     assert "had disappeared" in lab.logs("gpulab-netguard", 20, node=node)
     assert probe(attacker, {"same": (same_ip, 8888)}) == {"same": "unreachable"}
+    # Stopping netguard (a restart, make swarm-node after an upgrade) leaves the rules.
+    lab.swarm.docker(node, "stop", "gpulab-netguard")
+    try:
+        subprocess.run([*in_overlay, "-C", *drop], check=True)
+        assert probe(attacker, {"same": (same_ip, 8888)}) == {"same": "unreachable"}
+    finally:
+        lab.swarm.docker(node, "start", "gpulab-netguard")
 
 
 def test_a_machine_whose_last_server_stopped_is_closed_again_when_one_starts(lab, members):

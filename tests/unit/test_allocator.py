@@ -676,6 +676,7 @@ defaults: {gpus: 1, max_gpus: 4, pools: [default]}
 users:
   alice: {pools: [a100]}
   bob: {pinned: ["gpu-3:1"]}
+  carol: {pools: [small]}
 """
 
 
@@ -693,8 +694,19 @@ def test_a_pool_names_machines_and_a_pin_names_one_machines_gpu():
     assert (g.machine, g.index) == ("gpu-1", 0)
     [g] = allocate(cfg, gpus, [], Request("bob"))  # his pin, on its machine
     assert (g.machine, g.index) == ("gpu-3", 1)
-    [g] = allocate(cfg, gpus, [Lease(g.uuid, "bob", "", T0)], Request("carol"))
-    assert (g.machine, g.index) == ("gpu-1", 0)  # bob's pin is kept for him
+    [g] = allocate(cfg, gpus, [], Request("carol"))  # her pool: gpu-3's, but not bob's pin
+    assert (g.machine, g.index) == ("gpu-3", 0)
+    leases = [Lease(gpus[3].uuid, "x", "", T0), Lease(gpus[3].uuid, "y", "", T0)]
+    with pytest.raises(NotEnoughGpus):  # gpu-3:0 is full; gpu-3:1 is kept for bob
+        allocate(cfg, gpus, leases, Request("carol"))
+
+
+def test_pins_of_one_index_on_several_machines_from_several_groups_all_count():
+    cfg = parse_gpus_config('groups:\n  lab: {pinned: ["gpu-1:0", "gpu-2:0"]}\n'
+                            '  other: {pinned: ["gpu-3:0"]}\n')
+    policy = cfg.policy_for("alice", ["lab", "other"])
+    assert [str(p) for p in policy.pinned] == ["gpu-1:0", "gpu-2:0", "gpu-3:0"]
+    assert policy.max_gpus == 3  # the default 1, raised to the pins
 
 
 def test_a_pool_or_pin_naming_a_machine_that_lists_no_gpus_is_said():

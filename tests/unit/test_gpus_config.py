@@ -291,6 +291,8 @@ def test_culling_defaults_and_the_shipped_file():
      "a machine's hostname"),
     ("users:\n  bob: {pinned: ['gpu-1:0', 'gpu-1:0']}\n", "gpus.yaml:2: users.bob.pinned[1]",
      "'gpu-1:0' is pinned twice"),
+    ("users:\n  bob: {pinned: ['gpu-1:1000']}\n", "gpus.yaml:2: users.bob.pinned[0]",
+     "expected MACHINE:INDEX"),
 ])
 def test_machines_in_pools_and_pins_are_checked(text, where, words):
     with pytest.raises(ConfigError) as e:

@@ -147,6 +147,7 @@ def test_gateway_rules_keep_overlay_containers_off_the_machines_and_swarm_ports(
         ("DOCKER-USER", "-i docker_gwbridge -d 169.254.0.0/16 -j DROP"),
         ("INPUT", "-i docker_gwbridge -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"),
         ("INPUT", "-i docker_gwbridge -j DROP"),
+        ("DOCKER-USER", "-i docker_gwbridge -o docker_gwbridge -j DROP"),
         ("DOCKER-USER", "-i docker_gwbridge -p tcp -m multiport --dports 2377,7946,9445 "
                         "-j DROP"),
         ("DOCKER-USER", "-i docker_gwbridge -p udp -m multiport --dports 4789,7946 -j DROP"),
@@ -197,13 +198,24 @@ def test_overlays_close_each_namespace_of_the_users_overlay_as_it_appears(tmp_pa
     wanted = overlay_rules("172.30.0.250", "172.30.0.251")
     overlays = Overlays(tmp_path, "172.30.0.0/24", wanted, "iptables", run=spaces.run,
                         read=spaces.read)
+    assert overlays.scan(apply=False) == ["1-users00000"]  # `status` only looks
+    assert overlays.status()[0][1].rules_missing == len(wanted)
+    overlays.guards.clear()
     assert overlays.scan() == ["1-users00000"]
     assert set(spaces.tables) == {str(tmp_path / "1-users00000")}
     forward = spaces.tables[str(tmp_path / "1-users00000")].chains["FORWARD"]
     assert forward[:5] == [tuple(r.args()[1:]) for r in wanted if r.chain == "FORWARD"]
     assert overlays.scan() == []  # known
 
+    # the namespace Docker was still setting up gets its br0: the users' overlay, a later
+    # epoch of it (libnetwork counts set-ups in the name)
+    (tmp_path / "2-settingup0").touch()
+    spaces.routes["2-settingup0"] = ROUTES
+    assert overlays.scan() == ["2-settingup0"]
     spaces.routes["1-settingup0"] = ROUTES.replace("00001EAC", "00001FAC")  # another overlay
+    assert overlays.scan() == []
+    assert list(overlays.others.values()) == ["10.0.0.0/24", "172.31.0.0/24"]
+    (tmp_path / "2-settingup0").unlink()
     assert overlays.scan() == []
     assert [name for name, _ in overlays.status()] == ["1-users00000"]
     assert all(s.isolated for _, s in overlays.status())
@@ -235,7 +247,12 @@ def test_a_swarm_machine_is_isolated_only_when_every_namespace_filters_bridged_t
         status.message()
     spaces.filtering = "1\n"
     assert SwarmStatus(0, overlays.status()).isolated
-    assert "1 overlay namespace(s) here" in SwarmStatus(0, overlays.status()).message()
+    assert "1 namespace(s) of the overlay 172.30.0.0/24 here" in SwarmStatus(
+        0, overlays.status()).message()
+    # another overlay's namespace (Swarm's ingress, or a subnet that does not match the
+    # manager's) is named, so that a mismatch shows
+    assert "other overlays here: 10.0.0.0/24" in SwarmStatus(
+        0, (), others=("10.0.0.0/24",)).message()
     assert "docker_gwbridge rule(s) missing" in SwarmStatus(2, overlays.status()).message()
     idle = SwarmStatus(0, ())
     assert idle.isolated and "no member's server on this machine yet" in idle.message()
