@@ -123,8 +123,15 @@ def spawn_once(target: Target, phases: bool = False) -> dict[str, float | None]:
     else:
         assert hub.request("POST", f"/users/{name}", json={}).status_code == 201
     try:
-        t0 = time.time()
-        r = hub.request("POST", f"/users/{name}/server", json={}, timeout=300)
+        deadline = time.time() + 60
+        while True:
+            t0 = time.time()
+            r = hub.request("POST", f"/users/{name}/server", json={}, timeout=300)
+            # On a Swarm a stopped server's GPUs stay busy through the stop grace period
+            # (12 s), so that no GPU is given twice: the spawn is timed once one is free.
+            if r.status_code != 409 or "in use" not in r.text or time.time() > deadline:
+                break
+            time.sleep(0.5)
         if r.status_code not in (201, 202):
             raise RuntimeError(f"spawn failed: {r.status_code} {r.text}")
         wait_for(lambda: (hub.server_model(name) or {}).get("ready"), 300, interval=0.05,
