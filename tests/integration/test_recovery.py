@@ -52,6 +52,15 @@ def wait_restarted(container: str, started_before: str, timeout: float = 90) -> 
         raise
 
 
+def hub_reaches_docker_proxy() -> bool:
+    """The hub's own view: does the Docker API filter answer a ping? (A restarted
+    container is "running" a moment before its process listens.)"""
+    return subprocess.run(
+        ["docker", "exec", "gpulab-hub", "python3", "-c",
+         "import urllib.request; urllib.request.urlopen('http://docker-proxy:2375/_ping', "
+         "timeout=2)"], capture_output=True, timeout=30).returncode == 0
+
+
 def proxy_routes() -> set[str]:
     """The routes configurable-http-proxy holds, asked from inside its own container."""
     out = docker("exec", PROXY, "python3", "-c", (
@@ -205,6 +214,10 @@ def test_docker_engine_restart_keeps_servers_and_spawns_resume(hub, lab_user, gp
     assert seen["server"] == 200  # the running server never noticed
     wait_for(hub.is_up, 60, what="the published port to answer again")
     wait_restarted("gpulab-docker-proxy", proxy_started)
+    # CI once spawned in the moment between the filter's restart and its listening: a
+    # 503 that a member retrying a second later would not have seen.
+    wait_for(hub_reaches_docker_proxy, 30, interval=0.5,
+             what="the restarted Docker API filter to answer the hub")
     waiting.start_server()
     assert running.execute(kernel, "print(state + 1)").strip() == "42"
 
