@@ -305,6 +305,22 @@ def test_one_more_than_the_cluster_holds_is_refused(lab, new_page):
     assert all(row.rstrip().endswith("in use") for row in rows), rows
 
 
+@pytest.mark.parametrize("options, status", [
+    ({"gpus": "all"}, 400), ({"device_ids": [0, 1]}, 400), ({"gpus": -1}, 400),
+    ({"gpus": 10**9}, 400), ({"gpus": 1.5}, 400), ({"gpus": [1]}, 400),
+    ({"gpus": 1, "image": "evil"}, 400), ({"gpus": 3}, 403),
+])
+def test_user_options_sent_straight_to_the_rest_api_are_refused_before_any_service(
+        lab, options, status):
+    """As on one host (test_gpu_leases): bad options a member sends the REST API are
+    refused with a reason, and no service is created (max_gpus is 2 here)."""
+    mallory = lab.hub.create_user(prefix="mallory")
+    r = spawn(mallory, options)
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.json().get("message"), r.text
+    assert mallory.name not in lab.placement()
+
+
 def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members):
     user = members[0]
     node, _ = lab.placement()[user.name]
