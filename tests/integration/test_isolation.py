@@ -149,16 +149,28 @@ def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
     assert hub_side == "open open open"
 
 
+def gateway(network: str) -> str:
+    """The host's address on a Docker bridge network. Its IPAM config names it, except
+    after dockerd restarted on a bridge that already existed (CI's run saw the default
+    bridge without a Gateway then): the bridge's own address is the same one."""
+    [info] = json.loads(docker("network", "inspect", network))
+    named = (info["IPAM"]["Config"] or [{}])[0].get("Gateway")
+    if named:
+        return named
+    bridge = info["Options"].get("com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()[3].split("/")[0]
+
+
 def test_users_cannot_reach_the_host(hub, lab_user, host_listener):
     user = lab_user("prober")
     user.start_server()
-    gateway = json.loads(docker("network", "inspect", "gpulab"))[0]["IPAM"]["Config"][0].get(
-        "Gateway") or "172.30.0.1"
+    users_gateway = gateway("gpulab")
     assert _connects("127.0.0.1", host_listener.port)  # control: it listens
-    default_bridge = json.loads(docker("network", "inspect", "bridge"))[0]["IPAM"]["Config"][0][
-        "Gateway"]
+    default_bridge = gateway("bridge")
     assert probe_from_default_bridge(default_bridge, host_listener.port) == "open"  # control
-    seen = probe(user, {"gateway": (gateway, host_listener.port),
+    seen = probe(user, {"gateway": (users_gateway, host_listener.port),
                         "docker0": (default_bridge, host_listener.port)})
     assert seen == {"gateway": "unreachable", "docker0": "unreachable"}
 
