@@ -112,11 +112,15 @@ ssh-key: images secrets
 	  gpulab/hub:latest gpulab-ssh keygen --dir "$(CURDIR)/secrets/ssh" --owner 65534:65534 \
 	  | sed 's/^/[gpulab] /'
 
+# Compose pulls a service's image from Docker Hub when this engine lacks it, and gpulab/*
+# there is anyone's to push: every image is checked here first, never pulled.
+require_images = for image in $(1); do docker image inspect $$image >/dev/null 2>&1 || { \
+	  echo "[gpulab] $$image is not on this Docker engine: $(strip $(2))" >&2; exit 1; }; done
+
 images: docker
 ifeq ($(BUILD_IMAGES),no)
-	@for image in gpulab/hub:latest gpulab/exporter:latest gpulab/prometheus:latest; do \
-	  docker image inspect $$image >/dev/null 2>&1 || { echo "[gpulab] BUILD_IMAGES=no, but \
-	$$image is not on this Docker engine: load it (docker save | docker load) or build it (make images)" >&2; exit 1; }; done
+	@$(call require_images,gpulab/hub:latest gpulab/exporter:latest gpulab/prometheus:latest,\
+	  BUILD_IMAGES=no; load it (docker save | docker load) or build it (make images))
 else
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
@@ -155,6 +159,9 @@ swarm-node node-exporter:
 	@$(MAKE) --no-print-directory swarm-node-up SWARM=yes
 
 swarm-node-up: docker
+	@$(call require_images,gpulab/hub:latest gpulab/exporter:latest,\
+	  load it from the manager (docker save gpulab/hub:latest gpulab/exporter:latest | \
+	  ssh THIS-MACHINE docker load); Compose would pull it from Docker Hub)
 	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
