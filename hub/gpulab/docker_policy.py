@@ -335,15 +335,23 @@ def is_create(method: str, target: str) -> bool:
         "/containers/create", "/services/create")
 
 
+def is_service_create(method: str, target: str) -> bool:
+    """Will :func:`decide` need ``spawn.image``'s ID on the manager (a service create)?"""
+    return method == "POST" and _split_version(target.split("?", 1)[0])[1] == (
+        "/services/create")
+
+
 def decide(method: str, target: str, body: bytes = b"", *,
            settings: Mapping[str, Any] | None = None, read_only: bool = False,
-           swarm: bool = False) -> Decision:
+           swarm: bool = False, image_id: str | None = None) -> Decision:
     """May the hub make this Docker API call (method, request target, body)?
 
     *settings* are the lab's (``spawn.image``, ``spawn.network``,
     ``spawn.datasets_volume``; default :func:`gpulab.settings.defaults`); *read_only*
     allows only ping, version and the container list (the exporter's proxy); *swarm*
-    adds the service, task and node calls (the proxy in front of a Swarm manager).
+    adds the service, task and node calls (the proxy in front of a Swarm manager), and
+    *image_id* is then ``spawn.image``'s ID on the manager (None: it has no such image),
+    the one image a service may name.
     """
 
     if "#" in target or not target.startswith("/"):
@@ -402,7 +410,7 @@ def decide(method: str, target: str, body: bytes = b"", *,
     query = urlencode(params)
     if method == "POST" and path == "/services/create":
         spec, reasons, status = swarm_policy.check_service_create(
-            body, defaults() if settings is None else settings)
+            body, defaults() if settings is None else settings, image_id)
         if reasons:
             return _refused(*reasons, status=status)
         return Decision(True, path=forward_path, query=query,

@@ -41,10 +41,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from . import docker_policy
 from .contract import LABEL_MANAGED
 from .docker_policy import Decision
+from .docker_schema import IMAGE_ID
 
 log = logging.getLogger("gpulab.docker_proxy")
 
@@ -190,8 +192,13 @@ class Proxy:
                 settings = self.settings()
             except Exception as e:  # ConfigError, and the file never validated
                 raise Refusal(503, f"the lab's settings cannot be read: {e}") from None
+        image_id = None
+        if self.swarm and settings is not None and docker_policy.is_service_create(
+                method, target):
+            image_id = await self._image_id(settings["spawn.image"])
         decision: Decision = docker_policy.decide(method, target, body, settings=settings,
-                                                  read_only=self.read_only, swarm=self.swarm)
+                                                  read_only=self.read_only, swarm=self.swarm,
+                                                  image_id=image_id)
         if not decision.allowed:
             raise Refusal(decision.status, decision.reason)
         if decision.container:
@@ -215,6 +222,24 @@ class Proxy:
         finally:
             writer.close()
         return parse_response(raw)
+
+    async def _image_id(self, image: str) -> str | None:
+        """The ID of *image* on this engine (a Swarm's manager), None when it has none:
+        a member's service must name exactly that ID (gpulab.swarm_policy)."""
+        try:
+            status, payload = await self._call("GET", f"/images/{quote(image, safe='/:@')}/json")
+        except (OSError, ValueError) as e:
+            raise Refusal(502, f"Docker engine unreachable: {e}") from None
+        if status == 404:
+            return None
+        try:
+            image_id = json.loads(payload).get("Id") if status == 200 else None
+        except (ValueError, AttributeError):
+            image_id = None
+        if not isinstance(image_id, str) or not IMAGE_ID.fullmatch(image_id):
+            raise Refusal(502, f"Docker answered {status} without an image ID to "
+                               f"inspecting image {image}")
+        return image_id
 
     async def _resolve(self, ref: str) -> str:
         """The full ID of the container *ref* names, when it is gpulab's."""

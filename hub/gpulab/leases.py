@@ -197,6 +197,15 @@ class LeaseBook:
             self._pending[key] = mine
         return gpus
 
+    async def preview(self, config: GpusConfig, request: Request) -> list[Gpu]:
+        """What :meth:`acquire` would give *request* now, leasing nothing (the spawn form
+        says where a server would go); an AllocationError when it would be refused. Uses
+        the inventory :meth:`current_inventory` last found."""
+        inventory = self.inventory(config)
+        async with self._lock:
+            leases = await self._table()
+        return allocate(config, inventory, leases, request)
+
     def settle(self, user: str, server: str = "") -> None:
         """The spawn's container exists now (its labels hold the lease), or the spawn
         failed and nothing holds it: either way, drop the in-memory pending lease."""

@@ -249,12 +249,7 @@ class GpulabSpawner(DockerSpawner):
     async def _check_host_objects(self, settings: Settings) -> None:
         """The image and the datasets volume are on this host (on a Swarm they are on
         the nodes, which the manager cannot be asked about)."""
-        image = settings["spawn.image"]
-        try:
-            await self.docker("inspect_image", image)
-        except docker.errors.NotFound:
-            raise _http_error(503, f"The server image {image} is not on this host; an admin "
-                                   f"must build it (make images) or fix spawn.image.") from None
+        await self._image_id(settings, "this host")
         volume = settings["spawn.datasets_volume"]
         if volume:
             try:
@@ -264,6 +259,16 @@ class GpulabSpawner(DockerSpawner):
                     503, f"The shared datasets volume {volume!r} does not exist; an admin "
                          f"must create it (docker volume create {volume}) or set "
                          f"spawn.datasets_volume to '' in gpulab.yaml.") from None
+
+    async def _image_id(self, settings: Settings, where: str) -> str:
+        """``spawn.image``'s ID on the engine the hub talks to (*where*, in words), or a
+        503 saying what an admin must do."""
+        image = settings["spawn.image"]
+        try:
+            return (await self.docker("inspect_image", image))["Id"]
+        except docker.errors.NotFound:
+            raise _http_error(503, f"The server image {image} is not on {where}; an admin "
+                                   f"must build it (make images) or fix spawn.image.") from None
 
     def run_pre_spawn_hook(self):
         # JupyterHub reads start_timeout right after calling start(), so the settings

@@ -17,7 +17,11 @@ one hardened member server of this lab, placed on one node the hub chose:
 * the labels :data:`~gpulab.contract.LABEL_MANAGED`, ``LABEL_USER``, ``LABEL_GPUS`` and
   :data:`~gpulab.contract.LABEL_NODE` (the constraint's node) on the service, the first
   three also on its containers (the exporter on each node attributes by them);
-* ``ContainerSpec``: ``spawn.image``; a numeric non-root ``User``; ``CapabilityDrop``
+* ``ContainerSpec``: ``spawn.image`` by its image ID on the manager (``sha256:...``),
+  never by name: a machine given a name asks a registry for it before every start and
+  runs what the registry sends (Docker Hub's ``gpulab/singleuser`` is anyone's to take),
+  while a machine given an ID asks nobody and runs exactly that image, or fails with
+  ``No such image``; a numeric non-root ``User``; ``CapabilityDrop``
   exactly ``["ALL"]``; named volumes only (not gpulab's own, the datasets read-only, no
   driver options: ``local`` with ``o=bind`` is a host path), and a sized tmpfs on
   ``/dev/shm`` only; ``NVIDIA_VISIBLE_DEVICES``
@@ -72,7 +76,6 @@ from .docker_schema import (
     either,
     exactly,
     mapping,
-    normal_image,
     obj,
     strict_json,
     text,
@@ -103,7 +106,7 @@ SHM_MOUNT = obj({
 }, required=("Type", "Target", "TmpfsOptions"))
 MOUNT = either(SHM_MOUNT, VOLUME_MOUNT)  # a refusal explains the volume rules
 CONTAINER_SPEC = obj({
-    "Image": text(IMAGE, "an image name"),  # == spawn.image, below
+    "Image": text(IMAGE, "an image name"),  # == spawn.image's ID, below
     "Labels": _LABELS,
     # docker-py's ContainerSpec always writes both, null when not given
     "Command": either(exactly(None), STRINGS),
@@ -169,9 +172,21 @@ def _lease_labels(labels: Mapping[str, str], where: str) -> tuple[list[str], lis
     return reasons, leased
 
 
-def service_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str]:
+def image_refusal(settings: Mapping[str, Any], image_id: str | None) -> str | None:
+    """Why no member's service can be created while the manager lacks ``spawn.image``
+    (*image_id* None), else None."""
+    if image_id is not None:
+        return None
+    return (f"the lab's image {settings['spawn.image']} (spawn.image) is not on the "
+            f"Swarm's manager, and services run it by the ID it has there; build or "
+            f"load it on the manager (make images)")
+
+
+def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
+                  image_id: str) -> list[str]:
     """What the allow-list cannot say alone: the lab's settings, the lease and the node.
-    *spec* has passed :data:`SERVICE_SPEC`."""
+    *spec* has passed :data:`SERVICE_SPEC`; *image_id* is ``spawn.image``'s ID on the
+    manager."""
     reasons = []
     name = spec["Name"]
     if not name.startswith(USER_CONTAINER_PREFIX) or name == USER_CONTAINER_PREFIX:
@@ -179,10 +194,11 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str
                        f"got {name!r}")
     task = spec["TaskTemplate"]
     cs = task["ContainerSpec"]
-    image = settings["spawn.image"]
-    if normal_image(cs["Image"]) != normal_image(image):
-        reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's image {image} "
-                       f"(spawn.image) may be run, got {cs['Image']!r}")
+    if cs["Image"] != image_id:
+        reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's image "
+                       f"{settings['spawn.image']} (spawn.image) may be run, by its ID on "
+                       f"this manager, {image_id} (by name, each machine would ask a "
+                       f"registry for it first), got {cs['Image']!r}")
     network = settings["spawn.network"]
     target = task["Networks"][0]["Target"]
     if target != network:
@@ -224,16 +240,19 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str
     return reasons
 
 
-def check_service_create(body: bytes, settings: Mapping[str, Any]
+def check_service_create(body: bytes, settings: Mapping[str, Any], image_id: str | None
                          ) -> tuple[dict[str, Any] | None, list[str], int]:
-    """(the checked spec, reasons, status) for a service create body."""
+    """(the checked spec, reasons, status) for a service create body; *image_id* is
+    ``spawn.image``'s ID on the manager (None: not there)."""
     try:
         spec = strict_json(body)
     except BodyError as e:
         return None, [f"service create body: {e}"], 400
     reasons = SERVICE_SPEC(spec, "")
+    if not reasons and (missing := image_refusal(settings, image_id)):
+        return None, [missing], 503
     if not reasons:
-        reasons = service_rules(spec, settings)
+        reasons = service_rules(spec, settings, image_id)
     return (None if reasons else spec), reasons, 403
 
 

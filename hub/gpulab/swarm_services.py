@@ -12,6 +12,8 @@ through. Where a service cannot say what a container says, it says the nearest t
   leased UUIDs, with NVIDIA's runtime as every GPU node's default runtime (NVIDIA's
   documented Swarm setup; issue 13 says why generic resources cannot be used).
 * ``/dev/shm``: a tmpfs mount of ``spawn.shm_size`` at ``/dev/shm``.
+* The image: by its ID, so that the machine runs exactly the manager's build and asks no
+  registry (a service names its image, and each machine looks the name up first).
 * ``no-new-privileges``: API 1.41 has no such setting for services, and dockerd drops
   ``Privileges.NoNewPrivileges``; each node's ``daemon.json`` must set
   ``"no-new-privileges": true`` (the README's multi-node setup).
@@ -47,12 +49,15 @@ def service_spec(
     servername: str,
     gpu_uuids: Sequence[str],
     node_id: str,
+    image_id: str,
     env: Mapping[str, str] | None = None,
     command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The service create body (Docker API 1.41) for *username*'s server on node
-    *node_id* with the GPUs *gpu_uuids* of that node. *env* is what JupyterHub gives
-    every server (its API token, URLs); gpulab's own variables win over it."""
+    *node_id* with the GPUs *gpu_uuids* of that node, running *image_id*: the ID
+    ``spawn.image`` has on the manager, which no machine asks a registry for (by name,
+    every start would, and would run what the registry sent). *env* is what JupyterHub
+    gives every server (its API token, URLs); gpulab's own variables win over it."""
     opts = container_options(settings, username, servername, gpu_uuids)
     environment = {**(env or {}), **opts.environment}
     mounts = [{"Type": "volume", "Source": name, "Target": v["bind"],
@@ -60,7 +65,7 @@ def service_spec(
     mounts.append({"Type": "tmpfs", "Target": DEV_SHM,
                    "TmpfsOptions": {"SizeBytes": settings["spawn.shm_size"]}})
     container = {
-        "Image": opts.image,
+        "Image": image_id,
         "Labels": dict(opts.labels),
         "Env": [f"{k}={v}" for k, v in environment.items()],
         "User": f"{CONTAINER_UID}:{CONTAINER_UID}",
@@ -150,6 +155,29 @@ def node_for_cpu_server(nodes: Iterable[Mapping[str, Any]],
     return str(best.get("ID") or "")
 
 
+def landing_note(homes: str, home_machine: str, landings: Mapping[int, str],
+                 home_up: bool = True) -> str:
+    """What the spawn form says about where a member's server will run. *homes* is
+    ``spawn.swarm_homes``; *home_machine* the machine that holds her home ("" before her
+    first server, or with shared homes), *home_up* whether it can take servers now;
+    *landings* maps each GPU count she may ask for to the machine the hub would pick for
+    it now ("" when none could take it)."""
+    if home_machine and homes == "machine":
+        if not home_up:
+            return (f"Your files are on {home_machine}, which is down or out of service: "
+                    f"your server cannot start until it is back.")
+        return (f"Your files are on {home_machine}, so your server starts there, with "
+                f"GPUs of {home_machine}.")
+    def where(count: int, machine: str) -> str:
+        gpus = "no GPU" if count == 0 else f"{count} GPU{'s' if count > 1 else ''}"
+        return f"with {gpus} on {machine}" if machine else f"with {gpus} nowhere right now"
+    now = "; ".join(where(n, m) for n, m in sorted(landings.items()))
+    if homes == "machine":
+        return (f"Your server would start {now}. Your files are then kept on that machine, "
+                f"and your server goes back to it every time.")
+    return f"Your server would start {now}. Your files are on the lab's shared storage."
+
+
 def node_name(node: Mapping[str, Any]) -> str:
     """A node's hostname, as members and admins know the machine (its ID otherwise)."""
     return ((node.get("Description") or {}).get("Hostname")) or str(node.get("ID") or "")
@@ -166,6 +194,7 @@ def task_address(task: Mapping[str, Any], network: str) -> str:
 
 
 RUNNING, STARTING, STOPPED = "running", "starting", "stopped"
+NO_SUCH_IMAGE = "No such image"  # dockerd's error for a task whose image is not there
 # swarmkit's task states before "running" (api/types.proto: TaskState)
 _BEFORE_RUNNING = {"new", "pending", "assigned", "accepted", "preparing", "ready",
                    "starting"}
@@ -204,7 +233,19 @@ def server_state(service: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]],
     if newest.get("DesiredState") == "running" and state in _BEFORE_RUNNING:
         return ServerState(STARTING)
     detail = status.get("Err") or status.get("Message") or state
+    if str(detail).startswith(NO_SUCH_IMAGE):  # services name the manager's image by ID
+        image = str(detail)[len(NO_SUCH_IMAGE):].strip(": ")
+        return ServerState(STOPPED, f"{where} does not have the lab's server image as the "
+                                    f"Swarm's manager has it ({image[:19]}); an admin must "
+                                    f"copy it there (README: Several GPU servers, the images)")
     return ServerState(STOPPED, f"it ended on {where}: {detail}")
+
+
+def ran_a_container(tasks: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether any of a service's *tasks* got as far as a container on its machine (one
+    rejected before, for want of the image, never held its GPUs there)."""
+    return any(((t.get("Status") or {}).get("ContainerStatus") or {}).get("ContainerID")
+               for t in tasks)
 
 
 def _epoch(stamp: Any) -> float:

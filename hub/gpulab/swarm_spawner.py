@@ -26,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from html import escape
 
 import docker.errors
 from tornado import web
 from traitlets import Unicode, default
 
+from . import live_config
+from .allocator import AllocationError
 from .contract import LABEL_MANAGED, LABEL_NODE
 from .culler import notices
 from .leases import LeaseBook, swarm_lease_book
@@ -39,9 +42,11 @@ from .spawner import GpulabSpawner, SpawnFailed, _http_error
 from .swarm_services import (
     RUNNING,
     STARTING,
+    landing_note,
     node_for_cpu_server,
     node_name,
     node_usable,
+    ran_a_container,
     server_state,
     service_spec,
     task_address,
@@ -66,6 +71,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         was drained, or their task ended), for their members' home pages
         (gpulab.culler.notices' format). Empty: the hub's log only.""",
     )
+    image_id = Unicode("", help="spawn.image's ID on the manager, for the start in progress")
     ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task
 
     @default("poll_interval")
@@ -111,21 +117,62 @@ class GpulabSwarmSpawner(GpulabSpawner):
         return await super().start()
 
     async def _check_host_objects(self, settings: Settings) -> None:
-        """Nothing to check here: the image and volumes are on the nodes, which the
-        manager cannot be asked about. A node without the image fails the task, and the
-        member reads why (``No such image``) from :meth:`start_object`."""
+        """``spawn.image`` on the manager: the service runs it by the ID it has there, so
+        that no machine asks a registry for it. The machines must hold that same image
+        (README: how images reach them); one that does not fails the task, and the member
+        reads why from :meth:`start_object`. Volumes are on the machines, which the
+        manager cannot be asked about."""
+        self.image_id = await self._image_id(settings, "the Swarm's manager")
 
     async def pull_image(self, image):
-        """Nothing: images are on the nodes (README: how images reach them), not on the
-        manager the hub talks to; a node without it fails the task, which says so."""
+        """Nothing: the hub never pulls. The image is on the manager (checked before) and
+        on the machines (README: how images reach them), by the same ID."""
 
-    def _home_machine(self) -> str:
+    def _home_machine(self, settings: Settings | None = None) -> str:
         """The node this server must run on ("" = any): where its home volume is."""
-        homes = self._lab_config[0]["spawn.swarm_homes"]
+        homes = (settings or self._lab_config[0])["spawn.swarm_homes"]
         return self.home_node if homes == "machine" else ""
 
-    def _request(self, count):
-        return replace(super()._request(count), machine=self._home_machine())
+    def _request(self, count, settings: Settings | None = None):
+        return replace(super()._request(count), machine=self._home_machine(settings))
+
+    # ------------------------------------------------------------- the spawn form
+
+    async def _gpu_options_form(self, spawner=None) -> str:
+        """The spawn form, which also says on which machine the server would start."""
+        form = await super()._gpu_options_form(spawner)
+        if not form:  # no GPU to choose: the progress bar names the machine
+            return form
+        try:
+            note = await self._landing_note()
+        except Exception as e:  # the form never fails for want of this line
+            self.log.warning("Could not tell %s where a server would start: %s",
+                             self._log_name, e)
+            return form
+        return f'{form}\n<p class="form-text" id="gpulab-machine">{escape(note)}</p>'
+
+    async def _landing_note(self) -> str:
+        settings = live_config.settings_file.load(self.settings_file)
+        config = live_config.gpus_file.load(self.gpus_file)
+        nodes = await self.docker("nodes")
+        names = {str(n.get("ID") or ""): node_name(n) for n in nodes}
+        home = self._home_machine(settings)
+        home_name = (self.home_machine or names.get(home, home)) if home else ""
+        landings: dict[int, str] = {}
+        if not home_name:
+            policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+            services = await self.docker("services",
+                                         filters={"label": f"{LABEL_MANAGED}=true"})
+            landings[0] = names.get(node_for_cpu_server(nodes, services), "")
+            for count in range(1, policy.max_gpus + 1):
+                try:
+                    gpus = await self.lease_book.preview(config, self._request(count, settings))
+                except AllocationError:
+                    gpus = []
+                landings[count] = names.get(gpus[0].node, "") if gpus else ""
+        up = any(node_usable(n) for n in nodes  # by name too: it may have joined again
+                 if str(n.get("ID")) == home or (home_name and node_name(n) == home_name))
+        return landing_note(settings["spawn.swarm_homes"], home_name, landings, up)
 
     async def _lease(self, gpus_config) -> list:
         nodes = await self.docker("nodes")
@@ -171,7 +218,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
     async def create_object(self):
         settings = self._lab_config[0]
         spec = service_spec(settings, self.user.name, self.name, self.gpu_uuids,
-                            self.node_id, env=self.get_env(),
+                            self.node_id, self.image_id, env=self.get_env(),
                             command=await self.get_command())
         return await self.docker(
             "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],
@@ -190,6 +237,10 @@ class GpulabSwarmSpawner(GpulabSpawner):
             if state.state == RUNNING:
                 return
             if state.state != STARTING:
+                self.log.warning("Start of %s failed: %s", self._log_name, state.reason)
+                if not ran_a_container(tasks):  # no log, and no GPU held on the machine
+                    await self.remove_object(cool=False)
+                    raise SpawnFailed(f"Your server could not start: {state.reason}.")
                 log_tail = await self._log_tail()
                 await self.remove_object()
                 raise SpawnFailed(f"Your server could not start: {state.reason}. "
@@ -297,13 +348,15 @@ class GpulabSwarmSpawner(GpulabSpawner):
     async def stop_object(self):
         """A service has no stop: :meth:`remove_object` removes it (``remove`` is on)."""
 
-    async def remove_object(self):
+    async def remove_object(self, cool: bool = True):
+        """Remove the service, which releases its GPUs; with *cool*, they stay busy while
+        its container on the machine may still be stopping."""
         try:
             await self.docker("remove_service", self.object_name)
         except docker.errors.NotFound:
             return
-        # Its container on the machine gets up to Swarm's stop grace period to end.
-        self.lease_book.cool(self.gpu_uuids, STOP_GRACE_SECONDS + 2)
+        if cool:  # its container gets up to Swarm's stop grace period to end
+            self.lease_book.cool(self.gpu_uuids, STOP_GRACE_SECONDS + 2)
 
     async def _remove_leftover(self) -> None:
         try:

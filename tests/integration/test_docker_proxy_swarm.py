@@ -13,8 +13,11 @@ noticed), and 113 generated variants (denied fields x spellings x positions), of
 dockerd alone turned 110 into a service that is not the hardened one (the 3 others: a
 second mode beside Replicated, which dockerd answers with 400).
 
-The trick services are created with an image that no node has, so none of them ever runs
-a container (their tasks are rejected); each is inspected and removed at once.
+Services name their image by ID, as the hub's do (a machine given a name asks a
+registry first). The trick services name one that only the manager has, made here, whose
+entry point does not exist: none of them ever runs a process (on the worker their tasks
+are rejected, with no registry asked; on the manager their container cannot start); each
+is inspected and removed at once.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from .test_docker_proxy_dockerd import Pairs, dump
 SWARM_NODES = 2
 IMAGE = "gpulab/base:bookworm"
 SWARM_IMAGES = (IMAGE,)
-ABSENT_IMAGE = "gpulab/difftest-absent:latest"  # on no node: trick services never run
+# On the manager only (made by the fixture), with no entry point: trick services never run.
+ABSENT_IMAGE = "gpulab/difftest-absent:latest"
 NETWORK = "gpulab-difftest-users"  # spawn.network, an overlay
 OTHER_NETWORK = "gpulab-difftest-hub"  # stands for the hub's own network
 DATASETS = "gpulab-difftest-datasets"
@@ -106,6 +110,14 @@ class Lab:
         self.worker_id = manager.send("GET", f"/nodes/{self.worker.hostname}")[1]["ID"]
         self.network_id = manager.send("GET", f"/networks/{NETWORK}")[1]["Id"]
         self.counter = 0
+        self.image_id = self.image(IMAGE)  # what the hub's services name
+        self.absent_id = ""  # ABSENT_IMAGE's, once the fixture has made it
+
+    def image(self, name: str) -> str:
+        """*name*'s ID on the manager: the image a member's service names."""
+        status, info = self.manager.send("GET", f"/images/{name}/json")
+        assert status == 200, info
+        return info["Id"]
 
     def set_image(self, image: str) -> None:
         """spawn.image in the settings file the proxy reads again at every create."""
@@ -118,7 +130,8 @@ class Lab:
 
     def spec(self, image: str, gpus: tuple[str, ...] | None = None, user: str = "difftest",
              args: tuple[str, ...] = ("sleep", "60")) -> dict:
-        """What a gpulab Swarm spawner sends for a member's server on the worker."""
+        """What a gpulab Swarm spawner sends for a member's server on the worker; *image*
+        is an image ID."""
         gpus = self.worker.gpus[:1] if gpus is None else gpus
         labels = {MANAGED: "true", "org.gpulab.user": user, "org.gpulab.server": "",
                   "org.gpulab.gpus": ",".join(gpus)}
@@ -188,6 +201,11 @@ def lab(swarm, tmp_path_factory):
     process = None
     try:
         lab = Lab(swarm, manager, Endpoint(port=port), settings)
+        subprocess.run(["docker", "-H", swarm.manager.host, "build", "-q", "-t", ABSENT_IMAGE,
+                        "-"], check=True, capture_output=True, timeout=60,
+                       input=f"FROM {IMAGE}\nENTRYPOINT [\"/gpulab-difftest-never-runs\"]\n"
+                             .encode())
+        lab.absent_id = lab.image(ABSENT_IMAGE)
         lab.set_image(IMAGE)
         with open(log, "wb") as out:
             process = subprocess.Popen(
@@ -217,7 +235,7 @@ def lab(swarm, tmp_path_factory):
 
 
 def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
-    spec = lab.spec(IMAGE)
+    spec = lab.spec(lab.image_id)
     gpu = spec["Labels"]["org.gpulab.gpus"]
     status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
     assert status == 201, out
@@ -278,7 +296,7 @@ def test_the_spawners_own_spec_runs_where_the_allocator_put_it(lab):
     settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,
                 "spawn.datasets_volume": DATASETS, "spawn.mem_limit": 1 << 30,
                 "spawn.cpu_limit": 1.0, "spawn.shm_size": 64 << 20}
-    spec = service_spec(settings, "swarmspec", "", [gpu.uuid], gpu.node,
+    spec = service_spec(settings, "swarmspec", "", [gpu.uuid], gpu.node, lab.image_id,
                         env={"JUPYTERHUB_USER": "swarmspec"}, command=["sleep", "60"])
     status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
     assert status == 201, out
@@ -308,7 +326,7 @@ def test_the_calls_pass_through_docker_py(lab):
     from docker import types
 
     api = docker.APIClient(base_url=f"tcp://127.0.0.1:{lab.proxy.port}", version="1.41")
-    spec = lab.spec(IMAGE, gpus=(), args=("sleep", "30"))
+    spec = lab.spec(lab.image_id, gpus=(), args=("sleep", "30"))
     cs = _ct(spec)
     resources = types.Resources(mem_limit=1 << 30, cpu_limit=1_000_000_000)
     resources["Limits"]["Pids"] = 256  # docker-py has no argument for it
@@ -406,7 +424,7 @@ ATTACHED = "the networks its task is attached to"
 def tricks(lab) -> dict[str, tuple[bytes, str, object]]:
     """name -> (raw body, target, what to read from the stored spec when sent straight to
     the manager)."""
-    s = lambda: lab.spec(ABSENT_IMAGE)  # noqa: E731
+    s = lambda: lab.spec(lab.absent_id)  # noqa: E731
     hc = lambda spec: _ct(spec)  # noqa: E731
     return {
         "duplicate User": (
@@ -475,7 +493,7 @@ EXPECTED = {
         "key 'user' is not allowed", "created; stored spec: 0"),
     "taskTemplate merged into TaskTemplate": (
         "key 'taskTemplate' is not allowed",
-        f"created; stored spec: ('0', '{ABSENT_IMAGE}')"),
+        "created; stored spec: ('0', 'ABSENT_ID')"),  # ABSENT_IMAGE's ID
     "Kelvin K in TasKTemplate adds capabilities": (
         "key 'Tas\u212aTemplate' is not allowed", "created; stored spec: (['ALL'], ['ALL'])"),
     "long s in Mountſ binds the host's /": (
@@ -536,7 +554,8 @@ def test_tricks_are_refused_and_live(lab, capsys):
         print("\nwhat the Swarm manager's dockerd did with each body the proxy refused:")
         for name, what in seen.items():
             print(f"  {name}: {what}")
-    assert seen == {name: what for name, (_, what) in EXPECTED.items()}
+    assert seen == {name: what.replace("ABSENT_ID", lab.absent_id)
+                    for name, (_, what) in EXPECTED.items()}
 
 
 # ---------------------------------------------------------------- generated variants
@@ -577,11 +596,11 @@ def variants(lab):
     for n, (parent, key, value) in enumerate(DENIED):
         for spelling, k in spellings(key).items():
             vid = f"{n}-{key}-{spelling}"
-            yield f"{vid}-dup", dump(_pairs_with(lab.spec(ABSENT_IMAGE), parent, (k, value)))
+            yield f"{vid}-dup", dump(_pairs_with(lab.spec(lab.absent_id), parent, (k, value)))
             if parent:
                 nested: object = {k: value}
                 yield f"{vid}-merged", dump(_pairs_with(
-                    lab.spec(ABSENT_IMAGE), parent[:-1], (parent[-1].lower(), nested)))
+                    lab.spec(lab.absent_id), parent[:-1], (parent[-1].lower(), nested)))
 
 
 def violations(lab, spec: dict) -> list[str]:
@@ -594,7 +613,7 @@ def violations(lab, spec: dict) -> list[str]:
         "Privileges": not (cs.get("Privileges") or {}).get("SELinuxContext"),
         "Sysctls": not cs.get("Sysctls"), "Groups": not cs.get("Groups"),
         "Mounts": all(m["Type"] == "volume" for m in cs.get("Mounts", [])),
-        "Image": cs.get("Image") == ABSENT_IMAGE,
+        "Image": cs.get("Image") == lab.absent_id,
         "Env": f"NVIDIA_VISIBLE_DEVICES={lab.worker.gpus[0]}" in cs.get("Env", []),
         "Placement": tt.get("Placement", {}).get("Constraints") == [
             f"node.id=={lab.worker_id}"],
@@ -665,7 +684,7 @@ def test_a_dead_machine_stops_its_servers_and_their_leases_go_with_them(lab):
     settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,
                 "spawn.datasets_volume": DATASETS, "spawn.mem_limit": 1 << 30,
                 "spawn.cpu_limit": 1.0, "spawn.shm_size": 64 << 20}
-    spec = service_spec(settings, "swarmdead", "", [gpu], lab.worker_id,
+    spec = service_spec(settings, "swarmdead", "", [gpu], lab.worker_id, lab.image_id,
                         command=["sleep", "600"])
     status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
     assert status == 201, out

@@ -115,9 +115,16 @@ def wait_running_on(swarm, service: str, node, timeout: float = 60) -> dict:
 
 
 def create_service(swarm, name: str, node, *args: str) -> None:
+    """A service on *node*; *args* end with its image (by ID, see base_id) and command."""
     swarm.docker(swarm.manager, "service", "create", "--detach", "--name", name,
                  "--no-resolve-image", "--stop-signal", "SIGKILL",
                  "--constraint", f"node.hostname=={node.hostname}", *args)
+
+
+def base_id(swarm) -> str:
+    """BASE by its ID, as gpulab's hub names a member's image: a node given a name asks a
+    registry for it before every start (test_an_image_by_name_makes_a_node_ask_a_registry)."""
+    return swarm.image_id(BASE)
 
 
 def test_nodes_ready_with_fake_gpus(swarm, say):
@@ -146,7 +153,7 @@ def test_gpu_service_runs_on_the_chosen_worker_with_its_uuid(swarm, say):
     uuid = worker.gpus[1]
     t0 = time.monotonic()
     create_service(swarm, "gpu-probe", worker, "--env", f"NVIDIA_VISIBLE_DEVICES={uuid}",
-                   BASE, "sleep", "infinity")
+                   base_id(swarm), "sleep", "infinity")
     task = wait_running_on(swarm, "gpu-probe", worker)
     say(f"service with a node constraint running on {worker.name} after "
         f"{time.monotonic() - t0:.1f} s")
@@ -161,14 +168,37 @@ def test_gpu_service_runs_on_the_chosen_worker_with_its_uuid(swarm, say):
     assert f"NVIDIA_VISIBLE_DEVICES={uuid}".encode() in env
 
 
+def test_an_image_by_name_makes_a_machine_ask_a_registry(swarm, say):
+    """Why services name images by ID: given a name, a machine asks a registry for it
+    before every start, even when it has the image (and runs what the registry sends);
+    given the ID, it asks nobody. No registry is reachable from the namespaces (no
+    default route), so the lookup fails at once, and dockerd says so in its log."""
+    worker = swarm.workers[1]
+    log = worker.paths.log
+
+    def asked(since: int) -> bool:
+        return "pulling image failed" in log.read_text(errors="replace")[since:]
+    start = len(log.read_text(errors="replace"))
+    create_service(swarm, "by-id", worker, base_id(swarm), "sleep", "infinity")
+    wait_running_on(swarm, "by-id", worker)
+    assert not asked(start)
+    create_service(swarm, "by-name", worker, BASE, "sleep", "infinity")
+    wait_running_on(swarm, "by-name", worker)
+    wait_for(lambda: asked(start), 30, what=f"{worker.name}'s dockerd to log the lookup")
+    lines = [line for line in log.read_text(errors="replace")[start:].splitlines()
+             if "pulling image failed" in line]
+    say(f"a service naming {BASE} made {worker.name} ask a registry first: {lines[0][:160]}")
+    swarm.docker(swarm.manager, "service", "rm", "by-id", "by-name")
+
+
 def test_overlay_network_between_workers_by_task_ip(swarm, say):
     w1, w2 = swarm.workers[0], swarm.workers[1]
     t0 = time.monotonic()
     swarm.docker(swarm.manager, "network", "create", "--driver", "overlay", OVERLAY)
     common = ("--network", OVERLAY, "--endpoint-mode", "dnsrr")
     create_service(swarm, "echo", w2, *common, "--hostname", "{{.Node.Hostname}}",
-                   BASE, "python3", "-c", ECHO)
-    create_service(swarm, "client", w1, *common, BASE, "sleep", "infinity")
+                   base_id(swarm), "python3", "-c", ECHO)
+    create_service(swarm, "client", w1, *common, base_id(swarm), "sleep", "infinity")
     echo = wait_running_on(swarm, "echo", w2)
     client = wait_running_on(swarm, "client", w1)
     ip = next(a["Addresses"][0].split("/")[0] for a in echo["networks"]

@@ -61,6 +61,40 @@ def wait_ready(user: LabUser, timeout: float = 150) -> None:
 # ---------------------------------------------------------------- tests, in order
 
 
+def test_a_machine_without_the_managers_build_of_the_image_is_named_and_runs_nothing(lab):
+    """An admin rebuilt spawn.image on the manager and has not copied it to the GPU
+    servers yet. The hub names the image by the manager's ID, so a machine holding the
+    old build asks no registry and runs nothing: the member reads which machine lacks
+    the image, the service is gone, and its GPU is free again at once (the next test
+    takes every GPU, one spawn after another)."""
+    image = "gpulab/singleuser:latest"
+    before = lab.swarm.image_id(image)
+    subprocess.run(["docker", "-H", lab.manager.host, "build", "-q", "-t", image, "-"],
+                   input=f"FROM {image}\nLABEL org.gpulab.test=rebuilt-on-the-manager\n"
+                         .encode(), check=True, capture_output=True, timeout=120)
+    rebuilt = lab.swarm.image_id(image)
+    assert rebuilt != before
+    workers = {w.hostname for w in lab.swarm.workers}
+    try:
+        user = lab.hub.create_user(prefix="rebuilt")
+        r = spawn(user, {"gpus": 1})
+        assert r.status_code == 500, (r.status_code, r.text)
+        message = r.json()["message"]
+        print(f"the member read: {message}")
+        [where] = [w for w in workers if f"{w} does not have the lab's server image" in message]
+        assert rebuilt.removeprefix("sha256:")[:12] in message, message
+        assert user.name not in lab.placement()
+        for worker in lab.swarm.workers:  # nothing ran the old build for her
+            assert not lab.swarm.docker(worker, "ps", "-aq", "--filter",
+                                        f"label=org.gpulab.user={user.name}"), worker.name
+        assert f"failed: {where} does not have the lab's server image" in lab.logs(
+            "gpulab-hub", 40)
+    finally:
+        lab.docker("tag", before, image)
+        lab.docker("rmi", rebuilt)
+    assert lab.swarm.image_id(image) == before
+
+
 def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
     # gpus.yaml (read again at every spawn) puts the last machine's GPUs in a pool of
     # their own, and the third member in that pool only.
@@ -97,6 +131,12 @@ def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
         [task] = json.loads(lab.docker("inspect", *ids))
         container = task["Status"]["ContainerStatus"]["ContainerID"]
         assert given.get(container) == s["Spec"]["Labels"]["org.gpulab.gpus"], (given, s)
+    # No machine asked a registry for the image (services name it by ID): dockerd logs
+    # "pulling image failed" for every start of a service that names it
+    # (test_swarm_harness.py::test_an_image_by_name_makes_a_machine_ask_a_registry).
+    for worker in lab.swarm.workers:
+        log = worker.paths.log.read_text(errors="replace")
+        assert "pulling image failed" not in log, lab.swarm.log_tail(worker)
 
 
 def _neighbours(lab, members):
@@ -255,10 +295,12 @@ def test_the_lease_page_lists_every_machines_services_and_releases_a_leftover(
     no task, a member the hub does not know) is, which removes the service."""
     worker = lab.swarm.workers[-1]
     node_id = lab.swarm.docker(worker, "info", "-f", "{{.Swarm.NodeID}}").strip()
-    lab.docker("service", "create", "-d", "--replicas", "0", "--name", "gpulab-user-ghost",
+    lab.docker("service", "create", "-d", "--no-resolve-image", "--replicas", "0",
+               "--name", "gpulab-user-ghost",
                "--label", "org.gpulab.managed=true", "--label", "org.gpulab.user=ghost",
                "--label", "org.gpulab.server=", "--label", f"org.gpulab.gpus={worker.gpus[-1]}",
-               "--label", f"org.gpulab.node={node_id}", "gpulab/singleuser:latest")
+               "--label", f"org.gpulab.node={node_id}",
+               lab.swarm.image_id("gpulab/singleuser:latest"))
     page = _admin_page(lab, new_page, "/services/gpus/leases")
     assert "Service" in page.locator("#lease-table thead").inner_text()
     rows = {row.locator("td.user").inner_text(): row.locator("td").nth(0).inner_text()
@@ -303,6 +345,13 @@ def test_one_more_than_the_cluster_holds_is_refused(lab, new_page):
     machines = sorted(row.split("\t")[0] for row in rows)
     assert machines == sorted(w.hostname for w in lab.swarm.workers for _ in w.gpus), rows
     assert all(row.rstrip().endswith("in use") for row in rows), rows
+    # ... and where her server would start: with no GPU on the least busy machine, with
+    # GPUs nowhere while all are taken.
+    note = page.locator("#gpulab-machine").inner_text()
+    machines = {n.hostname for n in lab.swarm.nodes}
+    assert any(note.startswith(f"Your server would start with no GPU on {m}; with 1 GPU "
+                               f"nowhere right now; with 2 GPUs nowhere right now.")
+               for m in machines), note
 
 
 @pytest.mark.parametrize("options, status", [
@@ -397,3 +446,13 @@ def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, 
     assert r.status_code == 409, (r.status_code, r.text)
     assert (f"Your files are on the lab's machine {freed[0]}, so your server runs there"
             in r.json()["message"]), r.text
+    # The spawn form says so, in her browser and in that of the member whose files are
+    # on the dead machine.
+    for user, said in ((elsewhere[0], f"Your files are on {freed[0]}, so your server "
+                                      f"starts there, with GPUs of {freed[0]}."),
+                       (back, f"Your files are on {victim.hostname}, which is down or out "
+                              f"of service: your server cannot start until it is back.")):
+        page = new_page()
+        submit_login(page, user.name, user.token, next_url="/hub/spawn",
+                     hub_url=lab.forward.url)
+        assert page.locator("#gpulab-machine").inner_text() == said

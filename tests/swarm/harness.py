@@ -414,7 +414,10 @@ class Swarm:
             node.process = subprocess.Popen(
                 P.dockerd_argv(node.plan, node.paths), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env=P.dockerd_env(dict(os.environ)))
+                # As a lab's engines: no DOCKER_SERVICE_PREFER_OFFLINE_IMAGE, so a service
+                # that names its image asks a registry first (none is reachable from the
+                # namespaces: they have no default route). Services name images by ID.
+                env=dict(os.environ))
 
     @staticmethod
     def _share_exec_root(node: Node) -> None:
@@ -457,6 +460,11 @@ class Swarm:
             raise SwarmError(f"docker on {node.name}: {' '.join(args)} failed: "
                              f"{(out.stderr or out.stdout).strip()}")
         return out.stdout.strip() if out.returncode == 0 else ""
+
+    def image_id(self, name: str, node: Node | None = None) -> str:
+        """*name*'s image ID on *node* (default: the manager): what a service names, so
+        that no machine asks a registry for it (as gpulab's hub does)."""
+        return self.docker(node or self.manager, "image", "inspect", "-f", "{{.Id}}", name)
 
     def node_states(self) -> dict[str, str]:
         """Hostname -> Ready / Down / Unknown, as the manager sees them."""

@@ -186,12 +186,6 @@ def dockerd_argv(node: NodePlan, paths: NodePaths) -> list[str]:
     ]
 
 
-def dockerd_env(base: dict[str, str]) -> dict[str, str]:
-    """The environment of each node's dockerd: services use the image each node already has
-    instead of asking a registry first (none can be reached; the lookup waits ~40 s)."""
-    return {**base, "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
-
-
 def runtime_wrapper(python: str, script: Path, record: Path, runc: str) -> str:
     """The node's ``nvidia`` runtime: a two-line sh file that runs the stand-in (which
     records NVIDIA_VISIBLE_DEVICES in *record*, then execs *runc*)."""

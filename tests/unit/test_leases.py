@@ -170,3 +170,15 @@ async def test_a_removed_services_gpu_stays_busy_while_its_container_stops(monke
     clock[0] += 13
     [g] = await b.acquire(TWO_GPUS, Request("alice"))
     assert g.uuid == G0
+
+
+async def test_a_preview_says_what_acquire_would_give_and_leases_nothing():
+    docker = FakeDocker([container("alice", [G0])])
+    leases = book(docker)
+    assert [g.uuid for g in await leases.preview(TWO_GPUS, Request("bob", count=1))] == [G1]
+    assert [g.uuid for g in await leases.preview(TWO_GPUS, Request("carol", count=1))] == [G1]
+    with pytest.raises(NotEnoughGpus):
+        await leases.preview(TWO_GPUS, Request("bob", count=2))
+    assert [g.uuid for g in await leases.acquire(TWO_GPUS, Request("carol", count=1))] == [G1]
+    with pytest.raises(NotEnoughGpus):  # now carol's pending lease counts
+        await leases.preview(TWO_GPUS, Request("bob", count=1))

@@ -107,8 +107,6 @@ def test_dockerd_argv():
     # the manager has no GPU label at all
     manager_argv = P.dockerd_argv(P.plan_nodes("abc123")[0], paths)
     assert not any(a.startswith("gpulab.gpus=") for a in manager_argv)
-    assert P.dockerd_env({"PATH": "/usr/bin"}) == {
-        "PATH": "/usr/bin", "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
 
 
 def test_the_sh_in_dockerd_argv_passes_its_arguments_untouched():

@@ -20,6 +20,8 @@ NODE = "3x0kq1v8hn2b7c4d5e6f7g8h9"  # a Swarm node ID: 25 of [0-9a-z]
 GPU = "GPU-fa4e0200-1111-2222-3333-444444444444"
 CREATE = "/v1.41/services/create"
 CS = ("TaskTemplate", "ContainerSpec")
+IMAGE_ID = "sha256:" + "5f" * 32  # spawn.image's ID on the manager
+OTHER_ID = "sha256:" + "a0" * 32
 
 
 def legit(gpus=(GPU,), node=NODE) -> dict:
@@ -31,7 +33,7 @@ def legit(gpus=(GPU,), node=NODE) -> dict:
         "Labels": {**labels, LABEL_NODE: node},
         "TaskTemplate": {
             "ContainerSpec": {
-                "Image": "gpulab/singleuser:latest", "Labels": dict(labels),
+                "Image": IMAGE_ID, "Labels": dict(labels),
                 "Command": None, "Args": ["jupyterhub-singleuser"],
                 "Env": ["JUPYTERHUB_USER=alice",
                         f"NVIDIA_VISIBLE_DEVICES={','.join(gpus) or 'void'}"],
@@ -73,9 +75,9 @@ def without(path: tuple[str, ...], key: str) -> dict:
     return spec
 
 
-def create(spec, target=CREATE, settings=None):
+def create(spec, target=CREATE, settings=None, image_id=IMAGE_ID):
     body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-    return decide("POST", target, body, settings=settings, swarm=True)
+    return decide("POST", target, body, settings=settings, swarm=True, image_id=image_id)
 
 
 def refused_for(spec, target=CREATE) -> str:
@@ -109,11 +111,12 @@ def q(filters) -> str:
 ])
 def test_the_swarm_calls_the_hub_makes_pass(method, target):
     body = json.dumps(legit()).encode() if method == "POST" else b""
-    d = decide(method, target, body, swarm=True)
+    d = decide(method, target, body, swarm=True, image_id=IMAGE_ID)
     assert d.allowed, d.reason
-    assert not decide(method, target, body).allowed  # not without --swarm
+    assert not decide(method, target, body, image_id=IMAGE_ID).allowed  # not without --swarm
     # a read-only client (Prometheus' discovery) may list the nodes, nothing more
-    read_only = decide(method, target, body, swarm=True, read_only=True).allowed
+    read_only = decide(method, target, body, swarm=True, read_only=True,
+                       image_id=IMAGE_ID).allowed
     assert read_only == (target == "/v1.41/nodes" or target.startswith("/v1.41/nodes?"))
 
 
@@ -260,9 +263,7 @@ def test_a_hardened_member_server_may_be_created(gpus):
     lambda s: at(s, CS).update(Command=["jupyterhub-singleuser"], Args=None),
     lambda s: at(s, CS).pop("Mounts"),
     lambda s: s["TaskTemplate"]["Resources"].pop("Reservations"),
-    lambda s: at(s, CS).update(Image="gpulab/singleuser"),
-], ids=["Replicated", "bare restart policy", "Command", "no mounts", "no reservations",
-        "image without tag"])
+], ids=["Replicated", "bare restart policy", "Command", "no mounts", "no reservations"])
 def test_allowed_variants(change):
     spec = legit()
     change(spec)
@@ -379,6 +380,9 @@ def test_what_is_forwarded_is_the_checked_object_re_serialized():
     (changed(CS, Init=1), "expected a boolean, got an integer"),
     (changed(CS, Image="gpulab/hub:latest"), "only the lab's image"),
     (changed(CS, Image="alpine"), "only the lab's image"),
+    (changed(CS, Image=OTHER_ID), "only the lab's image"),
+    (changed(CS, Image=IMAGE_ID.upper()), "is not an image name"),
+    (changed(CS, Image=f"gpulab/singleuser@{IMAGE_ID}"), "only the lab's image"),
     (changed(CS, Dir="relative"), "not an absolute path"),
     (changed(CS, StopGracePeriod=-1), "out of range"),
     (changed(CS, Command="sh -c x"), "expected a list"),
@@ -483,12 +487,31 @@ def test_the_allow_list_is_documented_where_it_is_spelled():
 def test_the_lab_settings_decide_image_network_and_datasets():
     settings = {"spawn.image": "lab/nb:v2", "spawn.network": "lab-users",
                 "spawn.datasets_volume": "gpulab-datasets"}
-    reason = create(legit(), settings=settings).reason
-    assert "only the lab's image lab/nb:v2" in reason
+    reason = create(legit(), settings=settings, image_id=OTHER_ID).reason
+    assert f"only the lab's image lab/nb:v2 (spawn.image) may be run, by its ID on this " \
+           f"manager, {OTHER_ID}" in reason
     assert "only the users' network lab-users" in reason
-    spec = changed(CS, Image="lab/nb:v2")
+    spec = changed(CS, Image=OTHER_ID)
     spec["TaskTemplate"]["Networks"] = [{"Target": "lab-users"}]
-    assert create(spec, settings=settings).allowed
+    assert create(spec, settings=settings, image_id=OTHER_ID).allowed
+
+
+@pytest.mark.parametrize("name", ["gpulab/singleuser:latest", "gpulab/singleuser",
+                                  "docker.io/gpulab/singleuser:latest"])
+def test_the_lab_image_by_name_is_refused(name):
+    """A machine given a name asks a registry for it before every start (and runs what
+    the registry sends, which for Docker Hub's gpulab/singleuser is anyone's to push);
+    given the manager's ID, it asks nobody."""
+    reason = refused_for(changed(CS, Image=name))
+    assert "by name, each machine would ask a registry for it first" in reason, reason
+
+
+def test_no_service_while_the_manager_lacks_the_lab_image():
+    d = create(legit(), image_id=None)
+    assert not d.allowed and d.status == 503, d
+    assert "gpulab/singleuser:latest (spawn.image) is not on the Swarm's manager" in d.reason
+    # A malformed body is still a 400 first, whatever the manager holds.
+    assert create(b"{", image_id=None).status == 400
 
 
 # ---------------------------------------------------------------- the shell
@@ -498,8 +521,10 @@ class FakeManager:
     """A small Swarm manager on a unix socket: resolves service references as dockerd does
     (full ID, name, unique ID prefix) and records every request that reached it."""
 
-    def __init__(self, services: dict[str, dict[str, str]]):
+    def __init__(self, services: dict[str, dict[str, str]],
+                 images: dict[str, str] | None = None):
         self.services = services  # name -> labels
+        self.images = images or {}  # image name -> ID
         self.ids = {name: chr(ord("a") + i) * 25 for i, name in enumerate(services)}
         self.seen: list[str] = []
 
@@ -518,7 +543,14 @@ class FakeManager:
         line = head.split(b"\r\n")[0].decode()
         self.seen.append(line)
         m = re.fullmatch(r"GET /services/([^/?]+) HTTP/1.1", line)
-        if m:
+        image = re.fullmatch(r"GET /images/(.+)/json HTTP/1.1", line)
+        if image:
+            found = self.images.get(image.group(1))
+            status = b"200 OK" if found else b"404 Not Found"
+            payload = json.dumps({"Id": found} if found else {"message": "No such image"})
+            writer.write(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s"
+                         % (status, len(payload), payload.encode()))
+        elif m:
             name = self.resolve(m.group(1))
             if name is None:
                 payload = json.dumps({"message": f"service {m.group(1)} not found"}).encode()
@@ -599,3 +631,34 @@ async def test_without_swarm_the_proxy_refuses_service_calls(tmp_path):
         proxy.close()
         up.close()
     assert answer.startswith(b"HTTP/1.1 403") and fake.seen == []
+
+
+async def test_a_service_create_names_the_image_id_the_manager_has(tmp_path):
+    """The shell asks the manager for spawn.image's ID at every service create: the
+    hub's spec with that ID is forwarded, the same spec by name is not, and while the
+    manager has no such image nothing is created."""
+    fake = FakeManager({}, images={"gpulab/singleuser:latest": IMAGE_ID})
+    sock = str(tmp_path / "docker.sock")
+    up = await asyncio.start_unix_server(fake.handle, sock)
+    proxy = await asyncio.start_server(Proxy(sock, swarm=True).handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+
+    def post(spec: dict) -> bytes:
+        body = json.dumps(spec).encode()
+        return (f"POST {CREATE} HTTP/1.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    try:
+        assert (await _send(port, post(legit()))).startswith(b"HTTP/1.1 200")
+        assert fake.seen == ["GET /images/gpulab/singleuser:latest/json HTTP/1.1",
+                             f"POST {CREATE} HTTP/1.1"]
+        by_name = await _send(port, post(changed(CS, Image="gpulab/singleuser:latest")))
+        assert by_name.startswith(b"HTTP/1.1 403") and b"ask a registry" in by_name
+        fake.images.clear()
+        fake.seen.clear()
+        gone = await _send(port, post(legit()))
+        assert gone.startswith(b"HTTP/1.1 503") and b"not on the Swarm's manager" in gone
+        assert fake.seen == ["GET /images/gpulab/singleuser:latest/json HTTP/1.1"]
+    finally:
+        proxy.close()
+        up.close()

@@ -16,10 +16,12 @@ from gpulab.swarm_services import (
     STOPPED,
     ServerState,
     inventory_from_nodes,
+    landing_note,
     lease_holder,
     leases_from_services,
     node_for_cpu_server,
     node_gpus,
+    ran_a_container,
     server_state,
     service_spec,
     task_address,
@@ -27,24 +29,26 @@ from gpulab.swarm_services import (
 
 NODE = "3x8bq0ak2dtu0x5nq1sawbnbo"  # a swarmkit node ID (25 lowercase alphanumerics)
 G0, G1 = "GPU-fa4e0000-0000-0000-0000-000000000000", "GPU-fa4e0001-0000-0000-0000-000000000000"
+IMAGE_ID = "sha256:" + "3c" * 32  # spawn.image's ID on the manager
 HUB_ENV = {"JUPYTERHUB_API_TOKEN": "t0ken", "JUPYTERHUB_USER": "alice",
            "NVIDIA_VISIBLE_DEVICES": "all"}  # as if someone tried: gpulab's value wins
 
 
 def proxy(spec: dict) -> tuple[bool, str]:
-    d = decide("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True)
+    d = decide("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
+               image_id=IMAGE_ID)
     return d.allowed, d.reason
 
 
 @pytest.mark.parametrize("gpus", [(), (G0,), (G0, G1)])
 def test_the_spec_is_one_the_swarm_proxy_lets_through(gpus):
-    spec = service_spec(defaults(), "alice", "", gpus, NODE, env=HUB_ENV,
+    spec = service_spec(defaults(), "alice", "", gpus, NODE, IMAGE_ID, env=HUB_ENV,
                         command=["jupyterhub-singleuser"])
     assert proxy(spec) == (True, "")
 
 
 def test_the_spec_says_what_the_container_says():
-    spec = service_spec(defaults(), "alice", "big", (G0, G1), NODE, env=HUB_ENV)
+    spec = service_spec(defaults(), "alice", "big", (G0, G1), NODE, IMAGE_ID, env=HUB_ENV)
     cs = spec["TaskTemplate"]["ContainerSpec"]
     assert spec["Name"] == "gpulab-user-alice--big"
     assert spec["Labels"][LABEL_NODE] == NODE
@@ -54,6 +58,7 @@ def test_the_spec_says_what_the_container_says():
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"{G0},{G1}"  # gpulab's, not the "all" above
     assert env["JUPYTERHUB_API_TOKEN"] == "t0ken"
     assert cs["User"] == "1000:1000" and cs["CapabilityDrop"] == ["ALL"] and cs["Init"]
+    assert cs["Image"] == IMAGE_ID  # by ID: the machine asks no registry
     assert {m["Target"]: m for m in cs["Mounts"]} == {
         "/home/jovyan": {"Type": "volume", "Source": "gpulab-home-alice",
                          "Target": "/home/jovyan", "ReadOnly": False},
@@ -69,7 +74,7 @@ def test_the_spec_says_what_the_container_says():
 
 
 def test_no_gpu_is_void_and_a_tmpfs_anywhere_else_is_refused():
-    spec = service_spec(defaults(), "bob", "", (), NODE)
+    spec = service_spec(defaults(), "bob", "", (), NODE, IMAGE_ID)
     env = dict(e.split("=", 1) for e in spec["TaskTemplate"]["ContainerSpec"]["Env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     spec["TaskTemplate"]["ContainerSpec"]["Mounts"][-1]["Target"] = "/tmp"
@@ -143,6 +148,11 @@ def task(state, desired="running", index=1, err=""):
     ([task("running")], [node("a", [G0], availability="pause")], RUNNING, ""),
     ([task("running")], [node("b", [G1])], STOPPED,
      "the machine it ran on has left the cluster"),
+    # as dockerd 20.10 rejects a task whose image (named by ID) the machine lacks
+    ([task("rejected", err=f"No such image: {IMAGE_ID}")], [node("a", [G0])], STOPPED,
+     f"host-a does not have the lab's server image as the Swarm's manager has it "
+     f"({IMAGE_ID[:19]}); an admin must copy it there (README: Several GPU servers, the "
+     f"images)"),
 ])
 def test_server_state_from_the_swarms_view(tasks, nodes, state, reason):
     assert server_state(service(), tasks, nodes) == ServerState(state, reason)
@@ -171,3 +181,31 @@ def test_the_tasks_address_on_the_servers_network():
     assert task_address(t, "gpulab") == "10.213.0.7"
     assert task_address(t, "other") == ""
     assert task_address({}, "gpulab") == ""
+
+
+@pytest.mark.parametrize("homes, home, landings, said", [
+    ("machine", "gpu-2", {}, "Your files are on gpu-2, so your server starts there, with "
+                             "GPUs of gpu-2."),
+    ("machine", "", {0: "gpu-1", 1: "gpu-2", 2: ""},
+     "Your server would start with no GPU on gpu-1; with 1 GPU on gpu-2; with 2 GPUs "
+     "nowhere right now. Your files are then kept on that machine, and your server goes "
+     "back to it every time."),
+    ("shared", "gpu-2", {0: "gpu-1", 1: "gpu-1"},
+     "Your server would start with no GPU on gpu-1; with 1 GPU on gpu-1. Your files are on "
+     "the lab's shared storage."),
+])
+def test_the_spawn_form_says_where_the_server_would_start(homes, home, landings, said):
+    assert landing_note(homes, home, landings) == said
+
+
+def test_the_spawn_form_says_when_the_home_machine_is_away():
+    assert landing_note("machine", "gpu-2", {}, home_up=False) == (
+        "Your files are on gpu-2, which is down or out of service: your server cannot "
+        "start until it is back.")
+
+
+def test_only_a_task_that_got_a_container_held_a_gpu_on_its_machine():
+    rejected = {"Status": {"State": "rejected", "ContainerStatus": {"ContainerID": ""}}}
+    ran = {"Status": {"State": "failed", "ContainerStatus": {"ContainerID": "c0ffee"}}}
+    assert not ran_a_container([rejected, {"Status": {}}, {}])
+    assert ran_a_container([rejected, ran])
