@@ -59,6 +59,7 @@ from .docker_schema import (
     IMAGE,
     NAME,
     REF,
+    REGISTRY,
     SIGNAL,
     SIZE,
     STRINGS,
@@ -283,7 +284,9 @@ def _route(method: str, path: str, read_only: bool = False, swarm: bool = False,
     return Route(method, path, re.compile(pattern), params, read_only, swarm)
 
 
-_IMAGE_PATH = rf"{NAME}(/{NAME})*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?"
+# As in an image reference (docker_schema.IMAGE); docker-py sends a digest's @ as %40.
+_IMAGE_PATH = (rf"({REGISTRY})?{NAME}(/{NAME})*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?"
+               r"((@|%40)sha256:[0-9a-f]{64})?")
 ROUTES: tuple[Route, ...] = (
     _route("GET", "/_ping", read_only=True),
     _route("HEAD", "/_ping", read_only=True),

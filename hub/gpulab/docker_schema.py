@@ -25,7 +25,11 @@ _USER = re.compile(r"[1-9][0-9]{0,9}(:[1-9][0-9]{0,9})?")
 GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f]+(-[0-9A-Fa-f]+)*")
 BIND = re.compile(rf"({NAME}):(/[^:]*)(?::(ro|rw))?")
 SIGNAL = re.compile(r"[A-Za-z0-9+]{1,16}")
-IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?(@sha256:[0-9a-f]{64})?")
+# An image reference: an optional registry (host[:port]/, e.g. a lab-local registry's),
+# the repository, a tag, a digest.
+REGISTRY = r"[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?/"
+IMAGE = re.compile(rf"({REGISTRY})?[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?"
+                   r"(@sha256:[0-9a-f]{64})?")
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # what Docker calls an image's "Id"
 # With the NVIDIA toolkit's volume-mount strategy a mount here selects GPUs.
 _GPU_SELECTING_PATHS = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")

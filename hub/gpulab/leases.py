@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .allocator import (
+    AllocationError,
     Gpu,
     Lease,
     Request,
@@ -115,9 +116,10 @@ class LeaseBook:
             self._discovered = await self._node_gpus()
         return self.inventory(config)
 
-    def inventory(self, config: GpusConfig) -> list[Gpu]:
+    def inventory(self, config: GpusConfig, quiet: bool = False) -> list[Gpu]:
         """The leasable GPUs under *config*; NVML is asked once per hub process (on a
-        Swarm: the nodes' GPUs as :meth:`current_inventory` last found them)."""
+        Swarm: the nodes' GPUs as :meth:`current_inventory` last found them). Its
+        warnings are logged unless *quiet*."""
         swarm = self._node_gpus is not None
         if config.auto and not swarm and not self._discovered:
             # An empty answer (NVML not ready, driver loading) is asked again next time.
@@ -127,7 +129,7 @@ class LeaseBook:
         # is down is not given out. On one host an explicit file is trusted as written.
         found = (self._discovered or []) if config.auto or swarm else None
         gpus, warnings = resolve_inventory(config, found)
-        for w in warnings:
+        for w in () if quiet else warnings:
             log.warning("%s", w)
         return gpus
 
@@ -197,14 +199,22 @@ class LeaseBook:
             self._pending[key] = mine
         return gpus
 
-    async def preview(self, config: GpusConfig, request: Request) -> list[Gpu]:
-        """What :meth:`acquire` would give *request* now, leasing nothing (the spawn form
-        says where a server would go); an AllocationError when it would be refused. Uses
-        the inventory :meth:`current_inventory` last found."""
-        inventory = self.inventory(config)
+    async def preview(self, config: GpusConfig, requests: Sequence[Request]
+                      ) -> list[list[Gpu] | AllocationError]:
+        """What :meth:`acquire` would give each of *requests* now, or the AllocationError
+        it would raise, leasing nothing (the spawn form says where a server would go).
+        One look at the table; the inventory is the one :meth:`current_inventory` last
+        found."""
+        inventory = self.inventory(config, quiet=True)  # its warnings are the form's
         async with self._lock:
             leases = await self._table()
-        return allocate(config, inventory, leases, request)
+        out: list[list[Gpu] | AllocationError] = []
+        for request in requests:
+            try:
+                out.append(allocate(config, inventory, leases, request))
+            except AllocationError as e:
+                out.append(e)
+        return out
 
     def settle(self, user: str, server: str = "") -> None:
         """The spawn's container exists now (its labels hold the lease), or the spawn

@@ -57,7 +57,8 @@ def policy_refusal(error: docker.errors.APIError) -> str | None:
     came from somewhere else (dockerd itself, the network)."""
     explanation = str(getattr(error, "explanation", "") or "")
     prefix = "gpulab docker-proxy: "
-    if error.status_code in (400, 403) and explanation.startswith(prefix):
+    # 503: on a Swarm, spawn.image left the manager between the hub's check and the create
+    if error.status_code in (400, 403, 503) and explanation.startswith(prefix):
         return explanation[len(prefix):]
     return None
 

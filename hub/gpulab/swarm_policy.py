@@ -65,6 +65,7 @@ from .docker_schema import (
     GPU_UUID,
     HEALTHCHECK,
     IMAGE,
+    IMAGE_ID,
     REF,
     SIGNAL,
     SIZE,
@@ -194,7 +195,12 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
                        f"got {name!r}")
     task = spec["TaskTemplate"]
     cs = task["ContainerSpec"]
-    if cs["Image"] != image_id:
+    if IMAGE_ID.fullmatch(cs["Image"]) and cs["Image"] != image_id:
+        reasons.append(f"TaskTemplate.ContainerSpec.Image: {settings['spawn.image']} "
+                       f"(spawn.image) is {image_id} on this manager now, not "
+                       f"{cs['Image']}: it was rebuilt or retagged while the server was "
+                       f"starting; start it again")
+    elif cs["Image"] != image_id:
         reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's image "
                        f"{settings['spawn.image']} (spawn.image) may be run, by its ID on "
                        f"this manager, {image_id} (by name, each machine would ask a "

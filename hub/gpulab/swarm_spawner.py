@@ -33,7 +33,7 @@ from tornado import web
 from traitlets import Unicode, default
 
 from . import live_config
-from .allocator import AllocationError
+from .allocator import AllocationError, NotEnoughGpus
 from .contract import LABEL_MANAGED, LABEL_NODE
 from .culler import notices
 from .leases import LeaseBook, swarm_lease_book
@@ -53,6 +53,7 @@ from .swarm_services import (
 )
 
 STOP_GRACE_SECONDS = 10  # Swarm's default StopGracePeriod, which service_spec keeps
+LANDING_NOTE_TIMEOUT = 5.0  # seconds the spawn form waits to say where a server goes
 
 
 class GpulabSwarmSpawner(GpulabSpawner):
@@ -144,7 +145,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         if not form:  # no GPU to choose: the progress bar names the machine
             return form
         try:
-            note = await self._landing_note()
+            note = await asyncio.wait_for(self._landing_note(), LANDING_NOTE_TIMEOUT)
         except Exception as e:  # the form never fails for want of this line
             self.log.warning("Could not tell %s where a server would start: %s",
                              self._log_name, e)
@@ -164,12 +165,15 @@ class GpulabSwarmSpawner(GpulabSpawner):
             services = await self.docker("services",
                                          filters={"label": f"{LABEL_MANAGED}=true"})
             landings[0] = names.get(node_for_cpu_server(nodes, services), "")
-            for count in range(1, policy.max_gpus + 1):
-                try:
-                    gpus = await self.lease_book.preview(config, self._request(count, settings))
-                except AllocationError:
-                    gpus = []
-                landings[count] = names.get(gpus[0].node, "") if gpus else ""
+            counts = range(1, policy.max_gpus + 1)
+            previews = await self.lease_book.preview(
+                config, [self._request(n, settings) for n in counts])
+            for count, got in zip(counts, previews, strict=True):
+                if isinstance(got, NotEnoughGpus):  # none free enough on any one machine
+                    landings[count] = ""
+                elif not isinstance(got, AllocationError) and got:
+                    landings[count] = got[0].machine
+                # else over her quota (the start says so): no machine to name
         up = any(node_usable(n) for n in nodes  # by name too: it may have joined again
                  if str(n.get("ID")) == home or (home_name and node_name(n) == home_name))
         return landing_note(settings["spawn.swarm_homes"], home_name, landings, up)

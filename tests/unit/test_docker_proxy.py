@@ -85,6 +85,9 @@ def refused_for(body, target=CREATE, settings=None) -> str:
     ("POST", "/v1.41/containers/abc123/kill"), ("POST", "/v1.41/containers/abc123/kill?signal=SIGKILL"),
     ("DELETE", "/v1.41/containers/abc123?v=True&link=False&force=False"),
     ("GET", "/v1.41/images/gpulab/singleuser:latest/json"),
+    # spawn.image from a lab-local registry, and pinned by digest (docker-py quotes the @)
+    ("GET", "/v1.41/images/registry.lab:5000/gpulab/singleuser:1/json"),
+    ("GET", f"/v1.41/images/gpulab/singleuser%40sha256:{'ab' * 32}/json"),
     ("GET", "/v1.41/volumes/gpulab-datasets"),
 ])
 def test_the_calls_the_hub_makes_pass(method, target):
@@ -341,6 +344,11 @@ def test_the_lab_settings_decide_image_and_network():
     body = legit(gpus=())
     body["Image"] = "docker.io/gpulab/singleuser"
     assert create(body).allowed  # name == name:latest
+    local = Settings({**defaults(), "spawn.image": "registry.lab:5000/gpulab/nb:1"})
+    body["Image"] = "registry.lab:5000/gpulab/nb:1"
+    assert create(body, settings=local).allowed  # from a lab-local registry
+    body["Image"] = "registry.lab:5000/gpulab/nb:2"
+    assert "only the lab's image" in refused_for(body, settings=local)
 
 
 # ---------------------------------------------------------------- what dockerd would read

@@ -175,10 +175,12 @@ async def test_a_removed_services_gpu_stays_busy_while_its_container_stops(monke
 async def test_a_preview_says_what_acquire_would_give_and_leases_nothing():
     docker = FakeDocker([container("alice", [G0])])
     leases = book(docker)
-    assert [g.uuid for g in await leases.preview(TWO_GPUS, Request("bob", count=1))] == [G1]
-    assert [g.uuid for g in await leases.preview(TWO_GPUS, Request("carol", count=1))] == [G1]
-    with pytest.raises(NotEnoughGpus):
-        await leases.preview(TWO_GPUS, Request("bob", count=2))
-    assert [g.uuid for g in await leases.acquire(TWO_GPUS, Request("carol", count=1))] == [G1]
-    with pytest.raises(NotEnoughGpus):  # now carol's pending lease counts
-        await leases.preview(TWO_GPUS, Request("bob", count=1))
+    bob, carol, bob2 = (Request("bob", count=1), Request("carol", count=1),
+                        Request("bob", count=2))
+    got = await leases.preview(TWO_GPUS, [bob, carol, bob2])
+    assert [[g.uuid for g in got[0]], [g.uuid for g in got[1]]] == [[G1], [G1]]
+    assert isinstance(got[2], NotEnoughGpus)
+    assert docker.calls == 1  # one look at the table for all of them
+    assert [g.uuid for g in await leases.acquire(TWO_GPUS, carol)] == [G1]
+    [after] = await leases.preview(TWO_GPUS, [bob])  # now carol's pending lease counts
+    assert isinstance(after, NotEnoughGpus)

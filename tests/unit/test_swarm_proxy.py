@@ -380,7 +380,8 @@ def test_what_is_forwarded_is_the_checked_object_re_serialized():
     (changed(CS, Init=1), "expected a boolean, got an integer"),
     (changed(CS, Image="gpulab/hub:latest"), "only the lab's image"),
     (changed(CS, Image="alpine"), "only the lab's image"),
-    (changed(CS, Image=OTHER_ID), "only the lab's image"),
+    (changed(CS, Image=OTHER_ID), f"is {IMAGE_ID} on this manager now, not {OTHER_ID}: it "
+                                  f"was rebuilt or retagged while the server was starting"),
     (changed(CS, Image=IMAGE_ID.upper()), "is not an image name"),
     (changed(CS, Image=f"gpulab/singleuser@{IMAGE_ID}"), "only the lab's image"),
     (changed(CS, Dir="relative"), "not an absolute path"),
@@ -487,7 +488,8 @@ def test_the_allow_list_is_documented_where_it_is_spelled():
 def test_the_lab_settings_decide_image_network_and_datasets():
     settings = {"spawn.image": "lab/nb:v2", "spawn.network": "lab-users",
                 "spawn.datasets_volume": "gpulab-datasets"}
-    reason = create(legit(), settings=settings, image_id=OTHER_ID).reason
+    reason = create(changed(CS, Image="lab/nb:v2"), settings=settings,
+                    image_id=OTHER_ID).reason
     assert f"only the lab's image lab/nb:v2 (spawn.image) may be run, by its ID on this " \
            f"manager, {OTHER_ID}" in reason
     assert "only the users' network lab-users" in reason
