@@ -69,6 +69,15 @@ if [ "$gpus_total" = 0 ]; then
   say "warning: no machine lists GPUs. On each GPU server, add its GPU UUIDs to the engine's"
   say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
 fi
-say "each GPU server needs the image of config/gpulab.yaml's spawn.image, and for its GPU"
-say "exporter (make swarm-node there) gpulab/exporter and gpulab/hub"
-say "(e.g. docker save gpulab/singleuser:latest | ssh GPU-SERVER docker load)."
+# Members' services name spawn.image by the ID it has here (a name would make every machine
+# ask a registry first), so each GPU server needs this very build.
+image=$(docker run --rm --network none -v "$config:/srv/gpulab/config:ro" gpulab/hub:latest \
+  gpulab config get spawn.image /srv/gpulab/config/gpulab.yaml 2>&1) || die "$image"
+if id=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null); then
+  say "spawn.image $image is ${id:0:19} here; each GPU server needs this very build (the hub"
+  say "runs it by that ID), and for its exporter (make swarm-node there) gpulab/exporter and"
+  say "gpulab/hub: docker save $image gpulab/hub:latest gpulab/exporter:latest | ssh GPU-SERVER docker load"
+else
+  say "warning: spawn.image $image is not on this manager, and the hub runs it by the ID it"
+  say "has here: members' servers cannot start until it is (build it: make images, or load it)."
+fi

@@ -42,16 +42,24 @@ def main(argv: list[str] | None = None) -> int:
         sock = m.paths.socket
         for node in cluster.nodes:
             print(f"  {node.hostname:24} {node.plan.role:8} {len(node.gpus)} fake GPU(s)")
+        nodes = "\n".join(f"""  nsenter --net=/run/netns/{w.plan.netns} make swarm-node BUILD_IMAGES=no \\
+    DOCKER_HOST={w.host} GPULAB_DOCKER_SOCKET={w.paths.socket} \\
+    GPULAB_DOCKER_EXEC_ROOT={w.paths.exec} GPULAB_NODE_ADDRESS={w.address} \\
+    GPULAB_EXPORTER_FLAGS="--fake-gpus {len(w.gpus)} --fake-uuids {','.join(w.gpus)}"
+""" for w in cluster.workers)
         print(f"""
 The Swarm is up. In another shell, on the manager (its network namespace and engine):
 
   mkdir -p /tmp/gpulab-swarm-config && cp config/* /tmp/gpulab-swarm-config/
   # then set  hub: {{swarm: true}}  in /tmp/gpulab-swarm-config/gpulab.yaml
   nsenter --net=/run/netns/{m.plan.netns} make up-swarm BUILD_IMAGES=no \\
-    GPULAB_CONFIG=/tmp/gpulab-swarm-config DOCKER_HOST=unix://{sock} \\
-    GPULAB_DOCKER_SOCKET={sock}
+    GPULAB_CONFIG=/tmp/gpulab-swarm-config DOCKER_HOST={m.host} \\
+    GPULAB_DOCKER_SOCKET={sock} GPULAB_DOCKER_EXEC_ROOT={m.paths.exec}
 
-  export DOCKER_HOST=unix://{sock}   # docker node ls, docker service ls
+and on each GPU server (its netguard, and its exporter with its fake GPUs):
+
+{nodes}
+  export DOCKER_HOST={m.host}   # docker node ls, docker service ls
   nsenter --net=/run/netns/{m.plan.netns} curl -s http://127.0.0.1:8000/hub/api
 
 Ctrl-C here tears the cluster down.""", flush=True)
