@@ -248,8 +248,8 @@ class GpulabSpawner(DockerSpawner):
         await self._check_host_objects(settings)
 
     async def _check_host_objects(self, settings: Settings) -> None:
-        """The image and the datasets volume are on this host (on a Swarm they are on
-        the nodes, which the manager cannot be asked about)."""
+        """The image and the datasets volume are on this host (a Swarm's spawner checks
+        the image on the manager; the machines cannot be asked about theirs)."""
         await self._image_id(settings, "this host")
         volume = settings["spawn.datasets_volume"]
         if volume:
