@@ -31,5 +31,22 @@ for r in "${reqs[@]}"; do args+=(-r "$r"); done
   --only-binary=:all: --python-version "$IMAGE_PYTHON_VERSION" \
   --dest "$dest" "${args[@]}" ${extra[@]+"${extra[@]}"} \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+# A pin to a public version (torch===2.13.0, or torch==2.13.0: PyPI's CUDA build) met by a
+# local build of it (torch-2.13.0+cpu, which `==` accepts and a find-links folder in the
+# pip configuration may hold) would silently change the image: refuse it, naming both.
+shopt -s nocaseglob
+while read -r name version; do
+  for wheel in "$dest/${name}-${version}+"*.whl; do
+    [ -e "$wheel" ] || continue
+    echo "[gpulab] the requirements pin $name $version, the build from the package index, but" \
+      "pip took the local build $(basename "$wheel") (from a find-links folder or index in pip's" \
+      "configuration: '$PYTHON -m pip config list'). Pin it with === ($name===$version), which" \
+      "no local build meets, or download with pip --isolated. Not stamped: the next run" \
+      "downloads again." >&2
+    exit 1
+  done
+done < <(sed -nE 's/^[[:space:]]*([A-Za-z0-9][A-Za-z0-9_.-]*)[[:space:]]*===?[[:space:]]*([0-9][0-9A-Za-z.!]*)[[:space:]]*(#.*)?$/\1 \2/p' "${reqs[@]}" \
+           | awk '{ n = tolower($1); gsub(/[-_.]+/, "_", n); print n, $2 }')
+shopt -u nocaseglob
 echo "$want" >"$stamp"
 echo "[gpulab] $(ls "$dest"/*.whl | wc -l) wheels, $(du -sh "$dest" | cut -f1) in $dest"

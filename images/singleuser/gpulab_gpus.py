@@ -5,9 +5,12 @@ starts this small server on first use and shows its page in a JupyterLab tab, pr
 at /user/NAME/gpus/. The page asks for gpus.json every two seconds.
 
 NVML inside the container sees only the GPUs the hub gave this server: the NVIDIA
-container runtime injects those devices alone (NVIDIA_VISIBLE_DEVICES, set by the hub:
-their UUIDs, or "void" for none). Where NVML sees no GPU, the panel says why in words
-(no GPU assigned, or assigned but not reachable) instead of an empty chart or an error.
+container runtime injects those devices alone. Which ones the hub gave it, the panel reads
+from GPULAB_GPUS (set by gpulab's spawner: their UUIDs, comma-separated, empty for none),
+not from NVIDIA_VISIBLE_DEVICES: with the NVIDIA container toolkit in CDI mode, the CDI
+spec's edits set NVIDIA_VISIBLE_DEVICES=void inside a container that does have GPUs.
+Where NVML sees no GPU, the panel says why in words (no GPU assigned, or assigned but not
+reachable) instead of an empty chart or an error.
 
     python -m gpulab_gpus --port 8123              # serve the panel
     python -m gpulab_gpus --json                   # print one snapshot
@@ -22,7 +25,10 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-# The hub's values for "no GPU" (gpulab.containers); NVIDIA's runtime documents these too.
+# gpulab's spawner sets this in every server it starts (gpulab.containers): the leased
+# GPUs' UUIDs, comma-separated; empty for none.
+GPULAB_GPUS = "GPULAB_GPUS"
+# NVIDIA's values for "no GPU", for a server started without gpulab's spawner (no GPULAB_GPUS).
 NO_DEVICES = {"", "void", "none"}
 NO_GPU_ASSIGNED = "No GPU assigned to this server."
 HOW_TO_GET_ONE = ("To use one, stop your server (File > Hub Control Panel > Stop My Server) "
@@ -30,10 +36,15 @@ HOW_TO_GET_ONE = ("To use one, stop your server (File > Hub Control Panel > Stop
 
 
 def assigned_devices(env: Mapping[str, str]) -> list[str]:
-    """The GPUs the hub gave this server (UUIDs or indexes), from NVIDIA_VISIBLE_DEVICES."""
-    value = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
-    if value.lower() in NO_DEVICES:
-        return []
+    """The GPUs the hub gave this server (UUIDs), from GPULAB_GPUS. Only where that is
+    not set at all (the image run without gpulab's spawner) from NVIDIA_VISIBLE_DEVICES,
+    which under CDI reads "void" even where the container has GPUs."""
+    if GPULAB_GPUS in env:
+        value = env[GPULAB_GPUS].strip()
+    else:
+        value = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+        if value.lower() in NO_DEVICES:
+            return []
     return [device.strip() for device in value.split(",") if device.strip()]
 
 

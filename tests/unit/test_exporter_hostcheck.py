@@ -155,6 +155,31 @@ def test_compare_gpu_tolerances(exporter, smi_line, mismatched):
     assert c.ok == (not mismatched) and c.problem is None
 
 
+@pytest.mark.parametrize("before, after, smi_temp, smi_power, mismatched", [
+    ((50.0, 400.0), (56.0, 640.0), 53, 520.0, {}),  # warming up: nvidia-smi in between
+    ((56.0, 640.0), (50.0, 400.0), 53, 520.0, {}),  # cooling down
+    ((50.0, 400.0), (56.0, 640.0), 58, 700.0, {}),  # just past the later read: tolerance
+    ((50.0, 400.0), (56.0, 640.0), 59, 720.0, {"temperature.gpu [C]": "MISMATCH",
+                                                "power.draw [W]": "MISMATCH"}),
+    ((50.0, 400.0), (50.0, 400.0), 53, 520.0, {"temperature.gpu [C]": "MISMATCH",
+                                                "power.draw [W]": "MISMATCH"}),  # steady
+], ids=["rising", "falling", "within-tolerance-of-later", "beyond-later", "steady-gpu"])
+def test_a_moving_value_is_compared_with_the_exporter_reads_either_side(
+        before, after, smi_temp, smi_power, mismatched):
+    """A GPU that just started working warms and draws more between the reads: nvidia-smi,
+    read between two exporter polls, is compared with the range they span."""
+    (e,) = exporter_readings(snap(h200(temperature_celsius=before[0], power_watts=before[1])))
+    (e2,) = exporter_readings(snap(h200(temperature_celsius=after[0], power_watts=after[1])))
+    (s,) = parse_smi_csv(f"0, {A}, 100, 32362, 143771, {smi_temp}, {smi_power:.2f}")
+    c = compare_gpu(e, s, e2)
+    assert verdicts(c) == mismatched
+    rows = {r.field: r for r in c.rows}
+    if before != after:
+        assert rows["temperature.gpu [C]"].note == (
+            f"exporter {before[0]:g} before nvidia-smi, {after[0]:g} after")
+        assert rows["temperature.gpu [C]"].exporter == min(max(smi_temp, 50), 56)
+
+
 def test_absent_values_say_which_side_and_why():
     (e,) = exporter_readings(snap(h200(power_watts=None, utilization_ratio=None)))
     (s,) = parse_smi_csv(f"0, {A}, [N/A], 32362, 143771, 52, 627.40")
@@ -370,6 +395,25 @@ def test_run_check_names_each_mismatch_and_exits_1(host):
         f"  under load: GPU 0 ({A}): temperature.gpu [C]: exporter 52, nvidia-smi 57, 5 apart (allowed 2)",
         f"  under load: GPU 0 ({A}): utilization.gpu rise [%]: exporter 0, nvidia-smi 100 (each must rise >= 10)",
     ]
+
+
+def test_run_check_on_a_gpu_that_warms_up_between_the_reads(host):
+    """Each exporter poll finds the GPU 6 C warmer and drawing 240 W more (a GPU that
+    just started working); nvidia-smi, read between two polls, sees a value between."""
+
+    class Warming(FakeNvml):
+        def device_count(self):  # once per poll
+            for g in self.gpus:
+                g.temperature_celsius += 6
+                g.power_milliwatts += 240_000
+            return super().device_count()
+
+    gpu = FakeGpu(0, uuid=A, memory_total=143771 * MIB, temperature_celsius=44,
+                  power_milliwatts=160_000)
+    host.poller = Poller(Warming([gpu]), interval=1, process_interval=0)
+    host.show(f"0, {A}, 0, 0, 143771, 53, 520.00")  # polls read 50 C, 400 W then 56 C, 640 W
+    assert host.check(load=None) == 0, host.text
+    assert "exporter 50 before nvidia-smi, 56 after" in host.text
 
 
 def test_run_check_idle_only_and_a_gpu_nvidia_smi_lacks(host):

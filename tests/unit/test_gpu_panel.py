@@ -14,6 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpulab.containers import container_options
+from gpulab.settings import defaults
+
 PANEL = Path(__file__).resolve().parents[2] / "images" / "singleuser" / "gpulab_gpus.py"
 spec = importlib.util.spec_from_file_location("gpulab_gpus", PANEL)
 gpulab_gpus = importlib.util.module_from_spec(spec)
@@ -21,6 +24,16 @@ spec.loader.exec_module(gpulab_gpus)
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
+
+
+def spawned(*uuids: str, cdi: bool = False) -> dict[str, str]:
+    """The environment gpulab's spawner gives a server with these GPUs (the spawner's own
+    code), and with ``cdi`` as it reads inside the container when the NVIDIA toolkit runs
+    in CDI mode: the CDI spec's edits set NVIDIA_VISIBLE_DEVICES=void, GPUs or not."""
+    env = dict(container_options(defaults(), "ann", gpu_uuids=uuids).environment)
+    if cdi:
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
+    return env
 
 
 class NVMLError(Exception):
@@ -69,12 +82,29 @@ class StandInNVML:
         return SimpleNamespace(gpu=self._get(handle, "util"), memory=0)
 
 
+@pytest.mark.parametrize("uuids", [(), (UUID0,), (UUID0, UUID1)])
+@pytest.mark.parametrize("cdi", [False, True], ids=["runtime", "cdi"])
+def test_assigned_devices_are_the_spawners_gpulab_gpus(uuids, cdi):
+    """GPULAB_GPUS, whatever NVIDIA_VISIBLE_DEVICES reads (void under CDI)."""
+    assert gpulab_gpus.assigned_devices(spawned(*uuids, cdi=cdi)) == list(uuids)
+
+
+@pytest.mark.parametrize("env, devices", [
+    ({"GPULAB_GPUS": f" {UUID0} , "}, [UUID0]),
+    ({"GPULAB_GPUS": "", "NVIDIA_VISIBLE_DEVICES": "all"}, []),  # the hub's word counts
+    ({"GPULAB_GPUS": UUID0, "NVIDIA_VISIBLE_DEVICES": "void"}, [UUID0]),
+])
+def test_gpulab_gpus_wins_over_nvidia_visible_devices(env, devices):
+    assert gpulab_gpus.assigned_devices(env) == devices
+
+
 @pytest.mark.parametrize("value, devices", [
     (None, []), ("", []), ("void", []), ("none", []), ("NONE", []),
     (UUID0, [UUID0]), (f"{UUID0},{UUID1}", [UUID0, UUID1]), (f" {UUID0} , ", [UUID0]),
     ("0,1", ["0", "1"]), ("all", ["all"]),
 ])
-def test_assigned_devices_from_nvidia_visible_devices(value, devices):
+def test_without_gpulab_gpus_nvidia_visible_devices_is_read(value, devices):
+    """The image run without gpulab's spawner (no GPULAB_GPUS at all)."""
     env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
     assert gpulab_gpus.assigned_devices(env) == devices
 
@@ -84,7 +114,7 @@ def test_two_gpus_with_memory_and_utilization():
         {"name": b"NVIDIA H200", "uuid": UUID0, "memory": (2 * 2**30, 141 * 2**30), "util": 37},
         {"name": "NVIDIA H200", "uuid": UUID1.encode(), "memory": (0, 141 * 2**30), "util": 0},
     ])
-    snap = gpulab_gpus.snapshot(nvml, {"NVIDIA_VISIBLE_DEVICES": f"{UUID0},{UUID1}"})
+    snap = gpulab_gpus.snapshot(nvml, spawned(UUID0, UUID1))
     assert snap == {"message": None, "assigned": [UUID0, UUID1], "gpus": [
         {"index": 0, "name": "NVIDIA H200", "uuid": UUID0, "memory_used_bytes": 2 * 2**30,
          "memory_total_bytes": 141 * 2**30, "utilization_percent": 37},
@@ -98,13 +128,14 @@ def test_a_value_nvml_does_not_give_is_none_and_the_rest_stays():
     """MIG instances, for one, have no utilization: that field is None, not an error."""
     nvml = StandInNVML([{"name": "NVIDIA A100 MIG 1g.10gb", "uuid": UUID0,
                          "memory": NVMLError("Not Supported"), "util": NVMLError("Not Supported")}])
-    gpu, = gpulab_gpus.snapshot(nvml, {"NVIDIA_VISIBLE_DEVICES": UUID0})["gpus"]
+    gpu, = gpulab_gpus.snapshot(nvml, spawned(UUID0))["gpus"]
     assert gpu == {"index": 0, "name": "NVIDIA A100 MIG 1g.10gb", "uuid": UUID0,
                    "memory_used_bytes": None, "memory_total_bytes": None,
                    "utilization_percent": None}
 
 
-@pytest.mark.parametrize("env", [{}, {"NVIDIA_VISIBLE_DEVICES": "void"}])
+@pytest.mark.parametrize("env", [{}, {"NVIDIA_VISIBLE_DEVICES": "void"}, spawned(),
+                                 spawned(cdi=True)])
 def test_no_gpu_assigned_says_so_and_how_to_get_one(env):
     nvml = StandInNVML(init_error=NVMLError("NVML Shared Library Not Found"))
     snap = gpulab_gpus.snapshot(nvml, env)
@@ -116,7 +147,7 @@ def test_no_gpu_assigned_says_so_and_how_to_get_one(env):
 def test_an_assigned_gpu_that_nvml_cannot_reach_is_named_with_the_reason():
     """The test stack's stand-in GPUs: the hub gave a UUID, but no driver is injected."""
     nvml = StandInNVML(init_error=NVMLError("NVML Shared Library Not Found"))
-    snap = gpulab_gpus.snapshot(nvml, {"NVIDIA_VISIBLE_DEVICES": UUID0})
+    snap = gpulab_gpus.snapshot(nvml, spawned(UUID0))
     assert snap["gpus"] == [] and snap["assigned"] == [UUID0]
     assert snap["message"] == (
         f"No GPU is reachable from this server, although the hub assigned it {UUID0}: the "
@@ -125,8 +156,27 @@ def test_an_assigned_gpu_that_nvml_cannot_reach_is_named_with_the_reason():
 
 
 def test_nvml_that_sees_no_device_counts_as_none():
-    snap = gpulab_gpus.snapshot(StandInNVML([]), {"NVIDIA_VISIBLE_DEVICES": "void"})
+    snap = gpulab_gpus.snapshot(StandInNVML([]), spawned())
     assert snap["message"].startswith("No GPU assigned") and snap["gpus"] == []
+
+
+def test_under_cdi_an_unreachable_gpu_is_not_called_unassigned():
+    """CDI mode: NVIDIA_VISIBLE_DEVICES=void in a server the hub gave a GPU. If NVML then
+    fails, the member is told the GPU is unreachable (tell the admins), not that she has
+    none and should restart with one."""
+    nvml = StandInNVML(init_error=NVMLError("Driver Not Loaded"))
+    snap = gpulab_gpus.snapshot(nvml, spawned(UUID0, cdi=True))
+    assert snap["assigned"] == [UUID0]
+    assert snap["message"].startswith(f"No GPU is reachable from this server, although the "
+                                      f"hub assigned it {UUID0}")
+
+
+def test_under_cdi_the_gpus_nvml_sees_are_the_assigned_ones():
+    nvml = StandInNVML([{"name": "NVIDIA H200", "uuid": UUID0, "memory": (0, 141 * 2**30),
+                         "util": 0}])
+    snap = gpulab_gpus.snapshot(nvml, spawned(UUID0, cdi=True))
+    assert snap["message"] is None and snap["assigned"] == [UUID0]
+    assert [g["uuid"] for g in snap["gpus"]] == [UUID0]
 
 
 def test_a_device_error_mid_read_is_a_message_not_a_traceback():
@@ -134,7 +184,7 @@ def test_a_device_error_mid_read_is_a_message_not_a_traceback():
         def nvmlDeviceGetHandleByIndex(self, index):  # noqa: N802
             raise NVMLError("GPU is lost")
 
-    snap = gpulab_gpus.snapshot(Lost([{}]), {"NVIDIA_VISIBLE_DEVICES": UUID0})
+    snap = gpulab_gpus.snapshot(Lost([{}]), spawned(UUID0))
     assert snap["gpus"] == [] and "GPU is lost" in snap["message"]
 
 

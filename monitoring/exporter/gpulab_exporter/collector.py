@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 
 from gpulab_exporter import __version__
-from gpulab_exporter.snapshot import GpuSample, Snapshot
+from gpulab_exporter.snapshot import ATTRIBUTION_REASONS, GpuSample, Snapshot
 
 GPU = ["gpu", "uuid"]
 
@@ -120,13 +120,25 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
                                  "(lease holders with none at 0). Processes outside hub "
                                  "containers are not counted here.",
                                  labels=[*GPU, "user"])
+    attribution = GaugeMetricFamily(
+        "gpulab_gpu_attribution_available",
+        "1 if the GPU's processes were listed on the last process cycle, so its memory is "
+        "attributed to hub users; 0 if not, with why in reason ("
+        + ", ".join(ATTRIBUTION_REASONS) + "; mig: MIG mode, where NVML lists a whole GPU's "
+        "processes only to root; the exporter logs each once). Absent for a GPU that is down.",
+        labels=[*GPU, "reason"])
     for g in snap.gpus:
         for holder in sorted({(le.user, le.server) for le in g.leases}):
             lease.add_metric([*_gpu_labels(g), *holder], 1.0)
         per_user = g.user_memory_bytes()
         for user, used in sorted((per_user or {}).items()):
             user_mem.add_metric([*_gpu_labels(g), user], float(used))
-    fams += [lease, user_mem]
+        if g.up:
+            listed = g.processes is not None
+            attribution.add_metric(
+                [*_gpu_labels(g), "" if listed else g.processes_unavailable or "error"],
+                1.0 if listed else 0.0)
+    fams += [lease, user_mem, attribution]
 
     if process_info:
         procs = GaugeMetricFamily("gpulab_gpu_process_info",

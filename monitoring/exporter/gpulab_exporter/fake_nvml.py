@@ -8,7 +8,14 @@ so the code under test sorts errors exactly as it does against a driver.
     nvml.gpus[1].unsupported.add("fan")           # NVMLError_NotSupported on fan reads
     nvml.gpus[0].lost_after = 2                   # GpuIsLost after two more reads
     nvml.gpus[0].processes = [GpuProcess(4242, 1 << 30)]
+    nvml.gpus[0].errors["power"] = pynvml.NVMLLibraryMismatchError("...")  # any error
+    nvml.gpus[1].mig = True                       # MIG mode, as a non-root caller sees it
     FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound)  # no driver at all
+
+One level lower, :class:`FakeLibNvml` stands in for ``libnvidia-ml.so`` itself, under
+the real pynvml and the real :class:`~gpulab_exporter.nvml.Nvml`: a driver that lacks
+some functions (``nvmlDeviceGetComputeRunningProcesses_v3`` on an older driver) or
+answers some with an error code, to prove how pynvml's own wrappers behave there.
 
 A running exporter's fake GPUs are steered from outside through a *control file*
 (``--fake-control``), re-read at every poll, so that an integration test can put a real
@@ -25,11 +32,13 @@ exporter still attributes the PID through the host's real ``/proc/<pid>/cgroup``
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +63,7 @@ FIELDS = (
     "fan",
     "ecc",
     "processes",
+    "mig_mode",
 )
 
 
@@ -83,6 +93,12 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     processes: list[GpuProcess] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
+    # Field (FIELDS) -> what its reads raise: a pynvml error class or instance, or any
+    # exception (pynvml.NVMLLibraryMismatchError is not an NVMLError).
+    errors: dict[str, type[BaseException] | BaseException] = field(default_factory=dict)
+    # MIG mode, as NVML answers a non-root caller (the exporter's user) on the whole GPU:
+    # utilization NotSupported, the process list NoPermission.
+    mig: bool = False
     # None: healthy. 0: every read raises GpuIsLost. n > 0: n more reads succeed first.
     lost_after: int | None = None
     # Set by the control file: the utilization reported whatever the demo load says.
@@ -91,7 +107,7 @@ class FakeGpu:
     def __post_init__(self) -> None:
         if not self.uuid:
             self.uuid = fake_uuid(self.index)
-        unknown = self.unsupported - set(FIELDS)
+        unknown = (self.unsupported | set(self.errors)) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fake NVML fields {sorted(unknown)}; known: {FIELDS}")
 
@@ -207,8 +223,15 @@ class FakeNvml:
             if gpu.lost_after <= 0:
                 raise pynvml.NVMLError_GpuIsLost()
             gpu.lost_after -= 1
+        if what in gpu.errors:
+            err = gpu.errors[what]
+            raise err() if isinstance(err, type) else err
         if what in gpu.unsupported:
             raise pynvml.NVMLError_NotSupported()
+        if gpu.mig and what == "utilization":
+            raise pynvml.NVMLError_NotSupported()
+        if gpu.mig and what == "processes":
+            raise pynvml.NVMLError_NoPermission()
         if self.on_read is not None:
             self.on_read(gpu)
         return gpu
@@ -252,6 +275,147 @@ class FakeNvml:
 
     def processes(self, handle: FakeGpu) -> list[GpuProcess]:
         return list(self._read(handle, "processes").processes)
+
+    def mig_enabled(self, handle: FakeGpu) -> bool:
+        return self._read(handle, "mig_mode").mig
+
+
+class FakeLibNvml:
+    """A stand-in for ``libnvidia-ml.so`` (what pynvml loads with ctypes), so that the
+    real pynvml and the real ``Nvml`` run on it. A fake, named as one: it proves how
+    pynvml's wrappers and the exporter behave towards a given driver, not the driver.
+
+    Its functions take and fill pynvml's ctypes arguments as the C functions do. It has
+    the few the tests need (init, shutdown, driver version, count, handle, UUID, name,
+    utilization, memory v1 and v2, MIG mode, and the process queries ``_v3`` and ``_v2``);
+    every other one is absent, as from an older driver, so pynvml raises
+    NVMLError_FunctionNotFound for it. Names in ``missing`` are absent too: a driver
+    without ``nvmlDeviceGetComputeRunningProcesses_v3`` makes pynvml's unversioned
+    ``nvmlDeviceGetComputeRunningProcesses`` raise ``NVMLLibraryMismatchError``.
+    ``codes`` makes a function answer an NVML error code (``{name: NVML_ERROR_...}``).
+    A GPU with ``mig=True`` answers as NVML does an unprivileged caller under MIG.
+
+        lib = FakeLibNvml([FakeGpu(0)], missing={"nvmlDeviceGetComputeRunningProcesses_v3"})
+        with lib.installed():
+            Nvml().init()  # ... the real pynvml calls lib's functions
+
+    ``installed()`` swaps pynvml's loaded library (``pynvml.nvmlLib``) and clears its
+    function-pointer cache (``pynvml._nvmlGetFunctionPointer_cache``), both internals of
+    nvidia-ml-py (checked against 13.615.71), and puts them back after.
+    """
+
+    def __init__(self, gpus: list[FakeGpu], missing: set[str] | frozenset[str] = frozenset(),
+                 codes: dict[str, int] | None = None, driver: str = "000.00 (fake lib)"):
+        self.gpus = gpus
+        self.missing = set(missing)
+        self.codes = dict(codes or {})
+        self.driver = driver
+        self.calls: list[str] = []  # functions called, in order
+        self.absent_asked: list[str] = []  # functions looked up that this driver lacks
+        self._symbols: dict[str, Callable[..., int]] = {
+            "nvmlInitWithFlags": lambda flags: pynvml.NVML_SUCCESS,
+            "nvmlShutdown": lambda: pynvml.NVML_SUCCESS,
+            "nvmlSystemGetDriverVersion": self._driver_version,
+            "nvmlDeviceGetCount_v2": self._count,
+            "nvmlDeviceGetHandleByIndex_v2": self._handle,
+            "nvmlDeviceGetUUID": lambda h, buf, size: self._text(h, buf, "uuid"),
+            "nvmlDeviceGetName": lambda h, buf, size: self._text(h, buf, "name"),
+            "nvmlDeviceGetUtilizationRates": self._utilization,
+            "nvmlDeviceGetMemoryInfo": self._memory,
+            "nvmlDeviceGetMemoryInfo_v2": self._memory,
+            "nvmlDeviceGetMigMode": self._mig_mode,
+            "nvmlDeviceGetComputeRunningProcesses_v3": self._processes,
+            "nvmlDeviceGetComputeRunningProcesses_v2": self._processes,
+        }
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        """A symbol of the library, as ``ctypes.CDLL`` resolves one: AttributeError if
+        this driver lacks it."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self.missing or name not in self._symbols:
+            self.absent_asked.append(name)
+            raise AttributeError(f"fake libnvidia-ml: undefined symbol: {name}")
+        fn = self._symbols[name]
+
+        def call(*args: Any) -> int:
+            self.calls.append(name)
+            return self.codes.get(name) or fn(*args)
+        return call
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FakeLibNvml]:
+        saved_lib = pynvml.nvmlLib
+        cache = pynvml._nvmlGetFunctionPointer_cache
+        saved_cache = dict(cache)
+        pynvml.nvmlLib = self
+        cache.clear()
+        try:
+            yield self
+        finally:
+            pynvml.nvmlLib = saved_lib
+            cache.clear()
+            cache.update(saved_cache)
+
+    # -- the C functions, on pynvml's ctypes arguments ---------------------------------
+    def _gpu(self, handle: Any) -> FakeGpu:
+        return self.gpus[ctypes.cast(handle, ctypes.c_void_p).value - 1]
+
+    def _driver_version(self, buf: Any, size: Any) -> int:
+        buf.value = self.driver.encode()
+        return pynvml.NVML_SUCCESS
+
+    def _count(self, count: Any) -> int:
+        count._obj.value = len(self.gpus)
+        return pynvml.NVML_SUCCESS
+
+    def _handle(self, index: Any, device: Any) -> int:
+        if not 0 <= index.value < len(self.gpus):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        # the handle is an opaque pointer: here, the index + 1
+        slot = ctypes.cast(ctypes.pointer(device._obj), ctypes.POINTER(ctypes.c_void_p))
+        slot.contents.value = index.value + 1
+        return pynvml.NVML_SUCCESS
+
+    def _text(self, handle: Any, buf: Any, attr: str) -> int:
+        buf.value = getattr(self._gpu(handle), attr).encode()
+        return pynvml.NVML_SUCCESS
+
+    def _utilization(self, handle: Any, util: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.mig:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        util._obj.gpu = gpu.utilization_percent
+        return pynvml.NVML_SUCCESS
+
+    def _memory(self, handle: Any, memory: Any) -> int:
+        gpu = self._gpu(handle)
+        memory._obj.total = gpu.memory_total
+        memory._obj.used = gpu.memory_used
+        memory._obj.free = gpu.memory_total - gpu.memory_used
+        return pynvml.NVML_SUCCESS
+
+    def _mig_mode(self, handle: Any, current: Any, pending: Any) -> int:
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if self._gpu(handle).mig else 0
+        current._obj.value = pending._obj.value = mode
+        return pynvml.NVML_SUCCESS
+
+    def _processes(self, handle: Any, count: Any, infos: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.mig:  # the whole GPU's list: root only
+            return pynvml.NVML_ERROR_NO_PERMISSION
+        wanted = len(gpu.processes)
+        room = count._obj.value
+        count._obj.value = wanted
+        if wanted == 0:
+            return pynvml.NVML_SUCCESS
+        if infos is None or room < wanted:
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for info, p in zip(infos, gpu.processes, strict=False):
+            info.pid = p.pid
+            info.usedGpuMemory = (pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                                  if p.used_memory is None else p.used_memory)
+        return pynvml.NVML_SUCCESS
 
 
 def parse_control(data: Any, count: int

@@ -4,10 +4,14 @@
 host; in the exporter's container, which has nvidia-smi but no torch, add ``--no-load``):
 
 1. reads every GPU through the exporter's own poller (:class:`Poller` over the real
-   :class:`Nvml`) and, right after, through ``nvidia-smi --query-gpu=...``, idle and then
-   under a torch matmul load on every GPU, and prints a table per GPU: field, exporter,
-   nvidia-smi, difference, allowed, OK/MISMATCH. Exit status 1 if any field differs by
-   more than its tolerance (:data:`FIELDS`), each one named; 2 if the check cannot run.
+   :class:`Nvml`), then through ``nvidia-smi --query-gpu=...``, then through the poller
+   again, idle and then under a torch matmul load on every GPU, and prints a table per
+   GPU: field, exporter, nvidia-smi, difference, allowed, OK/MISMATCH. A value that moves
+   while they are read (the temperature and power of a GPU that just started working)
+   is compared with whichever exporter read is nearer nvidia-smi's, so a steady climb
+   between the reads is no mismatch and the tolerances stay those of a steady GPU. Exit
+   status 1 if any field differs by more than its tolerance (:data:`FIELDS`), each one
+   named; 2 if the check cannot run.
 2. times N exporter cycles (NVML poll + ``/metrics`` render) against N runs of
    nvidia-smi + CSV parsing (how utkuozdemir/nvidia_gpu_exporter scrapes) and prints
    min/median/max. Figures only: nothing is asserted on time.
@@ -185,10 +189,16 @@ class GpuComparison:
         return self.problem is None and all(r.ok for r in self.rows)
 
 
-def compare_gpu(exp: Reading | None, smi: Reading | None) -> GpuComparison:
+def compare_gpu(exp: Reading | None, smi: Reading | None,
+                exp_after: Reading | None = None) -> GpuComparison:
     """Field by field, within :data:`FIELDS`' tolerances. A field absent on both sides
     (utilization under MIG, power on some boards) passes; absent on one side fails. A GPU
-    only one side lists fails as a whole (``problem``), its values shown, not compared."""
+    only one side lists fails as a whole (``problem``), its values shown, not compared.
+
+    ``exp_after``: the exporter's reading of the same GPU just after nvidia-smi's (``exp``
+    being the one just before). Where the two differ, nvidia-smi's value is compared with
+    the range between them (the difference is 0 inside it), so a value that climbs while
+    the three are read is no mismatch; the row says what the exporter read either side."""
     if exp is None or smi is None:
         only = smi or exp
         assert only is not None, "a pair has at least one side"
@@ -205,9 +215,15 @@ def compare_gpu(exp: Reading | None, smi: Reading | None) -> GpuComparison:
     rows = [Row("index", exp.index, smi.index, 0.0, exp.index == smi.index)]
     for f in FIELDS:
         e, s = exp.values.get(f.smi), smi.values.get(f.smi)
+        later = exp_after.values.get(f.smi) if exp_after is not None else None
         if e is not None and s is not None:
+            note = ""
+            if later is not None and later != e:
+                note = f"exporter {_num(e)} before nvidia-smi, {_num(later)} after"
+                lo, hi = sorted((e, later))
+                e = min(max(s, lo), hi)  # the exporter's read nearest nvidia-smi's
             allowed = f.allowed(e, s)
-            rows.append(Row(f.label, e, s, allowed, abs(e - s) <= allowed + 1e-9))
+            rows.append(Row(f.label, e, s, allowed, abs(e - s) <= allowed + 1e-9, note))
         elif e is None and s is None:
             rows.append(Row(f.label, None, None, None, True,
                             f"reported by neither: nvidia-smi {smi.missing.get(f.smi, '?')}"))
@@ -258,7 +274,7 @@ def failures(comparisons: Sequence[GpuComparison], phase: str) -> list[str]:
             if r.difference is not None and r.allowed is not None:
                 lines.append(f"{gpu}: {r.field}: exporter {_num(r.exporter)}, nvidia-smi "
                              f"{_num(r.smi)}, {_num(abs(r.difference))} apart "
-                             f"(allowed {_num(r.allowed)})")
+                             f"(allowed {_num(r.allowed)})" + (f" ({r.note})" if r.note else ""))
             else:
                 lines.append(f"{gpu}: {r.field}: exporter {_num(r.exporter)}, nvidia-smi "
                              f"{_num(r.smi)} ({r.note})")
@@ -347,15 +363,24 @@ def run_nvidia_smi(timeout: float = 30.0) -> str:
 
 
 def sample(poller: Poller, smi: Callable[[], str]) -> list[GpuComparison]:
-    """One exporter poll and one nvidia-smi read straight after it, compared."""
-    snap = poller.poll()
-    if not snap.nvml_up:
-        raise HostCheckError(f"the exporter's NVML did not answer: {snap.nvml_error}")
+    """An exporter poll, an nvidia-smi read, and another exporter poll, compared (see
+    :func:`compare_gpu`: nvidia-smi's value against the exporter's on either side)."""
+
+    def poll() -> Snapshot:
+        snap = poller.poll()
+        if not snap.nvml_up:
+            raise HostCheckError(f"the exporter's NVML did not answer: {snap.nvml_error}")
+        return snap
+
+    before = poll()
+    text = smi()
+    after = {r.uuid: r for r in exporter_readings(poll())}
     try:
-        smi_readings = parse_smi_csv(smi())
+        smi_readings = parse_smi_csv(text)
     except ValueError as e:
         raise HostCheckError(str(e)) from None
-    return compare(pair_by_uuid(exporter_readings(snap), smi_readings))
+    return [compare_gpu(e, s, after.get(e.uuid) if e is not None else None)
+            for e, s in pair_by_uuid(exporter_readings(before), smi_readings)]
 
 
 def _torch_uuids(torch, count: int) -> set[str] | None:

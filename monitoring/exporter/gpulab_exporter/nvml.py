@@ -3,7 +3,10 @@
 Everything above this module talks to an object with this interface (``Nvml`` here,
 ``FakeNvml`` in :mod:`gpulab_exporter.fake_nvml` for tests and demos), so the only code
 that needs a driver is this file. Errors are pynvml's own exception classes; callers
-sort them with :func:`classify`.
+sort them with :func:`classify`. Besides ``pynvml.NVMLError`` (one subclass per NVML
+error code) that includes ``pynvml.NVMLLibraryMismatchError``, which is NOT an
+NVMLError: pynvml raises it from an unversioned call (``nvmlDeviceGetComputeRunningProcesses``)
+whose newest variant (``_v3``) the driver's libnvidia-ml lacks.
 
 Units are NVML's: utilization and fan in percent, power in milliwatts, energy in
 millijoules, clocks in MHz, memory in bytes. :mod:`gpulab_exporter.snapshot` converts
@@ -12,6 +15,7 @@ to base units.
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,9 +46,13 @@ _REINIT = {
 }
 
 
-def classify(error: pynvml.NVMLError) -> str:
-    """What to do about an NVML error: ABSENT, GPU_DOWN, REINIT or OTHER."""
-    value = getattr(error, "value", None)
+def classify(error: BaseException) -> str:
+    """What to do about an error from an NVML read: ABSENT, GPU_DOWN, REINIT or OTHER.
+    ``NVMLLibraryMismatchError`` (a function this driver's libnvidia-ml lacks) is ABSENT,
+    as ``NVML_ERROR_FUNCTION_NOT_FOUND`` is; anything that is not an NVML error is OTHER."""
+    if isinstance(error, pynvml.NVMLLibraryMismatchError):
+        return ABSENT
+    value = getattr(error, "value", None) if isinstance(error, pynvml.NVMLError) else None
     if value in _ABSENT:
         return ABSENT
     if value in _GPU_DOWN:
@@ -67,9 +75,19 @@ class GpuProcess:
     used_memory: int | None  # bytes; None where the driver cannot tell
 
 
+# The per-process queries, newest first. pynvml's unversioned
+# nvmlDeviceGetComputeRunningProcesses calls _v3 only, and raises NVMLLibraryMismatchError
+# where the driver lacks it (older drivers have _v2 only); _v1 has no pynvml wrapper.
+PROCESS_QUERIES = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+)
+
+
 class NvmlLike(Protocol):
     """The interface both ``Nvml`` and ``FakeNvml`` provide. Every method may raise
-    ``pynvml.NVMLError`` (a subclass per error code)."""
+    ``pynvml.NVMLError`` (a subclass per error code) or ``pynvml.NVMLLibraryMismatchError``
+    (the driver's libnvidia-ml lacks the function)."""
 
     def init(self) -> None: ...
     def shutdown(self) -> None: ...
@@ -88,6 +106,14 @@ class NvmlLike(Protocol):
     def fan_speed_percent(self, handle: Any) -> int: ...
     def ecc_errors(self, handle: Any, corrected: bool) -> int: ...
     def processes(self, handle: Any) -> list[GpuProcess]: ...
+    def mig_enabled(self, handle: Any) -> bool: ...
+
+
+def _pynvml_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "version unknown"
 
 
 def _text(value: str | bytes) -> str:
@@ -103,6 +129,7 @@ class Nvml:
     def __init__(self) -> None:
         self._initialised = False
         self._memory_v2 = True
+        self._process_queries = PROCESS_QUERIES
 
     def init(self) -> None:
         if self._initialised:
@@ -110,6 +137,7 @@ class Nvml:
         pynvml.nvmlInit()
         self._initialised = True
         self._memory_v2 = True
+        self._process_queries = PROCESS_QUERIES
 
     def shutdown(self) -> None:
         if self._initialised:
@@ -179,7 +207,28 @@ class Nvml:
         return pynvml.nvmlDeviceGetTotalEccErrors(handle, kind, pynvml.NVML_VOLATILE_ECC)
 
     def processes(self, handle: Any) -> list[GpuProcess]:
-        return [
-            GpuProcess(pid=p.pid, used_memory=p.usedGpuMemory)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        ]
+        # The newest variant this driver has: a driver without _v3 answers _v2. A variant
+        # the driver lacks is dropped until the next init; with none left, pynvml's own
+        # NVMLLibraryMismatchError says which were tried.
+        while self._process_queries:
+            query = getattr(pynvml, self._process_queries[0], None)  # older pynvml: no _v3
+            try:
+                if query is not None:
+                    return [GpuProcess(pid=p.pid, used_memory=p.usedGpuMemory)
+                            for p in query(handle)]
+            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLLibraryMismatchError):
+                pass
+            self._process_queries = self._process_queries[1:]
+        raise pynvml.NVMLLibraryMismatchError(
+            f"neither {' nor '.join(PROCESS_QUERIES)} is in this driver's libnvidia-ml "
+            f"(driver {self._driver_or_unknown()}, nvidia-ml-py {_pynvml_version()})")
+
+    def mig_enabled(self, handle: Any) -> bool:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def _driver_or_unknown(self) -> str:
+        try:
+            return self.driver_version()
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError):
+            return "version unknown"

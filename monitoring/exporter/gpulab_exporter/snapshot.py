@@ -6,10 +6,18 @@ driver's lock) and a slow or broken GPU never makes a scrape slow or fail.
 
 Failure rules (see :func:`gpulab_exporter.nvml.classify`):
 
-* NotSupported / NoPermission / NotFound on a field: that field is None (series absent).
+* NotSupported / NoPermission / NotFound on a field, or a function this driver's
+  libnvidia-ml lacks (``NVMLLibraryMismatchError``): that field is None (series absent),
+  logged once with the reason.
+* Any other error on a field (an unexpected NVML code, or not an NVML error at all):
+  that field is None too, logged once as a warning. One field never ends the poll.
 * GpuIsLost / Unknown / ResetRequired: that GPU is ``up=False``; the others carry on.
 * NVML cannot load or lost its driver: ``nvml_up=False`` with the reason, and init is
   retried on every later cycle.
+
+Processes (and so the per-user attribution) that cannot be listed say why:
+``GpuSample.processes_unavailable`` is one of :data:`ATTRIBUTION_REASONS` (under MIG a
+non-root exporter is refused the whole GPU's list), logged once per GPU and reason.
 """
 
 from __future__ import annotations
@@ -26,6 +34,20 @@ from gpulab_exporter.attribution import Container, ContainerDirectory, container
 from gpulab_exporter.nvml import ABSENT, GPU_DOWN, REINIT, NvmlLike, classify
 
 log = logging.getLogger(__name__)
+
+# Why a GPU's process list, and so its per-user attribution, is unknown: the ``reason``
+# label of gpulab_gpu_attribution_available. A fixed set, so that label stays bounded.
+ATTRIBUTION_REASONS: dict[str, str] = {
+    "mig": "MIG mode is on, and NVML lists the processes of a whole MIG GPU only to root "
+           "(the exporter runs as an unprivileged user); utilization is not reported under "
+           "MIG either",
+    "no_permission": "NVML refused the process list to the exporter's user "
+                     "(NVML_ERROR_NO_PERMISSION)",
+    "not_supported": "NVML cannot list processes on this GPU (NVML_ERROR_NOT_SUPPORTED)",
+    "driver_lacks_query": "this driver's libnvidia-ml has none of the process queries "
+                          "nvidia-ml-py offers (too old a driver for this nvidia-ml-py)",
+    "error": "the process query failed",
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,10 @@ class GpuSample:
     ecc_corrected: int | None = None
     ecc_uncorrected: int | None = None
     processes: tuple[ProcessSample, ...] | None = None  # None: could not be listed
+    # Why not, where an up GPU's processes could not be listed: a key of
+    # ATTRIBUTION_REASONS, and what NVML said.
+    processes_unavailable: str | None = None
+    processes_error: str | None = None
     leases: tuple[Lease, ...] = ()
 
     def user_memory_bytes(self) -> dict[str, int] | None:
@@ -100,6 +126,19 @@ class Snapshot:
         for gpu, sample in zip(data["gpus"], self.gpus, strict=True):
             gpu["user_memory_bytes"] = sample.user_memory_bytes()
         return data
+
+
+@dataclass(frozen=True)
+class _Processes:
+    """One GPU's process list as last read, or why it could not be."""
+
+    samples: tuple[ProcessSample, ...] | None
+    reason: str | None = None  # a key of ATTRIBUTION_REASONS when samples is None
+    error: str | None = None
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 class _GpuDown(Exception):
@@ -149,7 +188,7 @@ class Poller:
         self._containers: dict[str, Container] = {}
         self._docker_up: bool | None = None
         self._identity: dict[int, tuple[str, str | None]] = {}
-        self._processes: dict[str, tuple[ProcessSample, ...] | None] = {}
+        self._processes: dict[str, _Processes] = {}
         self._logged: set[tuple] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,8 +216,8 @@ class Poller:
                          " (FAKE NVML: simulated GPUs, not real hardware)" if self._fake else "")
             count = self.nvml.device_count()
             gpus = tuple(self._read_gpu(i, slow) for i in range(count))
-        except (pynvml.NVMLError, _NvmlGone) as e:
-            error = f"{type(e).__name__}: {e}"
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, _NvmlGone) as e:
+            error = _describe(e)
             gpus = ()
             if self._ready:
                 self._ready = False
@@ -243,20 +282,32 @@ class Poller:
             values["ecc_corrected"] = self._call(self.nvml.ecc_errors, handle, True)
             values["ecc_uncorrected"] = self._call(self.nvml.ecc_errors, handle, False)
             if slow or uuid not in self._processes:
-                self._processes[uuid] = self._read_processes(handle)
+                self._processes[uuid] = self._read_processes(index, handle)
             processes = self._processes[uuid]
         except _GpuDown as e:
             self._note(("down", index, str(e)), logging.WARNING,
                        "GPU %s (%s) is down: %s", index, uuid or "uuid unknown", e)
             return GpuSample(index=index, uuid=uuid, model=model, up=False, error=str(e),
                              leases=self._leases(uuid, index))
-        return GpuSample(index=index, uuid=uuid, model=model, up=True, processes=processes,
+        return GpuSample(index=index, uuid=uuid, model=model, up=True,
+                         processes=processes.samples,
+                         processes_unavailable=processes.reason,
+                         processes_error=processes.error,
                          leases=self._leases(uuid, index), **values)
 
-    def _read_processes(self, handle) -> tuple[ProcessSample, ...] | None:
-        found = self._call(self.nvml.processes, handle)
-        if found is None:
-            return None
+    def _read_processes(self, index: int, handle) -> _Processes:
+        try:
+            found = self.nvml.processes(handle)
+        except Exception as e:
+            self._raise_if_fatal(e)
+            reason = self._why_no_processes(e, handle)
+            error = _describe(e)
+            self._note(("attribution", index, reason), logging.WARNING,
+                       "GPU %s: its processes cannot be listed, so its GPU memory is not "
+                       "attributed to hub users (gpulab_gpu_user_memory_used_bytes absent, "
+                       "gpulab_gpu_attribution_available{reason=\"%s\"} 0): %s. NVML said: %s",
+                       index, reason, ATTRIBUTION_REASONS[reason], error)
+            return _Processes(None, reason, error)
         samples = []
         for p in found:
             cid = container_of(p.pid, self.proc)
@@ -269,7 +320,20 @@ class Poller:
                 user=c.user if c else None,
                 server=c.server if c else None,
             ))
-        return tuple(samples)
+        return _Processes(tuple(samples))
+
+    def _why_no_processes(self, error: Exception, handle) -> str:
+        """The ATTRIBUTION_REASONS key for a failed process query."""
+        value = getattr(error, "value", None) if isinstance(error, pynvml.NVMLError) else None
+        if value in (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_NOT_SUPPORTED):
+            if self._optional(self.nvml.mig_enabled, handle):
+                return "mig"
+            return ("no_permission" if value == pynvml.NVML_ERROR_NO_PERMISSION
+                    else "not_supported")
+        if isinstance(error, pynvml.NVMLLibraryMismatchError) or (
+                value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return "driver_lacks_query"
+        return "error"
 
     def _leases(self, uuid: str, index: int) -> tuple[Lease, ...]:
         keys = {uuid, str(index)} - {""}
@@ -280,25 +344,39 @@ class Poller:
         )
 
     def _call(self, fn, *args):
-        """One NVML read: its value, None for an absent field; raises _GpuDown or
-        _NvmlGone for errors that end this GPU's or the whole cycle."""
+        """One NVML read: its value, or None where it fails soft (the field is absent
+        here, or failed in a way that concerns only it), logged once per field and
+        reason. Raises _GpuDown or _NvmlGone for errors that end this GPU's or the whole
+        cycle."""
         try:
             return fn(*args)
-        except pynvml.NVMLError as e:
-            kind = classify(e)
-            if kind == ABSENT:
-                return None
-            if kind == GPU_DOWN:
-                raise _GpuDown(f"{type(e).__name__}: {e}") from e
-            if kind == REINIT:
-                raise _NvmlGone(f"{type(e).__name__}: {e}") from e
-            self._note(("other", getattr(fn, "__name__", fn), str(e)), logging.WARNING,
-                       "NVML %s failed, field left out: %s", getattr(fn, "__name__", fn), e)
+        except Exception as e:  # one field's failure, whatever it is, drops only it
+            self._raise_if_fatal(e)
+            name = getattr(fn, "__name__", repr(fn))
+            if classify(e) == ABSENT and not isinstance(e, pynvml.NVMLLibraryMismatchError):
+                # NotSupported & co: normal on many boards (no fan on passively cooled ones)
+                self._note(("absent", name, str(e)), logging.INFO,
+                           "NVML %s is not available here, its series is left out: %s",
+                           name, _describe(e))
+            else:
+                self._note(("failed", name, str(e)), logging.WARNING,
+                           "NVML %s failed, its series is left out (logged once): %s",
+                           name, _describe(e))
             return None
 
-    def _optional(self, fn):
+    @staticmethod
+    def _raise_if_fatal(e: Exception) -> None:
+        """Re-raise an NVML error that ends this GPU's (_GpuDown) or the whole cycle
+        (_NvmlGone); return for one that concerns only the field."""
+        kind = classify(e)
+        if kind == GPU_DOWN:
+            raise _GpuDown(_describe(e)) from e
+        if kind == REINIT:
+            raise _NvmlGone(_describe(e)) from e
+
+    def _optional(self, fn, *args):
         try:
-            return self._call(fn)
+            return self._call(fn, *args)
         except _GpuDown:
             return None
 
