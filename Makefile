@@ -21,6 +21,9 @@ HUB_HOST := $(if $(filter-out 0.0.0.0 127.0.0.1,$(GPULAB_BIND_ADDRESS)),$(GPULAB
 # GPULAB_PORT (443) and redirects plain HTTP (GPULAB_HTTP_PORT, 80) to it, with the lab's
 # certificate (GPULAB_TLS_CERT and GPULAB_TLS_KEY, PEM) or a local CA's (secrets/tls/).
 GPULAB_HOSTNAME ?=
+# GPULAB_TLS_REPLACE_CA=yes: replace a local CA that cannot stay (one without name
+# constraints, made by an earlier gpulab); members must import the new secrets/tls/ca.crt.
+GPULAB_TLS_REPLACE_CA ?=
 ifneq ($(GPULAB_HOSTNAME),)
 export GPULAB_HOSTNAME
 export GPULAB_PORT ?= 443
@@ -43,14 +46,15 @@ GPULAB_CONFIG ?= $(CURDIR)/config
 # An absolute path: `docker run -v` takes a relative one for a volume's name.
 export GPULAB_CONFIG := $(abspath $(GPULAB_CONFIG))
 # Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; README "Several GPU
-# servers"). The hub and the proxy then sit above the range the Swarm hands out.
+# servers").
 SWARM ?=
-ifneq ($(SWARM),)
-# With another GPULAB_SUBNET, set these three for it too (make up-swarm checks them).
+# The users' network: members' servers get addresses from GPULAB_IP_RANGE only, and the
+# hub and the proxy sit above it, where Docker (or a Swarm) never hands out an address.
+# With another GPULAB_SUBNET, set the other three for it too (`make up` checks them).
+export GPULAB_SUBNET ?= 172.30.0.0/24
+export GPULAB_IP_RANGE ?= $(or $(GPULAB_SWARM_IP_RANGE),172.30.0.0/25)
 export GPULAB_HUB_IP ?= 172.30.0.250
 export GPULAB_PROXY_IP ?= 172.30.0.251
-export GPULAB_SWARM_IP_RANGE ?= 172.30.0.0/25
-endif
 # One project name whatever the checkout's folder is called: container names are fixed.
 export COMPOSE_PROJECT_NAME := gpulab
 COMPOSE_BIN = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
@@ -102,7 +106,8 @@ tls: images secrets
 	  $(foreach f,$(GPULAB_TLS_CERT) $(GPULAB_TLS_KEY),-v "$(abspath $(f)):$(abspath $(f)):ro") \
 	  gpulab/hub:latest gpulab tls --hostname "$(GPULAB_HOSTNAME)" --dir "$(CURDIR)/secrets/tls" \
 	  $(if $(GPULAB_TLS_CERT),--cert "$(abspath $(GPULAB_TLS_CERT))") \
-	  $(if $(GPULAB_TLS_KEY),--key "$(abspath $(GPULAB_TLS_KEY))") | sed 's/^/[gpulab] /'
+	  $(if $(GPULAB_TLS_KEY),--key "$(abspath $(GPULAB_TLS_KEY))") \
+	  $(if $(GPULAB_TLS_REPLACE_CA),--replace-ca) | sed 's/^/[gpulab] /'
 
 # The SSH gateway's host key (gpulab.ssh.hostkey): made once in secrets/ssh/, then kept,
 # so that members' known_hosts stay valid; readable by the gateway's user (nobody) only.
@@ -130,12 +135,6 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/swarm-preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
-	@# Alertmanager would crash-loop on a bad config/alertmanager.yml: refuse it here.
-	@out=$$(docker run --rm --network none -v "$(GPULAB_CONFIG):/srv/gpulab/config:ro" \
-	  --entrypoint amtool gpulab/prometheus:latest check-config \
-	  /srv/gpulab/config/alertmanager.yml 2>&1) \
-	  || { echo "$$out" | sed 's|/srv/gpulab/config/|config/|' >&2; \
-	       echo "[gpulab] config/alertmanager.yml is not valid (above); the running Alertmanager keeps its last config" >&2; exit 1; }
 	@# Containers that read files only at start are labelled with the files' hashes, so
 	@# that Compose recreates them when the files change: Prometheus (config and rules),
 	@# Alertmanager, and with HTTPS the proxy (a renewed certificate, another host name).

@@ -5,7 +5,8 @@
     gpulab config get KEY [FILE]        one setting's value, checked (scripts: true/false)
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
-    gpulab token revoke USER TOKEN_ID
+    gpulab token revoke USER TOKEN_ID [--stop-server]
+    gpulab access end USER [--stop-server]   every credential an admin issued, revoked
     gpulab bootstrap-admin              first admin's token, once (used by `make up`)
     gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.tls; used by `make up`)
 
@@ -29,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from .gpus_config import load_gpus_config
+from .live_config import file_kind
 from .settings import ConfigError, describe, load_settings, parse_duration
 
 DEFAULT_API = "http://127.0.0.1:8081/hub/api"
@@ -118,17 +120,38 @@ class HubClient:
         _, body = self.request("DELETE", self._login_tokens_path(name, token_id))
         return body or {}
 
+    def end_access(self, name: str, stop_servers: bool) -> dict:
+        _, body = self.request("DELETE", f"/gpulab/access/{urllib.parse.quote(name, safe='')}",
+                               {"stop_servers": stop_servers})
+        return body or {}
+
+    def stop_server(self, name: str) -> bool:
+        """Stop *name*'s default server; False when none runs."""
+        status, _ = self.request("DELETE", f"/users/{urllib.parse.quote(name, safe='')}/server",
+                                 ok=(202, 204, 400))
+        return status in (202, 204)
+
 
 def _cmd_config_check(args) -> int:
-    """Check each file with the loader its name calls for (gpus.yaml or settings)."""
+    """Check each file with the loader its name calls for (gpus.yaml or settings). With
+    --last-good DIR, an invalid file whose last good version is kept there is a warning:
+    the lab goes on with that version (gpulab.live_config)."""
     failed = 0
     for path in args.files or [DEFAULT_CONFIG, DEFAULT_GPUS]:
-        loader = load_gpus_config if Path(path).name.startswith("gpus") else load_settings
+        reader = file_kind(path, args.last_good)
         try:
+            loader = load_gpus_config if Path(path).name.startswith("gpus") else load_settings
             loader(path)
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failed = 1
+            kept = reader.saved_version(path) if args.last_good else None
+            if kept is None:
+                print(f"error: {e}", file=sys.stderr)
+                failed = 1
+            else:
+                print(f"warning: {e}\n  This edit is refused: the lab goes on with the last "
+                      f"good version of {Path(path).name}, saved {kept[1]}. Fix the file "
+                      f"(gpulab config check), and it applies at the next spawn.",
+                      file=sys.stderr)
             continue
         print(f"{path}: OK")
     return failed
@@ -136,10 +159,16 @@ def _cmd_config_check(args) -> int:
 
 def _cmd_config_get(args) -> int:
     try:
-        value = load_settings(args.file)[args.key]
+        settings = load_settings(args.file)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        kept = file_kind(args.file, args.last_good).saved_version(args.file) \
+            if args.last_good else None
+        if kept is None:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        settings = kept[0]  # what the running lab uses (config check warns)
+    try:
+        value = settings[args.key]
     except KeyError:
         print(f"error: no setting {args.key!r} (gpulab config describe lists them)",
               file=sys.stderr)
@@ -195,6 +224,31 @@ def _cmd_token_revoke(args) -> int:
     else:
         print(f"{user} still has {result.get('login_tokens_left')} login token(s): "
               f"gpulab token list {user}")
+    if result.get("admin_api_tokens_left"):
+        print(f"API tokens an admin made for {user} stand on their own and still work "
+              f"({', '.join(result['admin_api_tokens_left'])}): gpulab access end {user} "
+              f"revokes them too")
+    if args.stop_server:
+        stopped = client.stop_server(user)
+        print(f"stopped {user}'s server" if stopped else f"{user} has no running server")
+    return 0
+
+
+def _cmd_access_end(args) -> int:
+    client = HubClient.from_env()
+    user = args.user.strip().lower()
+    result = client.end_access(user, args.stop_server)
+    ended = result.get("ended_access") or {}
+    print(f"ended the access of {user}: revoked {', '.join(result.get('revoked') or []) or 'no'}"
+          f" credential(s); deleted their own API tokens "
+          f"({', '.join(ended.get('api_tokens') or []) or 'none'}) and "
+          f"{ended.get('oauth_tokens', 0)} OAuth tokens; their sessions end now")
+    if args.stop_server:
+        stopped = ", ".join(repr(n) for n in result.get("stopped_servers") or [])
+        print(f"stopped servers: {stopped or 'none was running'}")
+    else:
+        print(f"{user}'s server (if any) keeps running, closed to them: gpulab access end "
+              f"{user} --stop-server stops it")
     return 0
 
 
@@ -218,7 +272,7 @@ def _cmd_bootstrap_admin(args) -> int:
 def _cmd_tls(args) -> int:
     from .tls import ensure
 
-    print(ensure(args.dir, args.hostname, args.cert, args.key))
+    print(ensure(args.dir, args.hostname, args.cert, args.key, replace_ca=args.replace_ca))
     return 0
 
 
@@ -230,11 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
     csub = config.add_subparsers(dest="config_command", required=True)
     check = csub.add_parser("check", help="validate gpulab.yaml and gpus.yaml (or the FILES given)")
     check.add_argument("files", nargs="*", metavar="FILE")
+    check.add_argument("--last-good", metavar="DIR",
+                       help="where the running lab keeps each file's last good version "
+                            "(the gpulab-last-good volume): an invalid file with a last "
+                            "good version there is a warning, not an error")
     check.set_defaults(func=_cmd_config_check)
     csub.add_parser("describe", help="list every setting").set_defaults(func=_cmd_config_describe)
     get = csub.add_parser("get", help="print one setting's value (checked)")
     get.add_argument("key", help="e.g. hub.swarm")
     get.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    get.add_argument("--last-good", metavar="DIR",
+                     help="with an invalid file, the value of its last good version kept "
+                          "in DIR (the one the running lab uses)")
     get.set_defaults(func=_cmd_config_get)
 
     token = sub.add_parser("token", help="issue, list and revoke login tokens")
@@ -252,13 +313,30 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = tsub.add_parser("revoke", help="revoke a token at once")
     revoke.add_argument("user")
     revoke.add_argument("token_id")
+    revoke.add_argument("--stop-server", action="store_true",
+                        help="also stop the member's server now")
     revoke.set_defaults(func=_cmd_token_revoke)
+
+    access = sub.add_parser("access", help="end a member's access")
+    asub = access.add_subparsers(dest="access_command", required=True)
+    end = asub.add_parser("end", help="revoke every login token and API token an admin "
+                                      "issued the member and end their sessions at once")
+    end.add_argument("user")
+    end.add_argument("--stop-server", action="store_true",
+                     help="also stop the member's servers (otherwise they keep running, "
+                          "closed to the member, until stopped)")
+    end.set_defaults(func=_cmd_access_end)
 
     tls = sub.add_parser("tls", help="certificates for HTTPS: the lab's, or a local CA's")
     tls.add_argument("--hostname", required=True, help="the name members open")
     tls.add_argument("--dir", required=True, type=Path, help="where server.crt/key go")
     tls.add_argument("--cert", type=Path, help="the lab's certificate chain (PEM)")
     tls.add_argument("--key", type=Path, help="the lab's private key (PEM)")
+    tls.add_argument("--replace-ca", action="store_true",
+                     help="when the kept local CA cannot stay (no name constraints, or not "
+                          "for --hostname): keep its certificate as ca.crt.replaced-DATE, "
+                          "delete its key, make a new CA; members must import the new ca.crt "
+                          "and remove the old one")
     tls.set_defaults(func=_cmd_tls)
 
     boot = sub.add_parser("bootstrap-admin", help="issue the first admin's token, once")

@@ -50,7 +50,7 @@ INFRA_CONTAINERS = (
 
 # The stack's own volumes: no user's home volume may ever be given one of these names.
 INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-alertmanager-data",
-                 "gpulab-ssh-data", "gpulab-datasets")
+                 "gpulab-ssh-data", "gpulab-datasets", "gpulab-last-good")
 
 # JupyterHub service names.
 DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page

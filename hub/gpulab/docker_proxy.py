@@ -146,6 +146,16 @@ class Proxy:
         # Python 3.11's start_server keeps no reference to a connection's task; one whose
         # client half-closed could be garbage-collected mid-request without this.
         self._tasks: set[asyncio.Task] = set()
+        # Set when a connection to Docker is refused: serve() then exits at once (with
+        # --exit-when-socket-gone) instead of waiting for the watchdog's next look.
+        self.socket_dead = asyncio.Event()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_unix_connection(self.socket_path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            self.socket_dead.set()
+            raise
 
     def settings(self) -> Mapping[str, Any]:
         """The lab's settings, read again at every create (an admin's edit applies; an
@@ -211,7 +221,7 @@ class Proxy:
 
     async def _call(self, method: str, target: str) -> tuple[int, bytes]:
         """One whole request to Docker, for the proxy itself."""
-        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        reader, writer = await self._connect()
         try:
             writer.write(f"{method} {target} HTTP/1.1\r\nHost: docker\r\n"
                          f"Connection: close\r\n\r\n".encode("latin-1"))
@@ -291,7 +301,7 @@ class Proxy:
     async def _forward(self, method: str, target: str, body: bytes,
                        writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
+            up_reader, up_writer = await self._connect()
         except OSError as e:
             raise Refusal(502, f"Docker engine unreachable: {e}") from None
         head = [f"{method} {target} HTTP/1.1", "Host: docker"]
@@ -322,17 +332,30 @@ class Proxy:
             pass
 
 
-async def watch_socket(socket_path: str, interval: float = 1.0, failures: int = 3) -> str:
-    """Return why, once *failures* connections to *socket_path* in a row (one every
-    *interval* seconds) have failed."""
+async def watch_socket(socket_path: str, interval: float = 0.5, failures: int = 3,
+                       dead: asyncio.Event | None = None) -> str:
+    """Return why, once the socket at *socket_path* is dead: at once when a connection is
+    refused or the file is gone (nobody listens on it: a restarted dockerd made a new
+    socket that this file mount never sees), or after *failures* other failures in a row
+    (timeouts: a busy engine is not a dead one), one connection every *interval* seconds;
+    or at once when *dead* is set (a request found it refused first)."""
     failed = 0
     while True:
-        await asyncio.sleep(interval)
+        if dead is not None:
+            try:
+                await asyncio.wait_for(dead.wait(), interval)
+                return "a request found the socket refusing connections"
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(interval)
         try:
             _, writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(socket_path), interval)
             writer.close()
             failed = 0
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            return f"a connection was refused ({e!r}): nobody listens on this socket"
         except (TimeoutError, OSError) as e:
             failed += 1
             if failed >= failures:
@@ -341,7 +364,7 @@ async def watch_socket(socket_path: str, interval: float = 1.0, failures: int = 
 
 async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
                 settings_path: str | None = None, exit_when_socket_gone: bool = False,
-                watch_interval: float = 1.0, swarm: bool = False) -> int:
+                watch_interval: float = 0.5, swarm: bool = False) -> int:
     """Serve until cancelled, or (with *exit_when_socket_gone*) until the socket is dead;
     returns the exit status."""
     proxy = Proxy(socket_path, read_only, settings_path, swarm)
@@ -362,7 +385,7 @@ async def serve(host: str, port: int, socket_path: str, read_only: bool = False,
         if not exit_when_socket_gone:
             await server.serve_forever()
             return 0
-        why = await watch_socket(socket_path, watch_interval)
+        why = await watch_socket(socket_path, watch_interval, dead=proxy.socket_dead)
         log.error("Docker socket %s is gone (%s); exiting so that the restart policy starts "
                   "the proxy again with the new socket", socket_path, why)
         return 1
@@ -386,9 +409,10 @@ def main(argv: list[str] | None = None) -> None:
                          "inspect, list and remove of members' servers, their tasks, node "
                          "list and inspect); for a proxy in front of a Swarm manager")
     ap.add_argument("--exit-when-socket-gone", action="store_true",
-                    help="exit with status 1 when the socket has refused connections 3 s in "
-                         "a row (a restarted dockerd; the restart policy brings the proxy "
-                         "back with the new socket)")
+                    help="exit with status 1 as soon as the socket refuses a connection "
+                         "(looked at every 0.5 s, and at every request): a restarted "
+                         "dockerd made a new socket, which a file mount never sees; the "
+                         "restart policy brings the proxy back on the new one")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -48,12 +48,16 @@ DASHBOARD_PORT = 9447
 # What the dashboard service needs from the hub's environment: where Docker (the filtering
 # proxy), the config files, the exporter and Prometheus are.
 DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
-                 "GPULAB_PROMETHEUS_URL")
+                 "GPULAB_PROMETHEUS_URL", live_config.LAST_GOOD_DIR_ENV)
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 # The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's
 # groups (gpus.yaml): no activity, but groups. It reaches Prometheus, never Docker.
 GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers"]
+
+
+# Seconds a member's server trusts the hub's answer about a token (HubOAuth.cache_max_age).
+SERVER_TOKEN_CACHE_SECONDS = 5
 
 
 def cull_every(idle_timeout: int) -> int:
@@ -171,6 +175,11 @@ def configure(c) -> None:
     c.GpulabSpawner.http_timeout = 60
     # Tokens never travel in URLs to user servers (JupyterHub's default since 5.0; pinned).
     c.GpulabSpawner.environment = {"JUPYTERHUB_ALLOW_TOKEN_IN_URL": "0"}
+    # A member's server asks the hub again about a token after 5 s, not JupyterHub's 300:
+    # once an admin ends her access, her server refuses her within seconds (the access
+    # guard in the image closes her open websockets on the same schedule). On the command
+    # line, so that no config file in her home can lengthen it.
+    c.GpulabSpawner.args = [f"--HubOAuth.cache_max_age={SERVER_TOKEN_CACHE_SECONDS}"]
 
     services = [
         {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
@@ -190,7 +199,8 @@ def configure(c) -> None:
             "oauth_no_confirm": True,
             # The members page acts as the signed-in admin: its OAuth token carries what
             # the login-token API needs (the hub drops it for anyone not an admin).
-            "oauth_client_allowed_scopes": list(LOGIN_TOKEN_SCOPES),
+            # (and ends a member's access, stopping her server when the admin asks).
+            "oauth_client_allowed_scopes": [*LOGIN_TOKEN_SCOPES, "admin:servers"],
             "display": True,
         },
     ]
@@ -222,7 +232,8 @@ def configure(c) -> None:
         "name": CULLER_SERVICE,
         "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
                     "--notices", str(notices_path)],
-        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",)
+        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
+                                                   live_config.LAST_GOOD_DIR_ENV)
                         if k in os.environ},
     })
     load_roles.append({

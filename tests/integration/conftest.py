@@ -13,12 +13,15 @@ import shutil
 import subprocess
 
 import pytest
+import requests
 
 from ..conftest import REAL_GPU
 from ..swarm import Swarm, SwarmError
 from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
 from .fake_gpus import exporter_snapshot, write_fake_control
+from .restarts import gpulab_dockerd_pid, restart_gpulab_dockerd, start_gpulab_dockerd
 from .stack import (
+    HUB_URL,
     REPO,
     Hub,
     LabConfig,
@@ -60,6 +63,29 @@ def hub() -> Hub:
             pytest.fail(f"`make up` failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
         wait_for(probe.is_up, 120, what="the hub to answer")
     return Hub()
+
+
+def dashboard_answers() -> bool:
+    """Does the GPU dashboard service answer through the proxy (anything but the
+    proxy's or the hub's 502/503 for a service that is not up yet)?"""
+    try:
+        r = requests.get(f"{HUB_URL}/services/gpus/", timeout=5, allow_redirects=False)
+    except requests.RequestException:
+        return False
+    return r.status_code not in (502, 503, 504)
+
+
+@pytest.fixture(autouse=True)
+def settled_stack(request):
+    """Before each test on the stack: the hub and its dashboard service answer. A test
+    that restarted something waits for it itself; this makes sure that no later test
+    starts in the seconds a managed service needs after a hub restart (CI once got 503
+    from the lease page that way), whatever ran before it or was run alone."""
+    if "hub" in request.fixturenames:
+        probe = Hub(token="-")
+        wait_for(lambda: probe.is_up() and dashboard_answers(), 120, interval=0.5,
+                 what="the hub and its GPU dashboard service to answer")
+    yield
 
 
 @pytest.fixture
@@ -131,6 +157,19 @@ def fake_control():
                     "`make test`, or GPULAB_EXPORTER_FLAGS='--fake-gpus 2' make up)")
     yield write_fake_control
     write_fake_control(None)
+
+
+@pytest.fixture
+def gpulab_dockerd():
+    """The dockerd gpulab started (scripts/ensure-docker.sh: --live-restore, PID file);
+    yields a function that stops it, runs a callback while it is down, and starts it again
+    as it was (with the stand-in GPU hook on hosts without a GPU)."""
+    if not gpulab_dockerd_pid() or docker("info", "--format",
+                                          "{{.LiveRestoreEnabled}}") != "true":
+        pytest.skip("dockerd was not started by scripts/ensure-docker.sh (with --live-restore)")
+    yield restart_gpulab_dockerd
+    if not gpulab_dockerd_pid():  # a failure above: never leave the host without Docker
+        start_gpulab_dockerd()
 
 
 @pytest.fixture(scope="module")

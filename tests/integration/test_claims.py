@@ -6,8 +6,9 @@ in Chromium for the pages a person uses.
 * Tokens are never accepted in URLs (hub pages, the REST API, users' servers), while
   the same token works where it belongs (sign-in form, Authorization header).
 * The Prometheus token reads the hub's metrics and nothing else.
-* An invalid edit of config/gpulab.yaml is refused with file:line, and the next spawn
-  runs with the last good settings.
+
+(An invalid edit of config/gpulab.yaml, refused with file:line while the last good
+settings stay in force, across restarts too: test_last_good.py.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import requests
 import websocket
 
 from .browser import SESSION_COOKIES, screenshot, session_cookies, submit_login
-from .stack import HUB_URL, REPO, container_logs, docker, wait_for
+from .stack import HUB_URL, REPO, wait_for
 from .standin import GPU0, GPU1, gpus_of
 
 GiB = 1 << 30
@@ -32,11 +33,6 @@ def get(url: str, token: str | None = None, **kw) -> requests.Response:
     kw.setdefault("timeout", 30)
     kw.setdefault("allow_redirects", False)
     return requests.get(url, headers=headers, **kw)
-
-
-def stop_server(hub, name: str) -> None:
-    hub.request("DELETE", f"/users/{name}/server")
-    wait_for(lambda: hub.server_model(name) is None, 60, what=f"{name}'s server to stop")
 
 
 # ----------------------------------------------------------------------- the spawn form
@@ -77,19 +73,20 @@ def test_spawn_form_shows_gpus_names_holders_to_admins_and_the_choice_reaches_th
              what=f"{member.name}'s server to be ready")
     assert gpus_of(member.container) == {"device_ids": [GPU1], "env": GPU1, "label": GPU1}
 
+    # An admin sees who holds each GPU, on the form she opens for a member (never her own
+    # server: the suite leaves the state of the admin's account alone, which a person
+    # signed in as the README says may be using).
+    third = lab_user("third")
     admin = new_page()
-    submit_login(admin, hub_admin.name, hub_admin.token, next_url="/hub/spawn")
-    try:
-        assert urlsplit(admin.url).path == "/hub/spawn", admin.url
-        assert gpu_table(admin) == [("0", f"held by {holder.name}"),
-                                    ("1", f"held by {member.name}")]
-        screenshot(admin, "spawn-form-admin.png")
-        spawn_from_form(admin, "0")
-        wait_for(lambda: (hub.server_model(hub_admin.name) or {}).get("ready"), 120,
-                 what="the admin's server to be ready")
-        assert gpus_of(hub_admin.container) == {"device_ids": [], "env": "void", "label": ""}
-    finally:
-        stop_server(hub, hub_admin.name)
+    submit_login(admin, hub_admin.name, hub_admin.token, next_url=f"/hub/spawn/{third.name}")
+    assert urlsplit(admin.url).path == f"/hub/spawn/{third.name}", admin.url
+    assert gpu_table(admin) == [("0", f"held by {holder.name}"),
+                                ("1", f"held by {member.name}")]
+    screenshot(admin, "spawn-form-admin.png")
+    spawn_from_form(admin, "0")
+    wait_for(lambda: (hub.server_model(third.name) or {}).get("ready"), 120,
+             what=f"{third.name}'s server, started by the admin, to be ready")
+    assert gpus_of(third.container) == {"device_ids": [], "env": "void", "label": ""}
     assert gpus_of(holder.container)["device_ids"] == [GPU0]
 
 
@@ -192,51 +189,3 @@ def test_the_prometheus_token_reads_metrics_and_nothing_else(hub, lab_user):
     assert r.status_code == 302 and urlsplit(r.headers["location"]).path == "/hub/login"
     assert hub.request("GET", "/users/scraper-made-me").status_code == 404
     assert hub.server_model(member.name)["ready"]
-
-
-# ------------------------------------------------------------ an invalid gpulab.yaml
-
-
-def restart_docker_proxy() -> None:
-    """As a dockerd restart does (the proxy exits with the old socket and comes back)."""
-    docker("restart", "--time", "5", "gpulab-docker-proxy")
-    probe = ("import socket; socket.create_connection(('docker-proxy', 2375), 1).close()")
-    wait_for(lambda: docker("exec", "gpulab-hub", "python3", "-c", probe, check=False) == ""
-             and docker("inspect", "-f", "{{.State.Running}}", "gpulab-docker-proxy") == "true",
-             30, interval=0.3, what="the Docker proxy to listen again")
-
-
-def memory_limit(container: str) -> int:
-    return int(docker("inspect", "-f", "{{.HostConfig.Memory}}", container))
-
-
-def test_invalid_gpulab_yaml_edit_keeps_the_last_good_settings(hub, hub_admin, lab_user,
-                                                               lab_config, new_page):
-    alice, bob = lab_user("alice"), lab_user("bob")
-    original = lab_config.original("gpulab.yaml")
-    assert "  mem_limit: 8g\n" in original
-    try:
-        lab_config.write("gpulab.yaml", original.replace("  mem_limit: 8g\n",
-                                                         "  mem_limit: 3g\n"))
-        alice.start_server()  # the edit applies at the next spawn
-        assert memory_limit(alice.container) == 3 * GiB
-        alice.stop_server()
-        restart_docker_proxy()  # it, too, must hold on to the last good version
-
-        bad = original.replace("  mem_limit: 8g\n", "  mem_limit: plenty\n")
-        line = bad.splitlines().index("  mem_limit: plenty") + 1
-        lab_config.write("gpulab.yaml", bad)  # an admin's typo
-        bob.start_server()
-        assert memory_limit(bob.container) == 3 * GiB  # the last good, not the default 8g
-        error = (f"gpulab.yaml:{line}: spawn.mem_limit: expected a size such as 2g or 512m, "
-                 f"got 'plenty'")
-        assert error in container_logs("gpulab-hub", 300)
-
-        page = new_page()  # and on the admins' lease page
-        submit_login(page, hub_admin.name, hub_admin.token, next_url="/hub/home")
-        page.goto(f"{HUB_URL}/services/gpus/leases")
-        banner = page.locator("#config-errors .banner")
-        assert banner.count() == 1 and error in banner.inner_text(), banner.all_inner_texts()
-        screenshot(page, "lease-page-config-error.png")
-    finally:
-        lab_config.write("gpulab.yaml", original)

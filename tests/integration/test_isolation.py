@@ -11,6 +11,7 @@ firewall. The link-local target is a listener in a network namespace this test m
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import subprocess
@@ -202,3 +203,37 @@ def test_a_lost_rule_is_put_back(hub):
     assert "had disappeared" in subprocess.run(
         ["docker", "logs", "--tail", "20", "gpulab-netguard"], capture_output=True,
         text=True).stdout
+
+
+def test_members_servers_never_get_the_hub_or_proxy_address_when_the_range_wraps(hub):
+    """gpulab-netguard trusts two addresses on the users' network: the hub's and the
+    proxy's. They sit outside the range Docker hands out to containers, so a member's
+    server can never be given one, even when the proxy is recreated while a server
+    starts. Shown on the real network: one container is connected and disconnected
+    until Docker's allocator, which hands addresses out in turn, has gone round the
+    whole range; none of the addresses it got is either of the two."""
+    [ipam] = json.loads(docker("network", "inspect", "gpulab"))[0]["IPAM"]["Config"]
+    assert ipam.get("IPRange"), f"the users' network has no ip_range: {ipam}"
+    pool = ipaddress.ip_network(ipam["IPRange"])
+    trusted = {ip_on("gpulab-hub", "gpulab"), ip_on("gpulab-proxy", "gpulab")}
+    assert not any(ipaddress.ip_address(ip) in pool for ip in trusted), (trusted, pool)
+
+    name = f"gpulab-test-wrap-{uuid.uuid4().hex[:6]}"
+    docker("run", "-d", "--rm", "--name", name, "--init", "gpulab/base:bookworm", "sleep",
+           "600")
+    given = []
+    try:
+        for _ in range(pool.num_addresses + 4):
+            docker("network", "connect", "gpulab", name)
+            given.append(ip_on(name, "gpulab"))
+            docker("network", "disconnect", "gpulab", name)
+            if len(given) > 1 and given[-1] == given[0]:
+                break  # round the whole range, back where it started
+    finally:
+        docker("rm", "-f", name, check=False)
+    assert given[-1] == given[0], f"the allocator did not come round in {len(given)} tries"
+    in_use = len(json.loads(docker("network", "inspect", "gpulab"))[0]["Containers"])
+    assert len(set(given)) >= pool.num_addresses - 3 - in_use, given  # all the free ones
+    assert not trusted & set(given), (trusted, given)
+    assert all(ipaddress.ip_address(ip) in pool for ip in given), given
+    print(f"{len(given)} addresses handed out, from {given[0]} round to {given[-1]}")

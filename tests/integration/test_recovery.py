@@ -13,52 +13,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
-import pytest
 import requests
 
-from .stack import HUB_URL, REPO, container_logs, docker, host_has_nvidia_gpu, wait_for
-from .standin import GPU0, GPU1, dockerd_has_nvidia_driver, gpus_of
+from .restarts import (
+    hub_reaches_docker_proxy,
+    kill_from_host,
+    restart_count,
+    state,
+    wait_restarted,
+)
+from .stack import HUB_URL, docker, wait_for
+from .standin import GPU0, GPU1, gpus_of
 
 HUB, PROXY = "gpulab-hub", "gpulab-proxy"
-
-
-def state(container: str) -> dict:
-    return json.loads(docker("inspect", container))[0]["State"]
-
-
-def restart_count(container: str) -> int:
-    return json.loads(docker("inspect", container))[0]["RestartCount"]
-
-
-def kill_from_host(container: str) -> str:
-    """SIGKILL the container's PID 1 from the host; returns the StartedAt it had."""
-    s = state(container)
-    assert s["Running"], f"{container} is not running: {s['Status']}"
-    os.kill(s["Pid"], signal.SIGKILL)
-    return s["StartedAt"]
-
-
-def wait_restarted(container: str, started_before: str, timeout: float = 90) -> None:
-    def again():
-        s = state(container)
-        return s["Running"] and not s["Restarting"] and s["StartedAt"] != started_before
-    try:
-        wait_for(again, timeout, interval=0.2, what=f"{container} to be restarted by Docker")
-    except AssertionError:
-        print(container_logs(container, 40))
-        raise
-
-
-def hub_reaches_docker_proxy() -> bool:
-    """The hub's own view: does the Docker API filter answer a ping? (A restarted
-    container is "running" a moment before its process listens.)"""
-    return subprocess.run(
-        ["docker", "exec", "gpulab-hub", "python3", "-c",
-         "import urllib.request; urllib.request.urlopen('http://docker-proxy:2375/_ping', "
-         "timeout=2)"], capture_output=True, timeout=30).returncode == 0
 
 
 def proxy_routes() -> set[str]:
@@ -144,43 +113,6 @@ def test_killed_proxy_is_restarted_and_gets_its_routes_back(hub, lab_user):
 
 
 # ----------------------------------------------------------------- the Docker engine
-
-def _dockerd_pid() -> int:
-    try:
-        pid = int(open("/run/gpulab-dockerd.pid").read().strip())
-    except (OSError, ValueError):
-        return 0
-    try:
-        return pid if open(f"/proc/{pid}/comm").read().strip() == "dockerd" else 0
-    except OSError:
-        return 0
-
-
-@pytest.fixture
-def gpulab_dockerd():
-    """The dockerd gpulab started (scripts/ensure-docker.sh: --live-restore, PID file);
-    yields a function that stops it, runs a callback while it is down, and starts it again
-    as it was (with the stand-in GPU hook on hosts without a GPU)."""
-    if not _dockerd_pid() or docker("info", "--format", "{{.LiveRestoreEnabled}}") != "true":
-        pytest.skip("dockerd was not started by scripts/ensure-docker.sh (with --live-restore)")
-    env = dict(os.environ)
-    if not host_has_nvidia_gpu() and dockerd_has_nvidia_driver():
-        env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
-
-    def restart(while_down=lambda: None):
-        pid = _dockerd_pid()
-        os.kill(pid, signal.SIGTERM)
-        try:
-            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 90, what="dockerd to exit")
-            while_down()
-        finally:
-            subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], check=True,
-                           timeout=120, env=env)
-
-    yield restart
-    if not _dockerd_pid():  # a failure above: never leave the host without Docker
-        subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], timeout=120, env=env)
-
 
 def proxy_ip() -> str:
     nets = json.loads(docker("inspect", PROXY))[0]["NetworkSettings"]["Networks"]

@@ -1,5 +1,5 @@
-"""`make down && make up`: users, login tokens and homes are kept; `make down` takes the
-firewall rules away and `make up` puts them back.
+"""`make down && make up`: users, login tokens, homes and the last good settings are
+kept; `make down` takes the firewall rules away and `make up` puts them back.
 
 This takes the whole stack down (about a minute with the way back), so it is marked
 ``stack_restart`` and runs after every other test (tests/integration/conftest.py), and
@@ -30,16 +30,29 @@ def running(name: str) -> bool:
     return docker("ps", "-q", "--filter", f"name=^/{name}$") != ""
 
 
+def memory_limit(container: str) -> int:
+    return int(docker("inspect", "-f", "{{.HostConfig.Memory}}", container))
+
+
 def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hub, lab_user,
+                                                                             lab_config,
                                                                              new_page):
     user = lab_user("keeper")
+    original = lab_config.original("gpulab.yaml")
+    lab_config.write("gpulab.yaml", original.replace("  mem_limit: 8g\n", "  mem_limit: 3g\n"))
     user.start_server()
+    assert memory_limit(user.container) == 3 << 30
     note = f"written before make down by {user.name}\n"
     r = user.api("PUT", "/contents/kept.txt",
                  json={"type": "file", "format": "text", "content": note})
     assert r.status_code in (200, 201), r.text
     flags = exporter_flags()
     assert firewall_rules(), "no gpulab-netguard rules while the stack is up"
+    # An admin's typo, then a restart of everything: the lab comes back on the last good
+    # settings, and `make up` says which edit it refused.
+    bad = original.replace("  mem_limit: 8g\n", "  mem_limit: plenty\n")
+    line = bad.splitlines().index("  mem_limit: plenty") + 1
+    lab_config.write("gpulab.yaml", bad)
 
     try:
         make("down", flags)
@@ -51,6 +64,8 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
         out = make("up", flags)  # on failure too: the stack is up again for whoever is next
         wait_for(hub.is_up, 120, what="the hub to answer after make up")
     assert "JupyterHub is up" in out
+    assert f"warning: config/gpulab.yaml:{line}: spawn.mem_limit" in out, out[-3000:]
+    assert "the lab goes on with the last good version of gpulab.yaml" in out, out[-3000:]
     assert wait_for(firewall_rules, 30, what="gpulab-netguard to put its rules back")
     assert exporter_flags() == flags
 
@@ -60,8 +75,9 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
     assert response.status == 200 and urlsplit(page.url).path == "/hub/home", page.url
     assert hub.server_model(user.name) is None  # make down stopped every server
 
-    # the home: the file is there in the new container
+    # the home: the file is there in the new container, which has the last good settings
     user.start_server()
+    assert memory_limit(user.container) == 3 << 30
     r = user.api("GET", "/contents/kept.txt", params={"content": "1", "format": "text"})
     assert r.status_code == 200, (r.text, container_logs(user.container))
     assert r.json()["content"] == note

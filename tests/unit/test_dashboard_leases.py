@@ -226,7 +226,8 @@ async def test_refused_gpulab_yaml_edit_is_reported_too(gpus_path):
     settings.write_text("spawn:\n  mem_limit: plenty\n")
     try:
         assert (await admin.model())["config_errors"] == [
-            f"{settings}:2: spawn.mem_limit: expected a size such as 2g or 512m, got 'plenty'"]
+            f"{settings}:2: spawn.mem_limit: expected a size such as 2g or 512m, got 'plenty'"
+            f" (the last good version, stays in force)"]
         never = LeaseAdmin(FakeContainers([]), HubServers("http://x", "t"), gpus_path,
                            settings_path=settings.with_name("never.yaml"))
         never.book = admin.book

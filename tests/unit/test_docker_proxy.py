@@ -15,6 +15,7 @@ from gpulab.containers import container_options
 from gpulab.docker_policy import CREATE_BODY, HOST_CONFIG, decide, is_create, strict_json
 from gpulab.docker_proxy import Proxy, parse_head, serve, watch_socket
 from gpulab.settings import Settings, defaults
+from tests.ports import free_port
 
 GPU = "GPU-1"
 CREATE = "/v1.41/containers/create?name=gpulab-user-alice"
@@ -766,7 +767,26 @@ async def test_the_watchdog_reports_a_socket_that_stays_dead(tmp_path):
     # there, nobody listens on it (ECONNREFUSED).
     listening.close()
     why = await asyncio.wait_for(watch, 2)
-    assert "3 connections in a row failed" in why and "ConnectionRefusedError" in why
+    # one refused connection is enough: nobody will ever listen on that inode again
+    assert "refused" in why and "ConnectionRefusedError" in why
+
+
+async def test_a_request_that_finds_the_socket_refused_ends_serve_at_once(tmp_path):
+    """dockerd restarted between two looks of the watchdog: the first request that finds
+    the old socket refused answers 502 and makes the proxy exit for its restart, without
+    waiting for the watchdog (which looks only every few seconds here)."""
+    path = str(tmp_path / "docker.sock")
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(path)
+    listening.listen(64)
+    port = free_port()
+    served = asyncio.create_task(serve("127.0.0.1", port, path, exit_when_socket_gone=True,
+                                       watch_interval=30))
+    await asyncio.sleep(0.3)
+    listening.close()  # the engine is gone; the file stays
+    answer = await _send(port, b"GET /_ping HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 502") and b"unreachable" in answer
+    assert await asyncio.wait_for(served, 2) == 1
 
 
 async def test_serve_exits_with_status_1_when_the_socket_is_gone(tmp_path):

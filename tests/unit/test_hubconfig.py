@@ -33,6 +33,7 @@ def configured(tmp_path, monkeypatch):
         "GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
         "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
         "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001",
+        "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
     }.items():
         monkeypatch.setenv(key, value)
     c = Config()
@@ -109,7 +110,8 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     assert service["command"][1:] == ["-m", "gpulab.culler", "--gpus-file",
                                       str(tmp_path / "config" / "gpus.yaml"),
                                       "--notices", notices]
-    assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090"}
+    assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
+                                      "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good")}
     assert "url" not in service  # nobody reaches it: it only calls out
     role = next(r for r in configured.JupyterHub.load_roles if r["name"] == "gpu-culler")
     assert role["services"] == ["gpu-culler"]

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Before `make up` (single) or `make up-swarm` (swarm): are the lab's settings valid (or is
+# there a last good version the lab goes on with), is config/gpulab.yaml's hub.swarm what
+# this command starts, do the network's addresses fit together, and, for a Swarm, is this
+# engine its manager and which machines and GPUs will the hub see. Prints what an admin
+# must do, never a traceback.
+# Usage: scripts/preflight.sh single|swarm   (GPULAB_CONFIG: the config folder)
+set -euo pipefail
+mode=${1:?single or swarm}
+config=${GPULAB_CONFIG:-$(cd "$(dirname "$0")/.." && pwd)/config}
+say() { echo "[gpulab] $*"; }
+die() { echo "[gpulab] $*" >&2; exit 1; }
+
+# gpulab's CLI in the hub image, with the settings and (once a hub has run) the last good
+# version of each settings file that the hub keeps (gpulab.live_config).
+mounts=(-v "$config:/srv/gpulab/config:ro"); last_good=()
+if docker volume inspect gpulab-last-good >/dev/null 2>&1; then
+  mounts+=(-v gpulab-last-good:/srv/gpulab/last-good:ro); last_good=(--last-good /srv/gpulab/last-good)
+fi
+gpulab() {
+  docker run --rm --network none "${mounts[@]}" gpulab/hub:latest gpulab "$@" 2>&1 \
+    | sed -e 's|/srv/gpulab/config/|config/|g' -e 's|/srv/gpulab/last-good|the volume gpulab-last-good|g'
+  return "${PIPESTATUS[0]}"
+}
+
+# An invalid file with a last good version: the lab goes on with that version (say so);
+# without one (a fresh install): refuse, as the hub would.
+files=(/srv/gpulab/config/gpulab.yaml)
+[ -e "$config/gpus.yaml" ] && files+=(/srv/gpulab/config/gpus.yaml)
+checked=$(gpulab config check "${last_good[@]}" "${files[@]}") \
+  || die "$checked
+[gpulab] The lab's settings are not valid (above), and no earlier version of them was ever
+[gpulab] in force here: fix the file (make check-config), then run make up again."
+grep -v ': OK$' <<<"$checked" | sed 's/^/[gpulab] /' || true
+
+# Alertmanager reads config/alertmanager.yml at its start, and starts on the last good
+# version it kept (in its volume) when the file is not valid (docker-compose.yml).
+alertmanager=$(docker run --rm --network none -v "$config:/srv/gpulab/config:ro" --entrypoint amtool \
+  gpulab/prometheus:latest check-config /srv/gpulab/config/alertmanager.yml 2>&1 \
+  | sed 's|/srv/gpulab/config/|config/|g') || {
+  if docker volume inspect gpulab-alertmanager-data >/dev/null 2>&1 && docker run --rm --network none \
+       -v gpulab-alertmanager-data:/alertmanager:ro --entrypoint test gpulab/prometheus:latest \
+       -s /alertmanager/last-good.yml; then
+    echo "$alertmanager" | sed 's/^/[gpulab] /'
+    say "warning: config/alertmanager.yml is not valid (above): this edit is refused, and"
+    say "Alertmanager goes on with its last good version until the file is fixed."
+  else
+    die "$alertmanager
+[gpulab] config/alertmanager.yml is not valid (above): fix it, then run make up again."
+  fi
+}
+
+swarm=$(gpulab config get "${last_good[@]}" hub.swarm /srv/gpulab/config/gpulab.yaml) || die "$swarm"
+if [ "$mode" = single ]; then
+  [ "$swarm" = false ] || die "config/gpulab.yaml sets hub.swarm: true: on the Swarm's manager, \
+start gpulab with make up-swarm (README: Several GPU servers); on one host, set it to false."
+else
+  [ "$swarm" = true ] || die "make up-swarm runs gpulab across a Swarm's machines: set hub.swarm: true \
+in config/gpulab.yaml first (README: Several GPU servers); on one host, use make up."
+fi
+
+# The hub's and the proxy's fixed addresses: in the subnet, outside the range Docker (or the
+# Swarm) hands out to members' servers (else a member's server could be given one of them,
+# and gpulab-netguard trusts those two; a container asking for a taken address fails).
+subnet=${GPULAB_SUBNET:-172.30.0.0/24}; range=${GPULAB_IP_RANGE:-172.30.0.0/25}
+addresses=$(python3 - "$subnet" "$range" \
+  "${GPULAB_HUB_IP:-172.30.0.250}" "${GPULAB_PROXY_IP:-172.30.0.251}" 2>&1 <<'EOF'
+import ipaddress, sys
+try:
+    net, pool = ipaddress.ip_network(sys.argv[1]), ipaddress.ip_network(sys.argv[2])
+    hub, proxy = ipaddress.ip_address(sys.argv[3]), ipaddress.ip_address(sys.argv[4])
+except ValueError as e:
+    sys.exit(str(e))
+if not pool.subnet_of(net):
+    sys.exit(f"GPULAB_IP_RANGE {pool} is not inside GPULAB_SUBNET {net}")
+for name, ip in (("GPULAB_HUB_IP", hub), ("GPULAB_PROXY_IP", proxy)):
+    if ip not in net or ip in pool:
+        sys.exit(f"{name} {ip} must be in GPULAB_SUBNET {net} and outside "
+                 f"GPULAB_IP_RANGE {pool}, which members' servers are given")
+EOF
+) || die "$addresses"
+
+# A users' network made by an older gpulab (no range, the hub at .2): Docker could give a
+# member's server the hub's or the proxy's address. Only a new network fixes that.
+ipam=$(docker network inspect -f '{{range .IPAM.Config}}{{.Subnet}} {{.IPRange}}{{end}}' gpulab 2>/dev/null || true)
+if [ -n "$ipam" ] && [ "$ipam" != "$subnet $range" ]; then
+  die "the users' network gpulab has subnet and range '$ipam', not '$subnet $range': it was \
+made by an older gpulab or with other settings, and members' servers could be given the hub's \
+address. Run make down, then make up again (members' servers stop; their files are kept)."
+fi
+[ "$mode" = single ] && exit 0
+
+[ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
+  || die "this Docker engine is not a Swarm manager: run 'docker swarm init' on this machine and \
+'docker swarm join ...' on each GPU server first (README: Several GPU servers)."
+
+driver=$(docker network inspect -f '{{.Driver}}' gpulab 2>/dev/null || true)
+if [ -n "$driver" ] && [ "$driver" != overlay ]; then
+  die "the network gpulab is a $driver network from a single-host 'make up': run 'make down' \
+and 'docker network rm gpulab', then make up-swarm again."
+fi
+
+say "machines in this Swarm (the hub places members' servers on those with GPUs):"
+gpus_total=0
+while read -r id; do
+  line=$(docker node inspect -f '{{.Description.Hostname}}|{{.Status.State}}|{{.Spec.Availability}}|{{index .Description.Engine.Labels "gpulab.gpus"}}|{{index .Spec.Labels "gpulab.exporter"}}' "$id")
+  IFS='|' read -r host state availability gpus exporter <<<"$line"
+  count=0
+  [ -n "$gpus" ] && count=$(tr ',' '\n' <<<"$gpus" | grep -c .)
+  gpus_total=$((gpus_total + count))
+  printf '[gpulab]   %-24s %-6s %-7s %s GPU(s)\n' "$host" "$state" "$availability" "$count"
+  # Prometheus scrapes an exporter on every machine not labelled gpulab.exporter=false:
+  # a machine without GPUs runs none (make swarm-node is for GPU servers).
+  if [ "$count" = 0 ] && [ -z "$exporter" ]; then
+    docker node update --label-add gpulab.exporter=false "$id" >/dev/null
+    say "  (no GPUs: labelled gpulab.exporter=false, so Prometheus does not expect an exporter there)"
+  fi
+done < <(docker node ls -q)
+if [ "$gpus_total" = 0 ]; then
+  say "warning: no machine lists GPUs. On each GPU server, add its GPU UUIDs to the engine's"
+  say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
+fi
+# Members' services name spawn.image by the ID it has here (a name would make every machine
+# ask a registry first), so each GPU server needs this very build.
+image=$(gpulab config get "${last_good[@]}" spawn.image /srv/gpulab/config/gpulab.yaml) || die "$image"
+if id=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null); then
+  say "spawn.image $image is ${id:0:19} here; each GPU server needs this very build (the hub"
+  say "runs it by that ID), and for its exporter (make swarm-node there) gpulab/exporter and"
+  say "gpulab/hub: docker save $image gpulab/hub:latest gpulab/exporter:latest | ssh GPU-SERVER docker load"
+else
+  say "warning: spawn.image $image is not on this manager, and the hub runs it by the ID it"
+  say "has here: members' servers cannot start until it is (build it: make images, or load it)."
+fi
