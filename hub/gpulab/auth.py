@@ -422,7 +422,9 @@ class TokenAuthenticator(Authenticator):
         """True while the user has a valid login token. Otherwise end their access
         (:func:`gpulab.login_tokens.end_access`) and return False: JupyterHub then
         asks a cookie session to sign in again and, with auth_refresh_strict, refuses
-        token-authenticated requests."""
+        token-authenticated requests. API tokens an admin made for the user through
+        JupyterHub's REST API are the exception: they are kept, and a request made with
+        one (or with her server's own token while she holds one) is True."""
         if not self.end_sessions_without_token:
             return True
         orm_user = getattr(user, "orm_user", user)
@@ -430,8 +432,17 @@ class TokenAuthenticator(Authenticator):
         if lt.login_tokens(db, self.login_tokens, orm_user):
             return True
         keep = lt.running_server_tokens(db, user)
-        if lt.has_access_to_end(db, orm_user, keep):
-            ended = lt.end_access(db, self.login_tokens, orm_user, keep)
+        # API tokens an admin made for this user stand on their own: a request made with
+        # one of them (or, while one exists, with her servers' own tokens) goes on.
+        admin_made = {t.id for t in lt.admin_api_tokens(db, self.login_tokens, orm_user)}
+        get_token = getattr(handler, "get_token", None)  # JupyterHub's BaseHandler
+        if admin_made and get_token is not None:
+            token = get_token()  # the request's Authorization token, if any
+            if token is not None and token.user_id == orm_user.id and (
+                    token.id in admin_made or token.id in keep):
+                return True
+        if lt.has_access_to_end(db, orm_user, keep | admin_made):
+            ended = lt.end_access(db, self.login_tokens, orm_user, keep, admin_made)
             self.log.warning(
                 "User %s has no valid login token left: ended their hub sessions, deleted "
                 "API tokens %s and %d OAuth tokens", orm_user.name,

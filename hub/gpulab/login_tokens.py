@@ -47,6 +47,7 @@ from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
@@ -61,13 +62,20 @@ MIGRATION_KEY = "legacy_note_migration"
 
 log = logging.getLogger(__name__)
 
+# What an admin issued: a login token (signs in, and is the member's access), or an API
+# token an admin made for a user through JupyterHub's own REST API (a credential of its
+# own, for scripts and service accounts; it never signs in).
+KIND_LOGIN = "login"
+KIND_API = "api"
+
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS login_tokens (
         hashed TEXT PRIMARY KEY,   -- api_tokens.hashed: salted by the hub, unique
         token_id INTEGER NOT NULL, -- api_tokens.id (sqlite may reuse it: not enough alone)
         username TEXT NOT NULL,
         issued_by TEXT NOT NULL,
-        issued_at REAL NOT NULL
+        issued_at REAL NOT NULL,
+        kind TEXT NOT NULL DEFAULT 'login'
     )""",
     "CREATE INDEX IF NOT EXISTS login_tokens_user ON login_tokens (username)",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -91,33 +99,40 @@ class LoginTokenStore:
         with self._connect() as db:
             for statement in _SCHEMA:
                 db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(login_tokens)")}
+            if "kind" not in columns:  # a store from before admin-made API tokens
+                db.execute("ALTER TABLE login_tokens ADD COLUMN kind TEXT NOT NULL "
+                           "DEFAULT 'login'")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=10)
 
-    def record(self, orm_token: orm.APIToken, issued_by: str) -> None:
+    def record(self, orm_token: orm.APIToken, issued_by: str, kind: str = KIND_LOGIN) -> None:
         if orm_token.user is None:
             raise ValueError("only a user's token can be a login token")
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO login_tokens VALUES (?, ?, ?, ?, ?)",
-                (orm_token.hashed, orm_token.id, orm_token.user.name, issued_by, self.now()),
+                "INSERT OR REPLACE INTO login_tokens VALUES (?, ?, ?, ?, ?, ?)",
+                (orm_token.hashed, orm_token.id, orm_token.user.name, issued_by, self.now(),
+                 kind),
             )
 
-    def recorded(self, username: str) -> dict[str, int]:
-        """``{hashed: token_id}`` of the rows for *username*."""
+    def recorded(self, username: str, kind: str = KIND_LOGIN) -> dict[str, int]:
+        """``{hashed: token_id}`` of the rows of *kind* for *username*."""
         with self._connect() as db:
             rows = db.execute(
-                "SELECT hashed, token_id FROM login_tokens WHERE username = ?", (username,))
+                "SELECT hashed, token_id FROM login_tokens WHERE username = ? AND kind = ?",
+                (username, kind))
             return dict(rows.fetchall())
 
-    def is_recorded(self, orm_token: orm.APIToken) -> bool:
+    def is_recorded(self, orm_token: orm.APIToken, kind: str = KIND_LOGIN) -> bool:
         if orm_token.user is None or not orm_token.hashed:
             return False
         with self._connect() as db:
             row = db.execute(
-                "SELECT 1 FROM login_tokens WHERE hashed = ? AND token_id = ? AND username = ?",
-                (orm_token.hashed, orm_token.id, orm_token.user.name),
+                "SELECT 1 FROM login_tokens WHERE hashed = ? AND token_id = ? AND username = ?"
+                " AND kind = ?",
+                (orm_token.hashed, orm_token.id, orm_token.user.name, kind),
             ).fetchone()
         return row is not None
 
@@ -128,6 +143,11 @@ class LoginTokenStore:
     def forget_user(self, username: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM login_tokens WHERE username = ?", (username,))
+
+    def forget_login_tokens(self, username: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM login_tokens WHERE username = ? AND kind = ?",
+                       (username, KIND_LOGIN))
 
     def get_meta(self, key: str) -> str | None:
         with self._connect() as db:
@@ -162,13 +182,14 @@ def user_tokens(db, orm_user: orm.User) -> list[orm.APIToken]:
 
 
 def login_tokens(db, store: LoginTokenStore, orm_user: orm.User, *,
-                 include_expired: bool = False) -> list[orm.APIToken]:
-    """The user's recorded login tokens that still exist in the hub database.
+                 include_expired: bool = False, kind: str = KIND_LOGIN) -> list[orm.APIToken]:
+    """The user's recorded login tokens (or, with *kind* :data:`KIND_API`, the API
+    tokens an admin made for them) that still exist in the hub database.
 
     Rows whose token is gone (revoked through JupyterHub's own API, purged after
     expiry, or the user deleted) are forgotten on the way.
     """
-    recorded = store.recorded(orm_user.name)
+    recorded = store.recorded(orm_user.name, kind)
     if not recorded:
         return []
     found = [t for t in user_tokens(db, orm_user) if recorded.get(t.hashed) == t.id]
@@ -178,6 +199,12 @@ def login_tokens(db, store: LoginTokenStore, orm_user: orm.User, *,
     if not include_expired:
         found = [t for t in found if not t.expired]
     return sorted(found, key=lambda t: t.id)
+
+
+def admin_api_tokens(db, store: LoginTokenStore, orm_user: orm.User) -> list[orm.APIToken]:
+    """The unexpired API tokens an admin made for *orm_user* through JupyterHub's REST
+    API (:class:`UserTokensAPIHandler`)."""
+    return login_tokens(db, store, orm_user, kind=KIND_API)
 
 
 def is_login_token(store: LoginTokenStore, orm_token: orm.APIToken) -> bool:
@@ -213,13 +240,15 @@ def has_access_to_end(db, orm_user: orm.User, keep: set[int]) -> bool:
     return any(t.id not in keep for t in user_tokens(db, orm_user))
 
 
-def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int]) -> Ended:
+def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int],
+               admin_made: set[int] = frozenset()) -> Ended:
     """Delete every API and OAuth token of *orm_user* except the ids in *keep* (their
-    running servers' own tokens), and rotate their hub cookie id so that every browser
+    running servers' own tokens) and *admin_made* (API tokens an admin made for them,
+    which stand on their own), and rotate their hub cookie id so that every browser
     session on the hub ends at its next request. For a user with no login token left."""
     api_ids, oauth = [], 0
     for token in user_tokens(db, orm_user):
-        if token.id in keep:
+        if token.id in keep or token.id in admin_made:
             continue
         if token.client_id and token.client_id != JUPYTERHUB_CLIENT:
             oauth += 1
@@ -229,7 +258,7 @@ def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int]) -
     orm_user.cookie_id = new_token()
     db.commit()
     db.expire(orm_user, ["api_tokens"])  # reload the collection at its next use
-    store.forget_user(orm_user.name)
+    store.forget_login_tokens(orm_user.name)
     return Ended(sorted(api_ids), oauth, len(keep))
 
 
@@ -400,10 +429,12 @@ class LoginTokenAPIHandler(_AdminOnly):
         self.db.expire(orm_user, ["api_tokens"])
         self.store.forget([hashed])
         left = login_tokens(self.db, self.store, orm_user)
+        scripts = admin_api_tokens(self.db, self.store, orm_user)
         ended = None
         if not left:
             ended = end_access(self.db, self.store, orm_user,
-                               running_server_tokens(self.db, user))
+                               running_server_tokens(self.db, user),
+                               {t.id for t in scripts})
             # refresh at this user's next request, whatever auth_refresh_age says
             user._auth_refreshed = None
         self.log.info("%s revoked login token %s of %s%s", self.requester, token_id,
@@ -411,13 +442,96 @@ class LoginTokenAPIHandler(_AdminOnly):
         self.write(json.dumps({
             "revoked": token_id,
             "login_tokens_left": len(left),
+            # API tokens an admin made for this user stand on their own: they are ended
+            # by deleting them, or by DELETE /hub/api/gpulab/access/{user}.
+            "admin_api_tokens_left": sorted(t.api_id for t in scripts),
             "ended_access": asdict(ended) if ended else None,
         }))
 
 
+class UserTokensAPIHandler(UserTokenListAPIHandler):
+    """JupyterHub's own ``/hub/api/users/{name}/tokens``, unchanged, except that a token
+    an admin (or a service holding the unfiltered admin scopes) makes there *for another
+    user* is recorded as an admin-made API token (:data:`KIND_API`): a credential of its
+    own, as JupyterHub documents, that works with its scopes until it expires or is
+    deleted, whether or not its owner has a login token. It never signs in. Tokens a
+    member makes for herself stay tied to her login token."""
+
+    async def post(self, user_name):
+        user = self.find_user(user_name)
+        before = {t.id for t in user_tokens(self.db, user.orm_user)} if user else set()
+        await super().post(user_name)
+        requester = self.current_user
+        if (user is None or self.get_status() != 201 or requester is None
+                or requester is user or not all(self.has_scope(s) for s in ADMIN_SCOPES)):
+            return
+        store = getattr(self.authenticator, "login_tokens", None)
+        if not isinstance(store, LoginTokenStore):
+            return
+        requester_name = f"{getattr(requester, 'kind', 'user')} {requester.name}"
+        for token in user_tokens(self.db, user.orm_user):
+            if token.id not in before:
+                store.record(token, requester_name, kind=KIND_API)
+                self.log.info("%s made API token %s for %s: it stands on its own (not "
+                              "tied to a login token)", requester_name, token.api_id,
+                              user.name)
+
+
+class AccessAPIHandler(_AdminOnly):
+    """``DELETE /hub/api/gpulab/access/{user}`` (body ``{"stop_servers": bool}``): end
+    a member's access at once and entirely: every login token and admin-made API token,
+    then everything they opened (sessions, her own tokens, OAuth tokens of her servers),
+    and, when asked, her servers. The user stays (her home and history are kept)."""
+
+    async def delete(self, user_name):
+        self.require_admin()
+        user = self.user_or_404(user_name)
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict) or set(body) - {"stop_servers"} or not isinstance(
+                body.get("stop_servers", False), bool):
+            raise web.HTTPError(400, 'Body must be {"stop_servers": true or false}')
+        if body.get("stop_servers") and not self.has_scope("servers"):
+            raise web.HTTPError(403, "Stopping the member's servers needs the servers scope "
+                                     "(admins have it): end access without stop_servers, or "
+                                     "ask an admin.")
+        orm_user = user.orm_user
+        revoked = []
+        for kind in (KIND_LOGIN, KIND_API):
+            for token in login_tokens(self.db, self.store, orm_user, include_expired=True,
+                                      kind=kind):
+                revoked.append(token.api_id)
+                self.store.forget([token.hashed])
+                self.db.delete(token)
+        self.db.commit()
+        self.db.expire(orm_user, ["api_tokens"])
+        stop = body.get("stop_servers", False)
+        keep = set() if stop else running_server_tokens(self.db, user)
+        ended = end_access(self.db, self.store, orm_user, keep)
+        self.store.forget_user(orm_user.name)
+        user._auth_refreshed = None
+        stopped = []
+        if stop:
+            for name, spawner in list(user.spawners.items()):
+                if spawner.active and not spawner.pending:
+                    await self.stop_single_user(user, name)
+                    stopped.append(name)
+                elif spawner.pending:  # starting or stopping: its own end follows
+                    self.log.warning("%s's server %r is %s: not stopped by the end of "
+                                     "access; stop it when it is", user.name, name,
+                                     spawner.pending)
+        self.log.warning("%s ended the access of %s: revoked %s%s", self.requester,
+                         user.name, ", ".join(revoked) or "no credentials",
+                         f"; stopped servers {stopped}" if stopped else "")
+        self.write(json.dumps({"revoked": sorted(revoked), "ended_access": asdict(ended),
+                               "stopped_servers": stopped}))
+
+
 def api_handlers() -> list[tuple[str, type]]:
-    """For ``Authenticator.get_handlers`` (JupyterHub puts them under /hub/)."""
+    """For ``Authenticator.get_handlers`` (JupyterHub puts them under /hub/, before its
+    own: the users' tokens route here replaces JupyterHub's with its subclass)."""
     return [
         (r"/api/gpulab/login-tokens/([^/]+)", LoginTokensAPIHandler),
         (r"/api/gpulab/login-tokens/([^/]+)/([^/]+)", LoginTokenAPIHandler),
+        (r"/api/gpulab/access/([^/]+)", AccessAPIHandler),
+        (r"/api/users/([^/]+)/tokens", UserTokensAPIHandler),
     ]

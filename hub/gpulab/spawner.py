@@ -142,7 +142,10 @@ class GpulabSpawner(DockerSpawner):
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return ""
         holders = await self.lease_book.holders([g.uuid for g in inventory])
-        is_admin = self.user.admin
+        # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
+        # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
+        viewer = getattr(getattr(self, "handler", None), "current_user", None)
+        is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
         machines = any(g.machine for g in inventory)  # on a Swarm: which server it is in
         rows = []
         for g in inventory:

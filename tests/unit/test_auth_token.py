@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from jupyterhub import orm
+from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.handlers.login import LoginHandler
 from jupyterhub.utils import utcnow
 from sqlalchemy import text
@@ -135,7 +136,7 @@ async def test_a_recorded_id_alone_does_not_make_a_login_token(auth, db, alice):
     row = orm.APIToken.find(db, bobs)
     # even a row naming bob with bob's id but another token's hash does not match
     with auth.login_tokens._connect() as store:
-        store.execute("INSERT INTO login_tokens VALUES (?, ?, ?, ?, ?)",
+        store.execute("INSERT INTO login_tokens VALUES (?, ?, ?, ?, ?, 'login')",
                       ("sha512:1:00:00", row.id, "bob", "forged", 0))
     assert await login(auth, db, "bob", bobs) is None
 
@@ -258,8 +259,14 @@ def test_login_page_and_admin_api_are_the_authenticators_handlers(auth):
         ("/login", GpulabLoginHandler),
         (r"/api/gpulab/login-tokens/([^/]+)", lt.LoginTokensAPIHandler),
         (r"/api/gpulab/login-tokens/([^/]+)/([^/]+)", lt.LoginTokenAPIHandler),
+        (r"/api/gpulab/access/([^/]+)", lt.AccessAPIHandler),
+        # JupyterHub's own route, served by its subclass (JupyterHub adds these first)
+        (r"/api/users/([^/]+)/tokens", lt.UserTokensAPIHandler),
     ]
     assert issubclass(GpulabLoginHandler, LoginHandler)
+    assert issubclass(lt.UserTokensAPIHandler, UserTokenListAPIHandler)
+    from jupyterhub.apihandlers import default_handlers
+    assert (r"/api/users/([^/]+)/tokens", UserTokenListAPIHandler) in default_handlers
 
 
 def test_throttle_follows_the_traits(tmp_path):

@@ -108,7 +108,8 @@ def test_admin_issues_lists_and_revokes_login_tokens(hub, hub_log):
     second = r.json()["id"]
     r = hub.api("DELETE", f"/gpulab/login-tokens/{name}/{model['id']}")
     assert r.status == 200
-    assert r.json() == {"revoked": model["id"], "login_tokens_left": 1, "ended_access": None}
+    assert r.json() == {"revoked": model["id"], "login_tokens_left": 1,
+                        "admin_api_tokens_left": [], "ended_access": None}
     assert [t["id"] for t in hub.api("GET", f"/gpulab/login-tokens/{name}").json()[
         "login_tokens"]] == [second]
     assert hub.api("DELETE", f"/gpulab/login-tokens/{name}/{model['id']}").status == 404
@@ -252,14 +253,105 @@ def test_revoking_the_last_login_token_ends_every_session_and_token(hub, hub_log
     r = hub.api("DELETE", f"/gpulab/login-tokens/{name}/{login['id']}")
 
     assert r.status == 200, r.text
-    assert r.json() == {"revoked": login["id"], "login_tokens_left": 0, "ended_access": {
-        "api_tokens": [script["id"]], "oauth_tokens": 1, "kept_server_tokens": 0}}
+    assert r.json() == {"revoked": login["id"], "login_tokens_left": 0,
+                        "admin_api_tokens_left": [], "ended_access": {
+                            "api_tokens": [script["id"]], "oauth_tokens": 1,
+                            "kept_server_tokens": 0}}
     assert not signed_in(browser)  # the very next request
     for dead in (token, script["token"], oauth):
         assert whoami(hub, dead) == 403
     assert hub_token_ids(hub, name) == set()
     r = Client(hub).login(name, token)
     assert r.status == 403 and error_text(r.text) == INVALID_LOGIN
+
+
+# ---------------------------------------------- API tokens an admin makes (JupyterHub's API)
+
+
+def admin_made_token(hub: RunningHub, name: str, **body) -> dict:
+    """``POST /hub/api/users/{name}/tokens`` as an admin (the gpulab-admin service), as
+    automation built on JupyterHub's REST API does."""
+    r = hub.api("POST", f"/users/{name}/tokens", {"note": "grading bot", **body})
+    assert r.status == 201, r.text
+    return r.json()
+
+
+def test_a_user_made_through_the_rest_api_uses_the_token_an_admin_made_for_it(hub, hub_log):
+    """JupyterHub's documented path for service accounts and bots: create the user, make
+    it a token, use the token. Before, gpulab deleted the token at its first use ("no
+    valid login token left") and answered 403 without saying why."""
+    name = new_name("bot")
+    assert hub.api("POST", f"/users/{name}", {}).status == 201
+    made = admin_made_token(hub, name)
+    for _ in range(3):  # and again after auth_refresh_age (1 s): nothing ends it
+        assert whoami(hub, made["token"]) == 200
+        time.sleep(1.1)
+    assert made["id"] in hub_token_ids(hub, name)
+    # with the scopes it was given, as JupyterHub documents
+    scoped = admin_made_token(hub, name, scopes=["read:users:name!user"])
+    assert hub.api("GET", f"/users/{name}", token=scoped["token"]).status == 200
+    assert hub.api("POST", f"/users/{name}/server", {}, token=scoped["token"]).status == 403
+    # It is no login token: it never opens a browser session.
+    r = Client(hub).login(name, made["token"])
+    assert r.status == 403 and error_text(r.text) == INVALID_LOGIN
+    # Deleting it through JupyterHub's API ends it, at once.
+    assert hub.api("DELETE", f"/users/{name}/tokens/{made['id']}").status == 204
+    assert whoami(hub, made["token"]) == 403
+
+
+def test_a_member_cannot_make_a_token_that_stands_on_its_own(hub, hub_log):
+    """Only an admin's token for another user stands on its own: a member's token for
+    herself ends with her login token, whatever she asks for."""
+    name, token = member(hub)
+    own = self_made_token(token, name, note="grading bot", hub=hub).json()
+    [login] = hub.api("GET", f"/gpulab/login-tokens/{name}").json()["login_tokens"]
+    r = hub.api("DELETE", f"/gpulab/login-tokens/{name}/{login['id']}")
+    assert r.json()["admin_api_tokens_left"] == []
+    assert whoami(hub, own["token"]) == 403
+
+
+def test_revoking_the_last_login_token_keeps_the_admins_api_token_and_ends_the_rest(
+        hub, hub_log):
+    name, token = member(hub)
+    browser = Client(hub)
+    assert browser.login(name, token).status == 302 and signed_in(browser)
+    script = self_made_token(token, name, hub=hub).json()
+    made = admin_made_token(hub, name)
+    [login] = hub.api("GET", f"/gpulab/login-tokens/{name}").json()["login_tokens"]
+
+    r = hub.api("DELETE", f"/gpulab/login-tokens/{name}/{login['id']}")
+
+    assert r.status == 200, r.text
+    assert r.json()["admin_api_tokens_left"] == [made["id"]]
+    assert r.json()["ended_access"]["api_tokens"] == [script["id"]]
+    assert not signed_in(browser)
+    assert whoami(hub, script["token"]) == 403
+    assert whoami(hub, made["token"]) == 200
+    assert not signed_in(browser)  # her browser stays signed out
+
+
+def test_ending_access_revokes_every_credential_an_admin_issued(hub, hub_log):
+    name, token = member(hub)
+    browser = Client(hub)
+    assert browser.login(name, token).status == 302 and signed_in(browser)
+    made = admin_made_token(hub, name)
+    script = self_made_token(token, name, hub=hub).json()
+    [login] = hub.api("GET", f"/gpulab/login-tokens/{name}").json()["login_tokens"]
+    assert hub.api("DELETE", f"/gpulab/access/{name}", {"stop_servers": "yes"}).status == 400
+
+    r = hub.api("DELETE", f"/gpulab/access/{name}", {"stop_servers": False})
+
+    assert r.status == 200, r.text
+    assert sorted(r.json()["revoked"]) == sorted([login["id"], made["id"]])
+    assert r.json()["ended_access"]["api_tokens"] == [script["id"]]
+    for dead in (token, made["token"], script["token"]):
+        assert whoami(hub, dead) == 403
+    assert hub_token_ids(hub, name) == set()
+    assert not signed_in(browser)
+    assert hub.api("GET", f"/users/{name}").status == 200  # the user (and her home) stay
+    # members cannot end anyone's access, not even their own
+    other, other_token = member(hub)
+    assert hub.api("DELETE", f"/gpulab/access/{other}", {}, token=other_token).status == 403
 
 
 def test_deleting_the_login_token_through_jupyterhubs_api_ends_access_too(hub, hub_log):

@@ -21,6 +21,9 @@ and, for hub admins only (the user model's ``admin`` flag; operators get 403):
     POST {prefix}api/members         {"name", "expires"}: add the member if new and issue
                                      a login token (returned this once)
     POST {prefix}api/members/revoke  {"user", "token_id"}: revoke a login token
+    POST {prefix}api/members/end-access {"user", "stop_server"}: revoke every credential
+                                     an admin issued them, end their sessions, and
+                                     optionally stop their server
 
 The members pages call the hub as the signed-in admin (gpulab.dashboard.members).
 For admins and operators (everyone who may see the dashboard):
@@ -60,7 +63,13 @@ from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.charts import gpu_chart
 from gpulab.dashboard.history import RANGE_WORDS, PrometheusHistory, parse_range
 from gpulab.dashboard.leases import LeaseAdmin, ReleaseRefused
-from gpulab.dashboard.members import HubMembers, MemberError, parse_issue, parse_revoke
+from gpulab.dashboard.members import (
+    HubMembers,
+    MemberError,
+    parse_end_access,
+    parse_issue,
+    parse_revoke,
+)
 from gpulab.dashboard.sources import SnapshotReader
 from gpulab.dashboard.usage import (
     PrometheusUsage,
@@ -309,7 +318,9 @@ class MembersPageHandler(PageHandler):
             raise web.HTTPError(e.status) from None
         self.write(self.templates.get_template("members.html").render(
             model=model, api_url=self.url("api/members"),
-            revoke_url=self.url("api/members/revoke"), dashboard_url=self.hub_auth.base_url,
+            revoke_url=self.url("api/members/revoke"),
+            end_access_url=self.url("api/members/end-access"),
+            dashboard_url=self.hub_auth.base_url,
             leases_url=self.url("leases") if self.leases else None,
             xsrf_token=self.xsrf_text, user=admin.get("name", ""),
             updated_text=_clock(datetime.now(UTC).timestamp())))
@@ -458,6 +469,23 @@ class RevokeHandler(_MembersApi):
         await self.act(revoke)
 
 
+class EndAccessHandler(_MembersApi):
+    async def post(self) -> None:
+        async def end(admin: str, token: str, body: Any) -> None:
+            user, stop_server = parse_end_access(body)
+            result = await self.members.end_access(token, user, stop_server)
+            log.info("admin %s ended the access of %s%s", admin, user,
+                     " and stopped their server" if result.get("stopped_servers") else "")
+            stopped = (" and stopped their server" if result.get("stopped_servers")
+                       else "; their server keeps running until it is stopped"
+                       if not stop_server else "")
+            self.finish({"status": 200, **result,
+                         "message": f"Ended the access of {user}: revoked "
+                                    f"{len(result.get('revoked', []))} credential(s), ended "
+                                    f"their sessions{stopped}."})
+        await self.act(end)
+
+
 class HistoryApiHandler(_History, _JsonErrors):
     async def get(self) -> None:
         if self.current_user is None:
@@ -536,6 +564,7 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
             (url_path_join(prefix, "members/?"), MembersPageHandler, args),
             (url_path_join(prefix, "api/members/?"), MembersApiHandler, args),
             (url_path_join(prefix, "api/members/revoke/?"), RevokeHandler, args),
+            (url_path_join(prefix, "api/members/end-access/?"), EndAccessHandler, args),
         ]
     if usage is not None:
         routes += [

@@ -7,8 +7,8 @@ then checks and records each action under the admin's own name, exactly as
 ``gpulab token issue`` does through gpulab.login_tokens; the service holds no admin
 token of its own.
 
-`parse_issue`/`parse_revoke` (what an admin's form sent) and `members_model` (what the
-page shows) are pure; `HubMembers` is the thin I/O.
+`parse_issue`/`parse_revoke`/`parse_end_access` (what an admin's form sent) and
+`members_model` (what the page shows) are pure; `HubMembers` is the thin I/O.
 """
 
 from __future__ import annotations
@@ -78,6 +78,15 @@ def parse_revoke(body: Any) -> tuple[str, str]:
     return body["user"], body["token_id"]
 
 
+def parse_end_access(body: Any) -> tuple[str, bool]:
+    """{"user": "alice", "stop_server": true|false} from the page (or a script)."""
+    if (not isinstance(body, dict) or not isinstance(body.get("user"), str) or not body["user"]
+            or not isinstance(body.get("stop_server", False), bool)
+            or set(body) - {"user", "stop_server"}):
+        raise MemberError(400, 'Send JSON {"user": "alice", "stop_server": true or false}.')
+    return body["user"], body.get("stop_server", False)
+
+
 def _day(stamp: str | None) -> str:
     if not stamp:
         return ""
@@ -125,6 +134,7 @@ class HubMembers:
             headers={"Authorization": f"token {token}", "Accept": "application/json",
                      "Content-Type": "application/json"},
             body=None if body is None and method in ("GET", "DELETE") else json.dumps(body or {}),
+            allow_nonstandard_methods=True,  # DELETE with a body (/gpulab/access)
             request_timeout=self.timeout, connect_timeout=self.timeout)
         try:
             response = await AsyncHTTPClient().fetch(request)
@@ -160,6 +170,12 @@ class HubMembers:
 
     async def revoke(self, token: str, user: str, token_id: str) -> None:
         await self._call(token, "DELETE", f"{_tokens_path(user)}/{quote(token_id, safe='')}")
+
+    async def end_access(self, token: str, user: str, stop_server: bool) -> dict[str, Any]:
+        """Every credential an admin issued to *user* revoked, everything opened with them
+        ended, and with *stop_server* her servers stopped (gpulab.login_tokens)."""
+        return await self._call(token, "DELETE", f"/gpulab/access/{quote(user, safe='')}",
+                                {"stop_servers": stop_server})
 
 
 def _tokens_path(user: str) -> str:

@@ -10,10 +10,15 @@ One connection, step by step:
 2. The password goes to the hub as a token (``GET /hub/api/user``) and
    :func:`gpulab.ssh.policy.judge` decides. A wrong, revoked or expired token, or one
    that names someone else, counts one failure against the username and the address.
-   The token is kept in memory for this connection only and never logged.
-3. Each session asks the hub again (a token revoked meanwhile stops new sessions) and
+   The token is kept in memory for this connection only and never logged, and never
+   reaches her server: the gateway makes her a token that may only reach her own
+   server (``access:servers!server=NAME/``) for this connection, uses it there, and
+   deletes it when the connection ends.
+3. The connection asks the hub again every few seconds (:meth:`Gateway.watch`): once
+   the token stops working (revoked, expired, her access ended) the connection closes,
+   with every session and forward in it. Each session also asks the hub again and
    finds the member's running server or says how to start it. Everything then goes
-   through the hub's proxy with her token:
+   through the hub's proxy with the connection's server token:
 
    * with a terminal (``ssh``, ``ssh -t host CMD``): a Jupyter terminal there
      (:mod:`gpulab.ssh.terminal`), window-size changes forwarded; a command is typed
@@ -53,6 +58,9 @@ log = logging.getLogger("gpulab.ssh")
 
 MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
 PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
+# Seconds between the hub's checks of a signed-in connection's token: a revoked token (an
+# admin ended the member's access) closes her connection, sessions and forwards within it.
+RECHECK_EVERY = 5.0
 
 
 @dataclass(frozen=True)
@@ -65,9 +73,11 @@ class Settings:
 @dataclass(frozen=True)
 class Member:
     name: str
-    token: str
+    token: str  # her login token: asks the hub, never travels into her server
+    server_token: str = ""  # reaches her own server only (HubClient.server_token)
+    server_token_id: str = ""
 
-    def __repr__(self) -> str:  # never the token, whatever logs it
+    def __repr__(self) -> str:  # never a token, whatever logs it
         return f"Member({self.name!r})"
 
 
@@ -78,6 +88,7 @@ class Gateway:
         self.settings = settings
         self.throttle = throttle
         self.hub = HubClient(settings.hub_url, settings.tls_trust)
+        self.cleanups: set[asyncio.Task] = set()
 
     async def sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
                       raw_username: str, token: str) -> Member | None:
@@ -101,8 +112,14 @@ class Gateway:
             verdict = policy.judge(name, status, model)
         if verdict.outcome == policy.OK:
             self.throttle.record_success(name)
+            try:
+                scoped, scoped_id = await self.hub.server_token(name, token)
+            except HubError as e:
+                log.warning("ssh sign-in of %s from %s: %s", name, address, e)
+                _banner(conn, "The hub is not answering; try again in a minute.")
+                return None
             log.info("ssh sign-in: %s from %s", name, address)
-            return Member(name, token)
+            return Member(name, token, scoped, scoped_id)
         if verdict.outcome == policy.FAILED:
             decision = self.throttle.record_failure(name, address)
             log.warning("failed ssh sign-in for %s from %s: %s", name, address, verdict.reason)
@@ -134,6 +151,40 @@ class Gateway:
             status = 255
         if not chan.is_closing():
             chan.exit(status)
+
+    async def signed_out(self, member: Member) -> None:
+        """The connection ended: its server token goes (it would end with her login
+        token anyway)."""
+        if member.server_token_id:
+            await self.hub.delete_token(member.name, member.server_token_id, member.token)
+
+    async def still_valid(self, member: Member) -> bool:
+        """Does the hub still accept the member's token? True when the hub does not
+        answer (a hub restart must not cut every SSH session)."""
+        try:
+            code, model = await self.hub.whoami(member.token)
+        except HubError as e:
+            log.warning("ssh: could not recheck %s's token with the hub: %s", member.name, e)
+            return True
+        if code in (401, 403):
+            return False
+        if code != 200:
+            return True
+        return policy.judge(member.name, code, model).outcome == policy.OK
+
+    async def watch(self, member: Member, conn: asyncssh.SSHServerConnection,
+                    every: float = RECHECK_EVERY) -> None:
+        """Close *conn* once the member's token stops working (revoked, expired, her
+        access ended), rechecking every *every* seconds while it is open."""
+        while not conn.is_closed():
+            await asyncio.sleep(every)
+            if not await self.still_valid(member):
+                log.warning("ssh: %s's token no longer works; closing their connection",
+                            member.name)
+                conn.disconnect(asyncssh.DISC_BY_APPLICATION,
+                                "Your access has ended (your token was revoked or expired); "
+                                "ask the lab admin for a new one.")
+                return
 
     async def server_path(self, member: Member, say) -> str | None:
         """Where the member's running server is, asking the hub again (a token revoked
@@ -167,7 +218,7 @@ class Gateway:
                  (" with a terminal" if pty else ""))
         if argv is not None:
             return await channels.run_command(
-                self.settings.hub_url, path, member.token, self.settings.tls_trust, argv,
+                self.settings.hub_url, path, member.server_token, self.settings.tls_trust, argv,
                 stdin, stdout, stderr)
         nonce = execwrap.new_nonce()
         try:
@@ -175,7 +226,7 @@ class Gateway:
         except execwrap.CommandTooLong as e:
             stderr.write(f"{e}\r\n".encode())
             return 1
-        async with Terminal(self.settings.hub_url, path, member.token,
+        async with Terminal(self.settings.hub_url, path, member.server_token,
                             self.settings.tls_trust) as term:
             width, height = chan.get_terminal_size()[:2]
             await term.set_size(height, width)
@@ -190,7 +241,7 @@ class Gateway:
                                             refused[0].strip() if refused else "no server")
         log.info("ssh forward of %s: to port %s of their server", member.name, port)
         try:
-            return await channels.open_port(self.settings.hub_url, path, member.token,
+            return await channels.open_port(self.settings.hub_url, path, member.server_token,
                                             self.settings.tls_trust, port)
         except asyncssh.ChannelOpenError:
             raise
@@ -317,6 +368,7 @@ class _Connection(asyncssh.SSHServer):
         self.conn: asyncssh.SSHServerConnection | None = None
         self.address = ""
         self.member: Member | None = None
+        self.watcher: asyncio.Task | None = None
 
     def connection_made(self, conn):
         self.conn = conn
@@ -331,7 +383,17 @@ class _Connection(asyncssh.SSHServer):
 
     async def validate_password(self, username, password):
         self.member = await self.gateway.sign_in(self.conn, self.address, username, password)
+        if self.member is not None and self.watcher is None:
+            self.watcher = asyncio.create_task(self.gateway.watch(self.member, self.conn))
         return self.member is not None
+
+    def connection_lost(self, exc):
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.member is not None:
+            task = asyncio.get_event_loop().create_task(self.gateway.signed_out(self.member))
+            self.gateway.cleanups.add(task)  # kept until done (asyncio holds it weakly)
+            task.add_done_callback(self.gateway.cleanups.discard)
 
     def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
         """ssh -L/-D: to the member's own server's loopback only (policy.forward_port)."""

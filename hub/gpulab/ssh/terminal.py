@@ -62,6 +62,40 @@ class HubClient:
             return 502, None
 
 
+    async def server_token(self, name: str, token: str) -> tuple[str, str]:
+        """A new token of *name*'s, made with her *token*, that may only reach her own
+        default server (``access:servers!server=NAME/``): what the gateway hands her
+        server instead of her login token, which may carry an admin's scopes. Made by
+        her, it ends with her login token. ``(token, id)``; HubError if refused."""
+        body = {"scopes": [f"access:servers!server={name}/"],
+                "note": "gpulab-ssh: this SSH connection's way into your server"}
+        req = HTTPRequest(f"{self.hub_url}/hub/api/users/{quote(name, safe='')}/tokens",
+                          method="POST", body=json.dumps(body),
+                          headers={**_auth(token), "Content-Type": "application/json"},
+                          request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
+                          ssl_options=tls_context(self.tls_trust))
+        try:
+            resp = await self.http.fetch(req, raise_error=False)
+        except (OSError, HTTPClientError) as e:
+            raise HubError(f"could not make a server token: {e}") from None
+        if resp.code != 201:
+            raise HubError(f"the hub answered {resp.code} to making a server token")
+        model = json.loads(resp.body)
+        return model["token"], model["id"]
+
+    async def delete_token(self, name: str, token_id: str, token: str) -> None:
+        """Delete *name*'s token *token_id* (with her *token*); errors are ignored: the
+        token ends with her login token anyway."""
+        req = HTTPRequest(f"{self.hub_url}/hub/api/users/{quote(name, safe='')}/tokens/"
+                          f"{quote(token_id, safe='')}", method="DELETE", headers=_auth(token),
+                          request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
+                          ssl_options=tls_context(self.tls_trust))
+        try:
+            await self.http.fetch(req, raise_error=False)
+        except (OSError, HTTPClientError):
+            pass
+
+
 class Terminal:
     """One terminal in a member's server, used as ``async with Terminal(...) as t``."""
 
