@@ -10,7 +10,8 @@ Members reach the hub through the proxy's published port, from this machine's lo
 
 The tests run in order on one cluster, as a lab's week does: members spread over the
 machines, one too many is refused, autograd runs on a worker, the hub restarts, a
-machine dies.
+machine dies. Each also passes alone or in any subset: those that need the cluster full
+start what is not running yet (the ``running`` fixture).
 """
 
 from __future__ import annotations
@@ -46,6 +47,34 @@ def lab(swarm, tmp_path_factory):
 def members(lab):
     """Four members, created through the hub's REST API as gpulab's CLI does."""
     return [lab.hub.create_user(prefix=f"m{i}") for i in range(4)]
+
+
+def start_every_member(lab, members) -> list[float]:
+    """Every member's 1-GPU server running, the last machine's GPUs in a pool of their
+    own and the third member in that pool only (gpus.yaml, read again at every spawn);
+    starts those not running yet, one after another, and returns how long each took.
+    Each test that needs the cluster full calls it (through ``running``), so that it
+    passes alone and in any subset, not only after the tests before it."""
+    last = lab.swarm.workers[-1].hostname
+    (lab.root / "config" / "gpus.yaml").write_text(
+        f"{lab.gpus}pools:\n  last: {{machines: [{last}]}}\n"
+        f"users:\n  {members[2].name}: {{pools: [last]}}\n")
+    started = []
+    for user in members:
+        if (lab.hub.server_model(user.name) or {}).get("ready"):
+            continue
+        t0 = time.monotonic()
+        r = spawn(user, {"gpus": 1})
+        assert r.status_code in (201, 202), r.text
+        wait_ready(user)
+        started.append(time.monotonic() - t0)
+    return started
+
+
+@pytest.fixture
+def running(lab, members):
+    """The four members each have a 1-GPU server running (started here if need be)."""
+    start_every_member(lab, members)
 
 
 def spawn(user: LabUser, options: dict) -> requests.Response:
@@ -96,19 +125,8 @@ def test_a_machine_without_the_managers_build_of_the_image_is_named_and_runs_not
 
 
 def test_members_get_distinct_gpus_spread_over_the_machines(lab, members):
-    # gpus.yaml (read again at every spawn) puts the last machine's GPUs in a pool of
-    # their own, and the third member in that pool only.
     last = lab.swarm.workers[-1].hostname
-    (lab.root / "config" / "gpus.yaml").write_text(
-        f"{lab.gpus}pools:\n  last: {{machines: [{last}]}}\n"
-        f"users:\n  {members[2].name}: {{pools: [last]}}\n")
-    started = []
-    for user in members:
-        t0 = time.monotonic()
-        r = spawn(user, {"gpus": 1})
-        assert r.status_code in (201, 202), r.text
-        wait_ready(user)
-        started.append(time.monotonic() - t0)
+    started = start_every_member(lab, members)
     print(f"spawn to ready on a worker, one at a time: "
           f"{', '.join(f'{s:.1f}' for s in started)} s")
     placed = lab.placement()
@@ -150,7 +168,7 @@ def _neighbours(lab, members):
     return attacker, here, (same, at[same][1]), (other, at[other][1]), by_name
 
 
-def test_a_member_reaches_the_hub_api_and_nothing_else_on_any_machine(lab, members):
+def test_a_member_reaches_the_hub_api_and_nothing_else_on_any_machine(lab, members, running):
     """Her own code, run in her server through the hub, tries every door: the neighbour's
     server on her machine and on another, the proxy, the hub's other port, the overlay's
     gateway, her machine itself, another machine's exporter and Swarm ports. Each blocked
@@ -194,7 +212,7 @@ def test_a_member_reaches_the_hub_api_and_nothing_else_on_any_machine(lab, membe
         assert status.startswith("users' network isolated on this machine"), status
 
 
-def test_a_flushed_overlay_firewall_is_put_back(lab, members):
+def test_a_flushed_overlay_firewall_is_put_back(lab, members, running):
     """A firewall reload inside a machine's overlay namespace (here: every FORWARD rule
     flushed): netguard puts the rules back within its check interval, and says so."""
     attacker, here, (same, same_ip), _, _ = _neighbours(lab, members)
@@ -221,7 +239,7 @@ def test_a_flushed_overlay_firewall_is_put_back(lab, members):
         lab.swarm.docker(node, "start", "gpulab-netguard")
 
 
-def test_a_machine_whose_last_server_stopped_is_closed_again_when_one_starts(lab, members):
+def test_a_machine_whose_last_server_stopped_is_closed_again_when_one_starts(lab, members, running):
     """Docker removes a machine's overlay namespace with the last of its containers there,
     and makes a new one (same name) for the next: netguard closes the new one too."""
     attacker, here, (same, _), _, by_name = _neighbours(lab, members)
@@ -251,7 +269,7 @@ def _admin_page(lab, new_page, path: str):
     return page
 
 
-def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members, new_page):
+def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members, running, new_page):
     """Prometheus on the manager finds each GPU server's exporter (make swarm-node) in
     the Swarm's node list; the operators' dashboard, reading Prometheus, shows every
     machine's GPUs with a Node column, and per machine how many are held."""
@@ -288,7 +306,7 @@ def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members
 
 
 def test_the_lease_page_lists_every_machines_services_and_releases_a_leftover(
-        lab, members, new_page):
+        lab, members, running, new_page):
     """The admins' lease page on a Swarm, in Chromium: the services holding GPUs, each GPU
     named with its machine. A running member's lease is not released from here (409); a
     leftover service (made here by hand as a crashed hub could leave one: gpulab's labels,
@@ -332,7 +350,7 @@ def test_the_lease_page_lists_every_machines_services_and_releases_a_leftover(
     assert set(lab.placement()) == {u.name for u in members}
 
 
-def test_one_more_than_the_cluster_holds_is_refused(lab, new_page):
+def test_one_more_than_the_cluster_holds_is_refused(lab, members, running, new_page):
     late = lab.hub.create_user(prefix="late")
     r = spawn(late, {"gpus": 1})
     assert r.status_code == 409, (r.status_code, r.text)
@@ -370,7 +388,7 @@ def test_user_options_sent_straight_to_the_rest_api_are_refused_before_any_servi
     assert mallory.name not in lab.placement()
 
 
-def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members):
+def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members, running):
     user = members[0]
     node, _ = lab.placement()[user.name]
     assert node in {w.hostname for w in lab.swarm.workers}
@@ -379,7 +397,7 @@ def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members):
     check_result(result, "cpu")  # the fake GPUs carry no CUDA device
 
 
-def test_a_hub_restart_keeps_every_lease(lab, members):
+def test_a_hub_restart_keeps_every_lease(lab, members, running):
     before = lab.placement()
     lab.docker("kill", "gpulab-hub")  # SIGKILL: no clean shutdown
     lab.docker("start", "gpulab-hub")
@@ -394,7 +412,7 @@ def test_a_hub_restart_keeps_every_lease(lab, members):
     assert r.status_code == 409, (r.status_code, r.text)  # nothing was double-booked
 
 
-def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, new_page):
+def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, running, new_page):
     placed = lab.placement()
     victim = lab.swarm.workers[0]
     on_victim = [u for u in members if placed[u.name][0] == victim.hostname]

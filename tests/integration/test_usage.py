@@ -43,7 +43,9 @@ def today_hours(model: dict, user: str) -> float:
 
 
 def test_a_members_held_gpu_shows_up_as_gpu_hours(hub, hub_admin, lab_user, gpus_yaml,
-                                                  new_page):
+                                                  fake_control, new_page):
+    # fake_control: Prometheus counts what the exporter reports, and on a host without
+    # GPUs only its fake GPUs (make test) carry the stand-in leases; else it says so.
     alice = lab_user("usage")
     group = f"usage-{alice.name[-8:]}"
     as_admin = {"Authorization": f"token {hub_admin.token}"}  # as an admin makes a group
