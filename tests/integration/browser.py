@@ -156,31 +156,58 @@ def jupyterlab_shows(page, timeout_ms: float) -> bool:
         return False
 
 
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
+
+
+class FailedRequests:
+    """The requests a page lost, with Chromium's reason (``requestfailed``)."""
+
+    def __init__(self, page):
+        self.failed: list[str] = []
+        page.on("requestfailed",
+                lambda r: self.failed.append(f"{r.failure} {r.method} {r.url}"))
+
+    def network_changed(self) -> list[str]:
+        return [f for f in self.failed if NETWORK_CHANGED in f]
+
+
+def lab_shows_or_reload_once(page, failed: FailedRequests, timeout_ms: float,
+                             record=lambda: "") -> None:
+    """Wait until JupyterLab shows. Chromium drops the requests it has in flight when
+    the host's interfaces change (Docker adds and removes veths as containers come and
+    go: a member's browser on another machine never sees it), and a JupyterLab that lost
+    chunks that way stays blank; a member reloads, and so does this, once, with a
+    warning, but only when a request failed with net::ERR_NETWORK_CHANGED. A blank page
+    for any other reason fails, with what the browser saw (*record()* adds more)."""
+    if jupyterlab_shows(page, timeout_ms):
+        return
+    lost = failed.network_changed()
+    if not lost:
+        raise AssertionError(f"JupyterLab did not show, and no request failed with "
+                             f"{NETWORK_CHANGED}: failed requests {failed.failed}\n{record()}")
+    seen = f"lost to {NETWORK_CHANGED}: {lost}\n{record()}"
+    page.reload()
+    if not jupyterlab_shows(page, timeout_ms * 1.5):
+        raise AssertionError(f"JupyterLab did not show, even after a reload.\n{seen}\n"
+                             f"after the reload: {failed.failed}\n{record()}")
+    warnings.warn(f"JupyterLab showed only after a reload; {seen}", stacklevel=2)
+
+
 def sign_in_to_lab(page, username: str, token: str) -> float:
     """Sign in on the login page as a member does and wait until JupyterLab shows its
     launcher, or the notebook it restores from their last session; returns the
-    time.monotonic() at which "Sign in" was pressed.
-
-    JupyterLab that loses some of its chunks to net::ERR_NETWORK_CHANGED (Docker
-    changing this host's interfaces, see :func:`wait_for_lab_url`) stays blank: after
-    60 s the page is reloaded once, as a member would, with a warning that says what the
-    console showed."""
+    time.monotonic() at which "Sign in" was pressed. (See :func:`wait_for_lab_url` and
+    :func:`lab_shows_or_reload_once` for what Docker's veths do to the browser here.)"""
     errors: list[str] = []
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    failed = FailedRequests(page)
     page.goto(f"{HUB_URL}/hub/login")
     page.fill("#username_input", username)
     page.fill("#password_input", token)
     pressed = time.monotonic()
     page.click("#login_submit")
     wait_for_lab_url(page, HUB_URL, username, 30_000)
-    if not jupyterlab_shows(page, 60_000):
-        seen = list(errors)
-        page.reload()
-        if not jupyterlab_shows(page, 90_000):
-            raise AssertionError(f"JupyterLab did not show, even after a reload; console "
-                                 f"errors: {seen} then {errors[len(seen):]}")
-        warnings.warn(f"JupyterLab showed only after a reload; console errors: {seen}",
-                      stacklevel=2)
+    lab_shows_or_reload_once(page, failed, 60_000, lambda: f"console errors: {errors}")
     return pressed
 
 

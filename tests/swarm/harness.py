@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import outbound
 from . import plan as P
 
 NETNS_DIR = Path("/run/netns")
@@ -410,14 +411,32 @@ class Swarm:
 
     def _launch(self, node: Node) -> None:
         self._share_exec_root(node)
+        self._start_outbound_recorder(node)
+        no_proxy = [str(n.plan.address) for n in self.nodes]
         with open(node.paths.log, "ab") as log:
             node.process = subprocess.Popen(
                 P.dockerd_argv(node.plan, node.paths), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 # As a lab's engines: no DOCKER_SERVICE_PREFER_OFFLINE_IMAGE, so a service
-                # that names its image asks a registry first (none is reachable from the
-                # namespaces: they have no default route). Services name images by ID.
-                env=dict(os.environ))
+                # that names its image asks a registry first. Its only way out is the
+                # node's recorder (tests/swarm/outbound.py), which reaches nothing: not even
+                # a DNS lookup leaves the machine. Services name images by ID.
+                env={**os.environ, **outbound.proxy_env(no_proxy)})
+
+    def _start_outbound_recorder(self, node: Node) -> None:
+        """The node's outbound recorder on its own loopback (its argv names the node's
+        folder, so that purge() ends it with the node)."""
+        node.paths.outbound.unlink(missing_ok=True)
+        subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.plan.netns}", "--", sys.executable,
+             str(Path(outbound.__file__)), "--record", str(node.paths.outbound)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        wait_for(node.paths.outbound.exists, 10, what=f"{node.name}'s outbound recorder")
+
+    def outbound_requests(self, node: Node) -> list[str]:
+        """What *node*'s dockerd tried to reach outside the machine, oldest first."""
+        return outbound.requests_seen(node.paths.outbound)
 
     @staticmethod
     def _share_exec_root(node: Node) -> None:

@@ -154,6 +154,11 @@ class NodePaths:
     def runtime_record(self) -> Path:
         return self.root / "gpu-runtime.jsonl"
 
+    @property
+    def outbound(self) -> Path:
+        """What the node's dockerd tried to reach outside (tests/swarm/outbound.py)."""
+        return self.root / "outbound-requests.log"
+
 
 def dockerd_argv(node: NodePlan, paths: NodePaths) -> list[str]:
     """The node's dockerd, started in the node's network namespace with its own hostname.
