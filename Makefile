@@ -161,6 +161,7 @@ swarm-node-up: docker
 	@$(call require_images,gpulab/hub:latest gpulab/exporter:latest,\
 	  load it from the manager (docker save gpulab/hub:latest gpulab/exporter:latest | \
 	  ssh THIS-MACHINE docker load); Compose would pull it from Docker Hub)
+	@$(if $(HAS_NVIDIA),scripts/gpu-preflight.sh)
 	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true

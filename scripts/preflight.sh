@@ -88,6 +88,12 @@ if [ -n "$ipam" ] && [ "$ipam" != "$subnet $range" ]; then
 made by an older gpulab or with other settings, and members' servers could be given the hub's \
 address. Run make down, then make up again (members' servers stop; their files are kept)."
 fi
+# On a host with NVIDIA GPUs: can Docker give a container one, and is the driver new
+# enough for spawn.image's CUDA (scripts/gpu-preflight.sh says what to install)?
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  image=$(gpulab config get "${last_good[@]}" spawn.image /srv/gpulab/config/gpulab.yaml) || die "$image"
+  "$(dirname "$0")/gpu-preflight.sh" "$image"
+fi
 [ "$mode" = single ] && exit 0
 
 [ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \

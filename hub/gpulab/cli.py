@@ -269,6 +269,22 @@ def _cmd_bootstrap_admin(args) -> int:
     return 0
 
 
+def _cmd_gpu_preflight(args) -> int:
+    """Judge what scripts/gpu-preflight.sh observed (JSON on stdin or in a file)."""
+    from .gpuhost import diagnose, observed_from_json
+
+    text = sys.stdin.read() if args.observed == "-" else Path(args.observed).read_text()
+    observed = observed_from_json(json.loads(text))
+    problems = diagnose(observed)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not problems:
+        cuda = f"CUDA {observed.image_cuda}" if observed.image_cuda else "a CPU-only torch"
+        print(f"GPUs ready: driver {observed.driver}, {len(observed.gpus)} GPU(s), a "
+              f"container given {observed.probe_gpu} sees it, spawn.image has {cuda}")
+    return 1 if problems else 0
+
+
 def _cmd_tls(args) -> int:
     from .tls import ensure
 
@@ -326,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also stop the member's servers (otherwise they keep running, "
                           "closed to the member, until stopped)")
     end.set_defaults(func=_cmd_access_end)
+
+    gpu = sub.add_parser("gpu-preflight", help="judge what scripts/gpu-preflight.sh saw on "
+                                               "a GPU host (used by make up)")
+    gpu.add_argument("observed", help="its JSON, or - for standard input")
+    gpu.set_defaults(func=_cmd_gpu_preflight)
 
     tls = sub.add_parser("tls", help="certificates for HTTPS: the lab's, or a local CA's")
     tls.add_argument("--hostname", required=True, help="the name members open")
