@@ -89,14 +89,14 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token proxy-token; do \
+	@for name in api-token metrics-token proxy-token exporter-token; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
 	done
 	@# Prometheus and the proxy run as unprivileged users and must read their token
 	@# (mounted file by file; the secrets/ folder itself stays 0700).
-	@chmod 644 secrets/metrics-token secrets/proxy-token
+	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token
 
 # The certificate HTTPS serves (gpulab.tls, run in the hub image): the lab's, checked and
 # copied, or one signed by a local CA that is made once and kept in secrets/tls/.
@@ -161,6 +161,10 @@ swarm-node-up: docker
 	@$(call require_images,gpulab/hub:latest gpulab/exporter:latest,\
 	  load it from the manager (docker save gpulab/hub:latest gpulab/exporter:latest | \
 	  ssh THIS-MACHINE docker load); Compose would pull it from Docker Hub)
+	@[ -s secrets/exporter-token ] || { echo "[gpulab] secrets/exporter-token is missing: copy \
+	  it from the manager (scp MANAGER:$(CURDIR)/secrets/exporter-token secrets/; chmod 644 \
+	  secrets/exporter-token); only the manager's Prometheus may read this machine's \
+	  exporter" >&2; exit 1; }
 	@$(if $(HAS_NVIDIA),scripts/gpu-preflight.sh)
 	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"

@@ -26,7 +26,7 @@ import requests
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import submit_login
 from .probes import probe
-from .stack import LabUser, wait_for
+from .stack import REPO, LabUser, wait_for
 from .swarm_lab import IMAGES, SwarmLab
 
 pytestmark = pytest.mark.integration
@@ -272,7 +272,21 @@ def _admin_page(lab, new_page, path: str):
 def test_the_dashboard_lists_every_machines_gpus_and_who_holds_them(lab, members, running, new_page):
     """Prometheus on the manager finds each GPU server's exporter (make swarm-node) in
     the Swarm's node list; the operators' dashboard, reading Prometheus, shows every
-    machine's GPUs with a Node column, and per machine how many are held."""
+    machine's GPUs with a Node column, and per machine how many are held. A GPU
+    server's exporter, published on the lab's network, answers only Prometheus' token."""
+    from gpulab.contract import EXPORTER_PORT
+
+    token = (REPO / "secrets" / "exporter-token").read_text().strip()
+    for worker in lab.swarm.workers:
+        url = f"http://{worker.address}:{EXPORTER_PORT}/metrics"
+
+        def status(*headers, url=url):
+            return subprocess.run(
+                ["nsenter", f"--net=/run/netns/{lab.manager.plan.netns}", "curl", "-s",
+                 "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", *headers, url],
+                capture_output=True, text=True, timeout=30).stdout
+        assert status() == "401", f"{worker.name}'s exporter answered without a token"
+        assert status("-H", f"Authorization: Bearer {token}") == "200"
     page = _admin_page(lab, new_page, "/services/gpus/")
     expected = sorted(w.hostname for w in lab.swarm.workers for _ in w.gpus)
 

@@ -189,3 +189,53 @@ def test_metrics_follow_new_snapshots_and_encodings(exporter):
         assert r.headers["Content-Type"].startswith("application/openmetrics-text")
         text = gzip.decompress(r.read()).decode()
     assert text.rstrip().endswith("# EOF") and "gpulab_gpu_up" in text
+
+
+def test_with_a_token_only_its_holder_reads_who_holds_which_gpu(tmp_path):
+    """A Swarm's GPU server publishes the exporter's port on the lab's network: with
+    --auth-token-file, /metrics and /api/gpus answer only to the manager's Prometheus
+    (Bearer token), and /healthz stays open (it names nobody)."""
+    token = "t" * 64
+    (tmp_path / "token").write_text(token + "\n")
+    port = free_port()
+    cmd = [sys.executable, "-m", "gpulab_exporter", "--fake-gpus", "2", "--docker-url", "none",
+           "--listen", f"127.0.0.1:{port}", "--auth-token-file", str(tmp_path / "token")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def ask(path, authorization=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        if authorization:
+            req.add_header("Authorization", authorization)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                status, _ = ask("/healthz")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline and p.poll() is None, "exporter did not start"
+                time.sleep(0.1)
+        assert status == 200
+        for path in ("/metrics", "/api/gpus", "/"):
+            assert ask(path) == (401, "")
+            assert ask(path, "Bearer wrong")[0] == 401
+            assert ask(path, f"Basic {token}")[0] == 401
+        status, body = ask("/metrics", f"Bearer {token}")
+        assert status == 200 and "gpulab_gpu_up" in body
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=10)
+
+
+def test_a_short_token_file_is_refused_at_start(tmp_path):
+    (tmp_path / "token").write_text("short\n")
+    p = subprocess.run([sys.executable, "-m", "gpulab_exporter", "--fake-gpus", "1",
+                        "--docker-url", "none", "--auth-token-file", str(tmp_path / "token")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "at least 32 characters" in p.stderr

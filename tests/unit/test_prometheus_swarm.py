@@ -15,6 +15,7 @@ import yaml
 PROM = Path(__file__).resolve().parents[2] / "monitoring" / "prometheus"
 PROMTOOL = shutil.which("promtool")
 TOKEN = "/etc/prometheus/secrets/metrics-token"
+EXPORTER_TOKEN = "/etc/prometheus/secrets/exporter-token"  # the GPU servers' exporters
 
 
 def load(name):
@@ -64,10 +65,12 @@ def test_swarm_config_is_valid(tmp_path):
     for name in ("prometheus.swarm.yml", "alerts.yml", "usage.yml"):
         shutil.copy(PROM / name, tmp_path / name)
     (tmp_path / "metrics-token").write_text("test-token\n")
+    (tmp_path / "exporter-token").write_text("test-token\n")
     config = tmp_path / "prometheus.swarm.yml"
     text = config.read_text()
-    assert TOKEN in text
-    config.write_text(text.replace(TOKEN, str(tmp_path / "metrics-token")))
+    assert TOKEN in text and EXPORTER_TOKEN in text
+    config.write_text(text.replace(TOKEN, str(tmp_path / "metrics-token"))
+                      .replace(EXPORTER_TOKEN, str(tmp_path / "exporter-token")))
     p = subprocess.run([PROMTOOL, "check", "config", config.name], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "SUCCESS" in p.stdout + p.stderr, p.stdout + p.stderr

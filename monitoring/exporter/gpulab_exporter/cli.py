@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "\"lost\": [1], \"utilization\": {\"0\": 0}} "
                         "(the integration tests write it with docker exec); '' for none "
                         "(default: %(default)s, inside the exporter's container)")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="require 'Authorization: Bearer <the file's token>' on every path "
+                        "but /healthz (a Swarm's GPU server, whose published port the lab's "
+                        "network reaches: only the manager's Prometheus holds the token)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="(default: %(default)s)")
@@ -101,7 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                     process_interval=args.process_interval)
     poller.poll()  # the first snapshot before the first scrape
     poller.start()
-    app = make_app(poller, make_registry(poller, process_info=args.process_info))
+    token = None
+    if args.auth_token_file:
+        try:
+            token = open(args.auth_token_file).read().strip()
+        except OSError as e:
+            raise SystemExit(f"gpulab-exporter: --auth-token-file: {e}") from None
+        if len(token) < 32:
+            raise SystemExit(f"gpulab-exporter: --auth-token-file {args.auth_token_file}: "
+                             f"the token must have at least 32 characters")
+    app = make_app(poller, make_registry(poller, process_info=args.process_info), token=token)
     server, _ = serve(app, args.listen)
     log.info("gpulab-exporter %s listening on %s (poll %ss, processes %ss)", __version__,
              args.listen, args.interval, args.process_interval)

@@ -5,6 +5,7 @@ snapshot; none calls NVML, so a failing NVML never turns into an HTTP 500."""
 from __future__ import annotations
 
 import gzip
+import hmac
 import json
 import threading
 import time
@@ -25,16 +26,27 @@ def make_registry(poller: Poller, process_info: bool = False) -> CollectorRegist
     return registry
 
 
-def make_app(poller: Poller, registry: CollectorRegistry, stale_after: float | None = None):
+def make_app(poller: Poller, registry: CollectorRegistry, stale_after: float | None = None,
+             token: str | None = None):
     """The WSGI app. ``/healthz`` answers 503 only when the poller itself is stuck (no
     snapshot for ``stale_after`` seconds, default 3 intervals + 10 s), not when NVML
-    is down: that is reported in the metrics."""
+    is down: that is reported in the metrics.
+
+    With *token* (a GPU server of a Swarm, whose port the lab's network can reach), every
+    path but ``/healthz`` needs ``Authorization: Bearer <token>``: only the manager's
+    Prometheus, which holds it, reads who holds which GPU."""
     metrics = _cached_metrics_app(poller, registry)
     if stale_after is None:
         stale_after = 3 * poller.interval + 10
+    expected = f"Bearer {token}".encode() if token else None
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
+        if expected is not None and path != "/healthz" and not hmac.compare_digest(
+                environ.get("HTTP_AUTHORIZATION", "").encode(), expected):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Bearer realm="gpulab"'),
+                                                ("Content-Length", "0")])
+            return [b""]
         if path in ("/metrics", "/metrics/"):
             return metrics(environ, start_response)
         if path in ("/api/gpus", "/api/gpus/"):
