@@ -24,6 +24,10 @@ GPULAB_HOSTNAME ?=
 # GPULAB_TLS_REPLACE_CA=yes: replace a local CA that cannot stay (one without name
 # constraints, made by an earlier gpulab); members must import the new secrets/tls/ca.crt.
 GPULAB_TLS_REPLACE_CA ?=
+# With a host name each member's server has an origin of its own, NAME.GPULAB_HOSTNAME
+# (wildcard DNS and certificate needed); GPULAB_SUBDOMAINS=no keeps them under the hub's.
+GPULAB_SUBDOMAINS ?= yes
+export GPULAB_SUBDOMAINS
 ifneq ($(GPULAB_HOSTNAME),)
 export GPULAB_HOSTNAME
 export GPULAB_PORT ?= 443
@@ -107,7 +111,8 @@ tls: images secrets
 	  gpulab/hub:latest gpulab tls --hostname "$(GPULAB_HOSTNAME)" --dir "$(CURDIR)/secrets/tls" \
 	  $(if $(GPULAB_TLS_CERT),--cert "$(abspath $(GPULAB_TLS_CERT))") \
 	  $(if $(GPULAB_TLS_KEY),--key "$(abspath $(GPULAB_TLS_KEY))") \
-	  $(if $(GPULAB_TLS_REPLACE_CA),--replace-ca) | sed 's/^/[gpulab] /'
+	  $(if $(GPULAB_TLS_REPLACE_CA),--replace-ca) \
+	  $(if $(filter no false 0 off,$(GPULAB_SUBDOMAINS)),,--subdomains) | sed 's/^/[gpulab] /'
 
 # The SSH gateway's host key (gpulab.ssh.hostkey): made once in secrets/ssh/, then kept,
 # so that members' known_hosts stay valid; readable by the gateway's user (nobody) only.

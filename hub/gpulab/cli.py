@@ -288,7 +288,8 @@ def _cmd_gpu_preflight(args) -> int:
 def _cmd_tls(args) -> int:
     from .tls import ensure
 
-    print(ensure(args.dir, args.hostname, args.cert, args.key, replace_ca=args.replace_ca))
+    print(ensure(args.dir, args.hostname, args.cert, args.key, replace_ca=args.replace_ca,
+                 subdomains=args.subdomains))
     return 0
 
 
@@ -353,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--dir", required=True, type=Path, help="where server.crt/key go")
     tls.add_argument("--cert", type=Path, help="the lab's certificate chain (PEM)")
     tls.add_argument("--key", type=Path, help="the lab's private key (PEM)")
+    tls.add_argument("--subdomains", action="store_true",
+                     help="members' servers are at NAME.HOSTNAME: the lab's certificate must "
+                          "name *.HOSTNAME too")
     tls.add_argument("--replace-ca", action="store_true",
                      help="when the kept local CA cannot stay (no name constraints, or not "
                           "for --hostname): keep its certificate as ca.crt.replaced-DATE, "

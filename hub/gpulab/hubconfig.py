@@ -6,10 +6,12 @@ is here or in the settings files, so the config file holds no logic.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import live_config
 from .auth import configure_login, default_trusted_proxies
@@ -77,6 +79,40 @@ def tornado_settings(public_url: str) -> dict:
         return {}
     return {"headers": {"Strict-Transport-Security": "max-age=31536000"},
             "xsrf_cookie_kwargs": {"secure": True}}
+
+
+def user_subdomains(public_url: str, setting: str = "") -> str | None:
+    """The ``subdomain_host`` that gives every member's server an origin of its own
+    (``https://alice.gpu.lab.example``), or None to keep them under the hub's origin.
+
+    On when the hub has a public DNS name (GPULAB_HOSTNAME, HTTPS) unless the lab says
+    ``GPULAB_SUBDOMAINS=no`` (no wildcard DNS); never for an IP address or without a
+    public URL, where no names below the hub's exist. JupyterHub's docs: "Subdomains are
+    the only way to reliably isolate user servers from each other": on one origin, a
+    page a member serves (jupyter-server-proxy) runs with the session of whoever opens it.
+    """
+    if not public_url or setting.strip().lower() in ("no", "false", "0", "off"):
+        return None
+    parts = urlsplit(public_url)
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if "." not in host:
+        return None
+    port = "" if parts.port in (None, 443 if parts.scheme == "https" else 80) else f":{parts.port}"
+    return f"{parts.scheme}://{host}{port}"
+
+
+def services_on_the_hubs_host(name: str, domain: str, kind: str) -> str:
+    """JupyterHub's subdomain_hook: members' servers on NAME.<domain> (its idna rule:
+    a safe DNS label, or u-NAME--HASH), services (the GPU dashboard, at /services/gpus/)
+    on the hub's own host, where every link to them points."""
+    from jupyterhub.utils import subdomain_hook_idna
+
+    return domain if kind == "service" else subdomain_hook_idna(name, domain, kind)
 
 
 def read_secret(name: str) -> str:
@@ -150,6 +186,14 @@ def configure(c) -> None:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
         # Secure (images/singleuser/jupyter_server_config.py).
         c.JupyterHub.public_url = public_url
+    subdomain_host = user_subdomains(public_url, os.environ.get("GPULAB_SUBDOMAINS", ""))
+    if subdomain_host:
+        # One origin per member's server; the proxy routes by host name
+        # (docker-compose.https.yml passes it --host-routing). __Host- cookies: no server
+        # on a subdomain can toss a cookie for the hub's own host.
+        c.JupyterHub.subdomain_host = subdomain_host
+        c.JupyterHub.subdomain_hook = services_on_the_hubs_host
+        c.JupyterHub.cookie_host_prefix_enabled = True
 
     # Token login (admin-issued login tokens, the throttle, trusted proxies); admins and
     # operators come from the settings file, exactly.

@@ -296,9 +296,10 @@ def _load_cert(path: Path) -> x509.Certificate | None:
         raise TlsError(f"{path}: not a PEM certificate ({e})") from None
 
 
-def check_supplied(cert_path: Path, key_path: Path, hostname: str, now: dt.datetime
-                   ) -> list[x509.Certificate]:
-    """The lab's chain, refused with a clear reason when it cannot serve *hostname*."""
+def check_supplied(cert_path: Path, key_path: Path, hostname: str, now: dt.datetime,
+                   subdomains: bool = False) -> list[x509.Certificate]:
+    """The lab's chain, refused with a clear reason when it cannot serve *hostname* (and,
+    with *subdomains*, members' servers at NAME.*hostname*)."""
     try:
         chain = x509.load_pem_x509_certificates(cert_path.read_bytes())
     except (OSError, ValueError) as e:
@@ -316,6 +317,12 @@ def check_supplied(cert_path: Path, key_path: Path, hostname: str, now: dt.datet
     if not covers(leaf, hostname):
         raise TlsError(f"GPULAB_TLS_CERT={cert_path} does not name {hostname} "
                        f"(subjectAltName); set GPULAB_HOSTNAME to a name it covers")
+    if subdomains and not covers(leaf, f"gpulab-member.{hostname}"):
+        raise TlsError(f"GPULAB_TLS_CERT={cert_path} names {hostname} but not *.{hostname}, "
+                       f"where members' servers are (each has a host name of its own, "
+                       f"NAME.{hostname}): get a certificate that names both, or set "
+                       f"GPULAB_SUBDOMAINS=no to keep every server under {hostname} (then a "
+                       f"page a member serves runs with the session of whoever opens it)")
     if leaf.not_valid_after_utc <= now:
         raise TlsError(f"GPULAB_TLS_CERT={cert_path} expired on "
                        f"{leaf.not_valid_after_utc:%Y-%m-%d}")
@@ -323,7 +330,8 @@ def check_supplied(cert_path: Path, key_path: Path, hostname: str, now: dt.datet
 
 
 def ensure(directory: Path, hostname: str, cert: Path | None = None, key: Path | None = None,
-           now: dt.datetime | None = None, replace_ca: bool = False) -> str:
+           now: dt.datetime | None = None, replace_ca: bool = False,
+           subdomains: bool = False) -> str:
     """Put usable server.crt/server.key in *directory*; a line saying what was done.
 
     A local CA that cannot stay (`decide`: ``replaces_ca``) is refused with what to do,
@@ -335,7 +343,7 @@ def ensure(directory: Path, hostname: str, cert: Path | None = None, key: Path |
     if cert or key:
         if not (cert and key):
             raise TlsError("set both GPULAB_TLS_CERT and GPULAB_TLS_KEY, or neither")
-        check_supplied(cert, key, hostname, now)
+        check_supplied(cert, key, hostname, now, subdomains)
         # The proxy runs as nobody: the key is readable in the folder it mounts, which
         # sits in the host's secrets/ (0700, root's).
         shutil.copyfile(cert, directory / SERVER_CERT)

@@ -23,6 +23,7 @@ import re
 import subprocess
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -191,7 +192,9 @@ def trusting_home(tmp_path: Path) -> Path:
 
 
 def chromium(playwright, home: Path):
-    args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} {HUB_IP}"]
+    # the hub's name and every name below it (each member's server has its own)
+    args = [*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} {HUB_IP}, "
+                            f"MAP *.{HOST} {HUB_IP}"]
     return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args,
                                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
 
@@ -259,10 +262,14 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
                       f"{container_logs(f'gpulab-user-{name}', 80)}")
                 raise
             screenshot(page, "https-jupyterlab.png")
+            # Her server has an origin of its own, below the hub's name.
+            assert urlsplit(page.url).hostname == f"{name}.{HOST}", page.url
             cookies = page.context.cookies()
-            names = {c["name"] for c in cookies}
-            assert {"jupyterhub-session-id", "jupyterhub-hub-login",
-                    f"jupyterhub-user-{name}"} <= names, names
+            where = {c["name"]: c["domain"] for c in cookies}
+            # The hub's sign-in cookie is __Host- (no subdomain can toss one for it) and
+            # on the hub's host alone; her server's is on her host alone.
+            assert where.get("__Host-jupyterhub-hub-login") == HOST, where
+            assert where.get(f"__Host-jupyterhub-user-{name}") == f"{name}.{HOST}", where
             insecure = [c["name"] for c in cookies if not c["secure"]]
             assert insecure == [], f"cookies without Secure over HTTPS: {insecure}"
         finally:
@@ -336,3 +343,111 @@ for _ in range(60):
     except HubError:  # 400 while the server is still stopping
         time.sleep(1)
 """
+
+
+# What a member's own page tries against whoever opens it: read the hub's and the
+# dashboard's pages, make the visitor a token (JupyterHub's API, and the members page's
+# API with an _xsrf cookie tossed onto the hub's domain), and read the visitor's cookies.
+ATTACK_PAGE = """<!doctype html><title>running</title><script>
+const hub = "__HUB__", admin = "__ADMIN__", results = {};
+async function attempt(what, request) {
+  try { const r = await request(); results[what] = r.status + " " + (await r.text()).slice(0, 200); }
+  catch (e) { results[what] = "blocked: " + e; }
+}
+(async () => {
+  await attempt("hub API", () => fetch(hub + "/hub/api/user", {credentials: "include"}));
+  await attempt("members page", () => fetch(hub + "/services/gpus/members", {credentials: "include"}));
+  await attempt("hub token", () => fetch(hub + "/hub/api/users/" + admin + "/tokens",
+    {method: "POST", credentials: "include", body: "{}"}));
+  document.cookie = "_xsrf=tossed; Domain=__HOST__; Path=/; Secure";
+  await attempt("tossed hub token", () => fetch(hub + "/hub/api/users/" + admin + "/tokens?_xsrf=tossed",
+    {method: "POST", credentials: "include", body: "{}"}));
+  await attempt("tossed login token", () => fetch(hub + "/services/gpus/api/members?_xsrf=tossed",
+    {method: "POST", credentials: "include", body: JSON.stringify({name: "mallory-friend"})}));
+  results.cookies = document.cookie;
+  window.results = results; document.title = "done";
+})();
+</script>"""
+
+ADMIN_TOKENS = """
+import json, sys
+from gpulab.cli import HubClient
+hub = HubClient.from_env()
+tokens = hub.request("GET", "/users/" + sys.argv[1] + "/tokens")[1]["api_tokens"]
+print(json.dumps(sorted(t["id"] for t in tokens)))
+"""
+
+
+def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trusting_home,
+                                                             tmp_path_factory):
+    """The finding: a member's page served through jupyter-server-proxy shared the hub's
+    origin, so an admin who opened it ran her script as the hub. With a host name, her
+    server is on NAME.gpulab.test, another origin: the script, run in a signed-in admin's
+    Chromium, reads none of the hub's or the dashboard's pages, makes the admin no token
+    (also with an _xsrf cookie tossed onto the hub's domain), and sees none of the hub's
+    cookies."""
+    from playwright.sync_api import sync_playwright
+
+    from gpulab.settings import load_settings
+
+    admin = load_settings(REPO / "config" / "gpulab.yaml")["hub.admins"][0]
+    mallory = f"mallory-{uuid.uuid4().hex[:6]}"
+    tokens = {}
+    for who in (admin, mallory):
+        out = subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "token", "issue", who,
+                              "--expires", "1h"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        tokens[who] = (re.search(r"\b[0-9a-f]{32,}\b", out.stdout).group(0),
+                       re.search(r"\(id (\w+),", out.stdout).group(1))
+
+    def admin_tokens() -> list[str]:
+        return json.loads(docker("exec", "gpulab-hub", "python3", "-c", ADMIN_TOKENS, admin))
+
+    try:
+        docker("exec", "gpulab-hub", "python3", "-c", START_SERVER.replace("httpsmember",
+                                                                          mallory))
+        # Her page, served by her own server (as she would from a terminal).
+        page_html = ATTACK_PAGE.replace("__HUB__", URL).replace("__ADMIN__", admin) \
+            .replace("__HOST__", HOST)
+        container = container_name(mallory)
+        subprocess.run(["docker", "exec", "-i", "-u", "1000", container, "sh", "-c",
+                        "mkdir -p /tmp/site && cat > /tmp/site/index.html"],
+                       input=page_html, text=True, check=True, timeout=60)
+        docker("exec", "-d", "-u", "1000", container, "python3", "-m", "http.server", "8765",
+               "--bind", "127.0.0.1", "--directory", "/tmp/site")
+        before = admin_tokens()
+        with sync_playwright() as p:
+            browser = chromium(p, trusting_home)
+            try:
+                page = browser.new_page()
+                page.goto(f"{URL}/hub/login")
+                page.fill("#username_input", admin)
+                page.fill("#password_input", tokens[admin][0])
+                with page.expect_navigation():
+                    page.click("#login_submit")
+                page.goto(f"{URL}/services/gpus/members")  # signed in to the dashboard too
+                assert page.locator("#member-table").count() == 1, page.content()[:500]
+                link = f"https://{mallory}.{HOST}/user/{mallory}/proxy/8765/"
+                page.goto(link)  # the admin opens the link the member sent her
+                page.wait_for_function("document.title === 'done'", timeout=60_000)
+                results = page.evaluate("window.results")
+                screenshot(page, "https-member-page-as-admin.png")
+            finally:
+                browser.close()
+        print(f"the member's page, opened by a signed-in admin, got: {results}")
+        for what in ("hub API", "members page", "hub token", "tossed hub token",
+                     "tossed login token"):
+            assert results[what].startswith("blocked"), (what, results[what])
+        for cookie in ("jupyterhub-hub-login", "jupyterhub-session-id", "jupyterhub-services"):
+            assert cookie not in results["cookies"], results["cookies"]
+        assert admin_tokens() == before  # no token was made for the admin
+        out = subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "token", "list",
+                              "mallory-friend"], capture_output=True, text=True, timeout=60)
+        assert "mallory-friend" not in out.stdout and "\t" not in out.stdout, out
+    finally:
+        subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "token", "revoke", admin,
+                        tokens[admin][1]], capture_output=True, text=True, timeout=60)
+        subprocess.run(["docker", "exec", "gpulab-hub", "python3", "-c",
+                        DELETE_MEMBER.replace("httpsmember", mallory)],
+                       capture_output=True, text=True, timeout=120)
+        docker("volume", "rm", "-f", f"gpulab-home-{mallory}", check=False)

@@ -119,3 +119,44 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
                                       "read:users:groups"]
     gpu_notices = configured.JupyterHub.template_vars["gpu_notices"]
     assert gpu_notices(None) == []
+
+
+@pytest.mark.parametrize("public_url, setting, subdomain_host", [
+    ("https://gpu.lab.example:443/", "", "https://gpu.lab.example"),
+    ("https://gpu.lab.example:8443/", "yes", "https://gpu.lab.example:8443"),
+    ("https://gpu.lab.example:443/", "no", None),  # a lab without wildcard DNS
+    ("https://10.1.2.3:443/", "", None),  # no names below an IP address
+    ("https://[2001:db8::1]:443/", "", None),
+    ("https://gpulab:443/", "", None),  # a single label: no subdomain for a wildcard
+    ("", "yes", None),  # plain HTTP on loopback: one origin, said in the README
+])
+def test_each_member_gets_an_origin_of_her_own_where_the_hub_has_a_name(
+        public_url, setting, subdomain_host):
+    assert hubconfig.user_subdomains(public_url, setting) == subdomain_host
+
+
+def test_with_a_host_name_servers_go_below_it_and_services_stay_on_it(tmp_path, monkeypatch):
+    config_dir, secrets, data = tmp_path / "config", tmp_path / "secrets", tmp_path / "data"
+    shutil.copytree(REPO / "config", config_dir)
+    secrets.mkdir()
+    data.mkdir()
+    for name in ("api-token", "metrics-token", "proxy-token"):
+        (secrets / name).write_text(name[0] * 64)
+    monkeypatch.setattr(hubconfig, "CONFIG_DIR", config_dir)
+    monkeypatch.setattr(hubconfig, "SECRETS_DIR", secrets)
+    monkeypatch.setattr(hubconfig, "DATA_DIR", data)
+    monkeypatch.setenv("GPULAB_PUBLIC_URL", "https://gpu.lab.example:443/")
+    c = Config()
+    try:
+        hubconfig.configure(c)
+    finally:
+        gpulab_log = logging.getLogger("gpulab")
+        gpulab_log.handlers = [h for h in gpulab_log.handlers
+                               if not isinstance(h, hubconfig._ToHubLog)]
+        gpulab_log.propagate = True
+    assert c.JupyterHub.subdomain_host == "https://gpu.lab.example"
+    assert c.JupyterHub.cookie_host_prefix_enabled is True
+    hook = c.JupyterHub.subdomain_hook
+    assert hook("alice", "gpu.lab.example", "user") == "alice.gpu.lab.example"
+    assert hook("j.smith", "gpu.lab.example", "user").startswith("u-jsmith--")
+    assert hook("gpus", "gpu.lab.example", "service") == "gpu.lab.example"

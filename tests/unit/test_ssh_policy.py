@@ -49,16 +49,38 @@ def test_judge(status, answer, outcome):
         assert verdict.message  # the member is told why
 
 
-def test_server_path_only_for_a_ready_default_server():
+HUB = "http://proxy:8000"
+
+
+def test_server_location_only_for_a_ready_default_server():
     ready = {"": {"ready": True, "url": "/user/alice/", "pending": None}}
-    assert policy.server_path(model(servers=ready)) == "/user/alice/"
-    assert policy.server_path(model(servers={})) is None
+    assert policy.server_location(HUB, model(servers=ready)) == (HUB, "/user/alice/")
+    assert policy.server_location(HUB, model(servers={})) is None
     starting = {"": {"ready": False, "url": "/user/alice/", "pending": "spawn"}}
-    assert policy.server_path(model(servers=starting)) is None
+    assert policy.server_location(HUB, model(servers=starting)) is None
     assert policy.pending_of(model(servers=starting)) == "spawn"
     named_only = {"gpu": {"ready": True, "url": "/user/alice/gpu/"}}
-    assert policy.server_path(model(servers=named_only)) is None
-    assert policy.server_path(model(servers={"": {"ready": True, "url": "http://x/"}})) is None
+    assert policy.server_location(HUB, model(servers=named_only)) is None
+    assert policy.server_location(HUB, model(servers={"": {"ready": True,
+                                                              "url": "http://x/"}})) is None
+
+
+@pytest.mark.parametrize("url, where", [
+    # one origin per server (subdomain_host): the proxy, by the server's own name
+    ("https://alice.gpu.lab.example/user/alice/",
+     ("https://alice.gpu.lab.example:8000", "/user/alice/")),
+    ("https://u-jsmith--b33a535.gpu.lab.example:8443/user/j.smith/",
+     ("https://u-jsmith--b33a535.gpu.lab.example:8000", "/user/j.smith/")),
+    # never anywhere but the hub's own names
+    ("https://alice.evil.example/user/alice/", None),
+    ("https://gpu.lab.example.evil.example/user/alice/", None),
+    ("https://xgpu.lab.example/user/alice/", None),
+    ("ftp://alice.gpu.lab.example/user/alice/", None),
+    ("https://alice.gpu.lab.example/user/alice", None),
+])
+def test_server_location_under_the_hubs_own_names(url, where):
+    ready = {"": {"ready": True, "url": url}}
+    assert policy.server_location("https://gpu.lab.example:8000", model(servers=ready)) == where
 
 
 def test_not_running_message_names_where_to_start_it():

@@ -343,3 +343,36 @@ def test_a_labs_certificate_that_cannot_serve_is_refused_with_the_reason(tmp_pat
     with pytest.raises(tls.TlsError, match=expected):
         tls.ensure(tmp_path / "tls", hostname, cert_path,
                    None if problem == "only cert" else key_path, now=NOW)
+
+
+def test_a_labs_certificate_without_the_wildcard_is_refused_for_per_server_origins(tmp_path):
+    """Members' servers at NAME.HOST need *.HOST in the lab's certificate; without it,
+    make up says so and how to do without (GPULAB_SUBDOMAINS=no)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from gpulab.tls import TlsError, ensure
+
+    now = dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu.lab.example")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("gpu.lab.example")]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "lab.crt", tmp_path / "lab.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    with pytest.raises(TlsError, match=r"not \*\.gpu\.lab\.example.*GPULAB_SUBDOMAINS=no"):
+        ensure(tmp_path / "tls", "gpu.lab.example", cert_path, key_path, subdomains=True)
+    assert "lab's certificate" in ensure(tmp_path / "tls", "gpu.lab.example", cert_path,
+                                        key_path, subdomains=False)

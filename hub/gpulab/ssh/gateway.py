@@ -52,7 +52,7 @@ from tornado.websocket import WebSocketClosedError
 
 from ..throttle import Policy, Throttle
 from . import channels, execwrap, hostkey, policy
-from .terminal import HubClient, HubError, Terminal
+from .terminal import HubClient, HubError, Terminal, resolve_below_the_hub
 
 log = logging.getLogger("gpulab.ssh")
 
@@ -186,20 +186,21 @@ class Gateway:
                                 "ask the lab admin for a new one.")
                 return
 
-    async def server_path(self, member: Member, say) -> str | None:
-        """Where the member's running server is, asking the hub again (a token revoked
-        meanwhile stops new sessions and forwards); None, with *say* told why, if none."""
+    async def server_location(self, member: Member, say) -> tuple[str, str] | None:
+        """Where the member's running server is, ``(origin, path)``, asking the hub again
+        (a token revoked meanwhile stops new sessions and forwards); None, with *say*
+        told why, if none."""
         code, model = await self.hub.whoami(member.token)
         if code != 200 or policy.judge(member.name, code, model).outcome != policy.OK:
             say("Your token no longer works here (revoked or expired?); ask the lab admin "
                 "for a new one.\r\n" if code in (401, 403) else
                 "The hub is not answering; try again in a minute.\r\n")
             return None
-        path = policy.server_path(model)
-        if path is None:
+        where = policy.server_location(self.settings.hub_url, model)
+        if where is None:
             say(policy.not_running_message(self.settings.public_url,
                                            policy.pending_of(model)))
-        return path
+        return where
 
     async def _session(self, member: Member, chan, stdin, stdout, stderr) -> int:
         pty = chan.get_terminal_type() is not None
@@ -209,16 +210,17 @@ class Gateway:
         except policy.Unsupported as e:
             stderr.write(str(e).encode())
             return 1
-        path = await self.server_path(member, lambda text: stderr.write(text.encode()))
-        if path is None:
+        where = await self.server_location(member, lambda text: stderr.write(text.encode()))
+        if where is None:
             return 1
+        origin, path = where
         log.info("ssh session of %s: %s", member.name,
                  f"subsystem {subsystem}" if subsystem else
                  ("shell" if command is None else "command") +
                  (" with a terminal" if pty else ""))
         if argv is not None:
             return await channels.run_command(
-                self.settings.hub_url, path, member.server_token, self.settings.tls_trust, argv,
+                origin, path, member.server_token, self.settings.tls_trust, argv,
                 stdin, stdout, stderr)
         nonce = execwrap.new_nonce()
         try:
@@ -226,7 +228,7 @@ class Gateway:
         except execwrap.CommandTooLong as e:
             stderr.write(f"{e}\r\n".encode())
             return 1
-        async with Terminal(self.settings.hub_url, path, member.server_token,
+        async with Terminal(origin, path, member.server_token,
                             self.settings.tls_trust) as term:
             width, height = chan.get_terminal_size()[:2]
             await term.set_size(height, width)
@@ -235,13 +237,13 @@ class Gateway:
     async def forward(self, member: Member, port: int) -> channels.Port:
         """``ssh -L``/``-D``: one connection to *port* on the member's server's loopback."""
         refused: list[str] = []
-        path = await self.server_path(member, refused.append)
-        if path is None:
+        where = await self.server_location(member, refused.append)
+        if where is None:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
                                             refused[0].strip() if refused else "no server")
         log.info("ssh forward of %s: to port %s of their server", member.name, port)
         try:
-            return await channels.open_port(self.settings.hub_url, path, member.server_token,
+            return await channels.open_port(where[0], where[1], member.server_token,
                                             self.settings.tls_trust, port)
         except asyncssh.ChannelOpenError:
             raise
@@ -519,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
                             forget_after=args.max_lockout)
     throttle = Throttle(args.throttle_db, user_policy=user_policy,
                         address_policy=address_policy)
+    # Members' servers on names of their own (alice.gpu.lab.example) are all behind the
+    # proxy, which Docker's DNS knows by the hub's name only.
+    resolve_below_the_hub(args.hub_url)
     gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust), throttle)
     asyncio.run(serve(args.listen, args.host_key, gateway))
 

@@ -5,7 +5,7 @@ password as the token, and everything else follows from the answer:
 
 * :func:`judge` says whether the token signs *this* SSH username in (it must name the
   same member, after the hub's own normalisation, and may open her server);
-* :func:`server_path` says where her running default server is, or that there is none;
+* :func:`server_location` says where her running default server is, or that there is none;
 * the ``*_message`` functions are what the member reads in her terminal.
 
 Standard library only; tested with literal hub answers (tests/unit/test_ssh_policy.py).
@@ -14,6 +14,7 @@ Standard library only; tested with literal hub answers (tests/unit/test_ssh_poli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ..usernames import is_valid, normalize
 
@@ -62,14 +63,31 @@ def judge(name: str, status: int, model: dict | None) -> Verdict:
     return Verdict(OK, "login token accepted")
 
 
-def server_path(model: dict) -> str | None:
-    """The path of the member's running default server (``/user/alice/``), or None when
-    it is not running or not ready yet."""
+def server_location(hub_url: str, model: dict) -> tuple[str, str] | None:
+    """Where the gateway reaches the member's running default server: ``(origin,
+    path)``, e.g. ``("http://proxy:8000", "/user/alice/")``; None when it is not running
+    or not ready yet.
+
+    With one origin per server (JupyterHub's subdomain_host), the hub gives its full URL
+    (``https://alice.gpu.lab.example/user/alice/``): the origin is then the gateway's way
+    to the proxy (*hub_url*'s scheme and port) under the server's own host name, which
+    the proxy routes by and the certificate names (``*.gpu.lab.example``)."""
     server = (model.get("servers") or {}).get("")
     if not server or not server.get("ready") or server.get("stopped"):
         return None
     url = server.get("url") or ""
-    return url if url.startswith("/") and url.endswith("/") else None
+    if url.startswith("/"):
+        return (hub_url.rstrip("/"), url) if url.endswith("/") else None
+    parts, hub = urlsplit(url), urlsplit(hub_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or \
+            not parts.path.startswith("/") or not parts.path.endswith("/"):
+        return None
+    hub_host = (hub.hostname or "").lower()
+    if parts.hostname.lower() != hub_host and not parts.hostname.lower().endswith(
+            "." + hub_host):
+        return None  # never somewhere else than the hub's own names
+    port = f":{hub.port}" if hub.port else ""
+    return f"{hub.scheme}://{parts.hostname}{port}", parts.path
 
 
 def not_running_message(public_url: str, pending: str | None = None) -> str:

@@ -13,11 +13,13 @@ server and no other. Tokens travel only in ``Authorization`` headers, never in U
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.netutil import DefaultLoopResolver, Resolver
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 TIMEOUT = 15.0  # seconds for any one request to the hub or the member's server
@@ -32,6 +34,28 @@ def tls_context(trust: Path | None) -> ssl.SSLContext | None:
     ctx = ssl.create_default_context(cafile=str(trust))
     ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return ctx
+
+
+class BelowTheHubResolver(Resolver):
+    """Names below the hub's (``alice.gpu.lab.example``: members' servers with one origin
+    each) resolve as the hub's own name: inside the stack the proxy answers for all of
+    them, and Docker's DNS knows it by the hub's name only (a network alias)."""
+
+    def initialize(self, hub_host: str) -> None:
+        self.hub_host = hub_host.lower()
+        self.resolver = DefaultLoopResolver()
+
+    async def resolve(self, host, port, family=socket.AF_UNSPEC):
+        if host.lower().endswith("." + self.hub_host):
+            host = self.hub_host
+        return await self.resolver.resolve(host, port, family)
+
+
+def resolve_below_the_hub(hub_url: str) -> None:
+    """Every tornado client of this process resolves NAME.<hub host> as <hub host>."""
+    host = urlsplit(hub_url).hostname
+    if host:
+        Resolver.configure(BelowTheHubResolver, hub_host=host)
 
 
 class HubError(Exception):
