@@ -213,13 +213,17 @@ lint: venv
 	$(VENV)/bin/ruff check hub tests bench monitoring images
 
 test-unit: venv
-	$(VENV)/bin/pytest -m "not integration" tests
+	$(VENV)/bin/pytest -m "not integration" --durations=10 tests
 
-# The test stack: on hosts without GPUs the exporter runs with two FAKE GPUs (logged and
-# labelled as fake) so that the monitoring path is exercised end to end.
+# Unit tests first (a failure shows within a minute, before anything starts), then the
+# test stack and the integration tests (scripts/test-integration.sh: the simulated-Swarm
+# modules in a second process beside the rest). On hosts without GPUs the exporter runs
+# with two FAKE GPUs (logged and labelled as fake) so that the monitoring path is
+# exercised end to end.
 test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2)
-test: venv lint test-host up
-	$(VENV)/bin/pytest tests
+test: venv lint test-unit
+	@$(MAKE) --no-print-directory test-host up
+	@scripts/test-integration.sh
 
 # Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
 # nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh).

@@ -510,12 +510,22 @@ class Swarm:
         """Copy *images* from the main engine to every node (or to *nodes*): ``docker
         save`` once, then ``docker load`` on those nodes at once. No registry."""
         nodes = self.nodes if nodes is None else nodes
+        # The main engine may be restarting right now: `make test` runs these modules
+        # beside the rest of the suite, whose recovery tests restart it (seconds).
+        wait_for(lambda: run(["docker", "info"], check=False, timeout=30).returncode == 0,
+                 120, what="the main Docker engine to answer", interval=1)
         for image in images:
             if run(["docker", "image", "inspect", image], check=False).returncode != 0:
                 raise SwarmError(f"image {image} is not on the main Docker engine: "
                                  f"build it with `make images`")
         archive = self.dir / "images.tar"
-        run(["docker", "save", "-o", str(archive), *images], timeout=300)
+        for attempt in range(3):
+            saved = run(["docker", "save", "-o", str(archive), *images], timeout=300,
+                        check=attempt == 2)
+            if saved.returncode == 0:
+                break
+            wait_for(lambda: run(["docker", "info"], check=False, timeout=30).returncode == 0,
+                     120, what="the main Docker engine to answer again", interval=1)
         try:
             with ThreadPoolExecutor(len(nodes)) as pool:
                 list(pool.map(lambda n: self.docker(n, "load", "-q", "-i", str(archive),
