@@ -137,7 +137,7 @@ else
 endif
 
 up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
-	@scripts/swarm-preflight.sh $(if $(SWARM),swarm,single)
+	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Containers that read files only at start are labelled with the files' hashes, so
