@@ -61,22 +61,35 @@ def gpulab_dockerd_pid() -> int:
         return 0
 
 
-def start_gpulab_dockerd() -> None:
-    """scripts/ensure-docker.sh, as it was started for the tests (with the stand-in GPU
-    hook on hosts without a GPU)."""
+def dockerd_environment() -> dict[str, str]:
+    """What scripts/ensure-docker.sh needs to start dockerd as it runs now: with the
+    stand-in GPU hook on its PATH on a host without a GPU, if it has it now. Ask while
+    dockerd runs (the question starts a container)."""
     env = dict(os.environ)
     if not host_has_nvidia_gpu() and dockerd_has_nvidia_driver():
         env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
+    return env
+
+
+def start_gpulab_dockerd(env: dict[str, str] | None = None) -> None:
+    """scripts/ensure-docker.sh with *env* (dockerd_environment(), asked before it
+    stopped; the stand-in hook on hosts without a GPU when none is given)."""
+    if env is None:
+        env = dict(os.environ)
+        if not host_has_nvidia_gpu():
+            env["GPULAB_DOCKERD_PATH"] = str(REPO / "tests" / "gpu_standin")
     subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], check=True, timeout=120,
                    env=env)
 
 
 def restart_gpulab_dockerd(while_down=lambda: None) -> None:
-    """Stop gpulab's dockerd (SIGTERM, as an upgrade does), run *while_down*, start it."""
+    """Stop gpulab's dockerd (SIGTERM, as an upgrade does), run *while_down*, start it
+    again as it was."""
+    env = dockerd_environment()
     pid = gpulab_dockerd_pid()
     os.kill(pid, signal.SIGTERM)
     try:
         wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 90, what="dockerd to exit")
         while_down()
     finally:
-        start_gpulab_dockerd()
+        start_gpulab_dockerd(env)

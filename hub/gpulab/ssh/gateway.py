@@ -61,6 +61,8 @@ PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing 
 # Seconds between the hub's checks of a signed-in connection's token: a revoked token (an
 # admin ended the member's access) closes her connection, sessions and forwards within it.
 RECHECK_EVERY = 5.0
+ACCESS_ENDED = ("Your access has ended (your token was revoked or expired); ask the lab "
+                "admin for a new one.")
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,10 @@ class Gateway:
         except Exception:  # never let one session take down the member's connection
             log.exception("ssh session of %s failed", member.name)
             status = 255
+        if status == 255 and not chan.is_closing() and not await self.still_valid(member):
+            # Her server closed the session because her access ended (its access guard
+            # closes websockets whose token the hub refuses): say so, not just exit.
+            stderr.write(ACCESS_ENDED.encode() + b"\r\n")
         if not chan.is_closing():
             chan.exit(status)
 
@@ -181,9 +187,7 @@ class Gateway:
             if not await self.still_valid(member):
                 log.warning("ssh: %s's token no longer works; closing their connection",
                             member.name)
-                conn.disconnect(asyncssh.DISC_BY_APPLICATION,
-                                "Your access has ended (your token was revoked or expired); "
-                                "ask the lab admin for a new one.")
+                conn.disconnect(asyncssh.DISC_BY_APPLICATION, ACCESS_ENDED)
                 return
 
     async def server_location(self, member: Member, say) -> tuple[str, str] | None:
