@@ -220,7 +220,10 @@ test-unit: venv
 # modules in a second process beside the rest). On hosts without GPUs the exporter runs
 # with two FAKE GPUs (logged and labelled as fake) so that the monitoring path is
 # exercised end to end.
-test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2)
+# The test stack also runs Prometheus at GPULAB_SCRAPE_SECONDS=2 (a lab's: 15) and the
+# exporter's polls at 1 s, so that what waits on samples waits seconds, not minutes.
+test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2
+test: export GPULAB_SCRAPE_SECONDS := 2
 test: venv lint test-unit
 	@$(MAKE) --no-print-directory test-host up
 	@scripts/test-integration.sh

@@ -253,7 +253,11 @@ def _cmd_access_end(args) -> int:
 
 
 def _cmd_bootstrap_admin(args) -> int:
-    settings = load_settings(args.config)
+    # in the hub's container: the last good version while an edit is refused (make up
+    # goes on then, and so does this)
+    from .live_config import settings_file
+
+    settings = settings_file.load(args.config)
     admins = settings["hub.admins"]
     if not admins:
         print("No hub.admins in the settings file: add your username there.", file=sys.stderr)

@@ -62,6 +62,27 @@ CULLER_NOTICES_FILE = "gpu-culler-notices.json"
 # down): same format, shown the same way (gpulab.swarm_spawner).
 SERVER_NOTICES_FILE = "gpulab-server-notices.json"
 
+# Prometheus' scrape interval in seconds (docker-compose.yml sets it on Prometheus and the
+# hub alike; 15 unless GPULAB_SCRAPE_SECONDS says otherwise: `make test` runs at 2). The
+# usage page, the history and the GPU culler count with it.
+SCRAPE_SECONDS_ENV = "GPULAB_SCRAPE_SECONDS"
+DEFAULT_SCRAPE_SECONDS = 15
+
+
+def scrape_seconds(environ: dict[str, str] | None = None) -> int:
+    """GPULAB_SCRAPE_SECONDS from *environ* (default: this process's), 15 when unset;
+    ValueError for anything but whole seconds from 1 to 300."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(SCRAPE_SECONDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SCRAPE_SECONDS
+    if not raw.isdigit() or not 1 <= int(raw) <= 300:
+        raise ValueError(f"{SCRAPE_SECONDS_ENV} must be whole seconds from 1 to 300, "
+                         f"not {raw!r}")
+    return int(raw)
+
+
 # Prometheus metrics the hub queries (the GPU culler, the dashboard's table and history).
 # The exporter writes them (gpulab_exporter.collector, which cannot import this module);
 # tests/unit/test_contract.py checks that it does, and that every gpulab_* name the hub's

@@ -19,6 +19,7 @@ from .contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
+    SCRAPE_SECONDS_ENV,
     SERVER_NOTICES_FILE,
 )
 from .culler.notices import home_page_notices
@@ -50,7 +51,7 @@ DASHBOARD_PORT = 9447
 # What the dashboard service needs from the hub's environment: where Docker (the filtering
 # proxy), the config files, the exporter and Prometheus are.
 DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
-                 "GPULAB_PROMETHEUS_URL", live_config.LAST_GOOD_DIR_ENV)
+                 "GPULAB_PROMETHEUS_URL", live_config.LAST_GOOD_DIR_ENV, SCRAPE_SECONDS_ENV)
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 # The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's
@@ -277,7 +278,8 @@ def configure(c) -> None:
         "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
                     "--notices", str(notices_path)],
         "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
-                                                   live_config.LAST_GOOD_DIR_ENV)
+                                                   live_config.LAST_GOOD_DIR_ENV,
+                                                   SCRAPE_SECONDS_ENV)
                         if k in os.environ},
     })
     load_roles.append({

@@ -272,10 +272,25 @@ def exporter_flags() -> str:
     return " ".join(args[len(EXPORTER_COMMAND):])
 
 
+def scrape_seconds() -> int:
+    """Prometheus' scrape interval on the running stack (GPULAB_SCRAPE_SECONDS in its
+    container: 2 on the stack `make test` starts, 15 on a lab's), which the usage,
+    history and culler tests count with."""
+    environ = json.loads(docker("inspect", "gpulab-prometheus"))[0]["Config"]["Env"]
+    for entry in environ:
+        key, _, value = entry.partition("=")
+        if key == "GPULAB_SCRAPE_SECONDS" and value.isdigit():
+            return int(value)
+    return 15
+
+
 def make(target: str, flags: str, **env: str) -> str:
     """`make -s TARGET` in the checkout, as an admin runs it, with GPULAB_EXPORTER_FLAGS
-    *flags* and the other variables in *env* (an empty value unsets one)."""
-    environ = {**os.environ, "GPULAB_EXPORTER_FLAGS": flags, **env}
+    *flags*, the running stack's scrape interval, the images already built (`make test`
+    built them: BUILD_IMAGES=no, unless *env* says otherwise), and the other variables
+    in *env* (an empty value unsets one)."""
+    environ = {**os.environ, "GPULAB_EXPORTER_FLAGS": flags, "BUILD_IMAGES": "no",
+               "GPULAB_SCRAPE_SECONDS": str(scrape_seconds()), **env}
     environ = {key: value for key, value in environ.items() if value != ""}
     out = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True,
                          timeout=900, env=environ)

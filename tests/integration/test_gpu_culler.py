@@ -4,8 +4,9 @@ member; a member whose GPU works keeps it.
 
 The exporter's fake GPUs are held at 0 % and 80 % utilization (the control file); the
 culler reads that back from Prometheus, as it does on a real host. gpus.yaml is edited
-while the hub runs, as an admin would (the culler reads it every second): a 45 s idle
-timeout with a 20 s warning, checked every 3 s. About three minutes.
+while the hub runs, as an admin would (the culler reads it every second): an idle
+timeout and a warning of a few scrapes (20 s and 10 s on the test stack, which scrapes
+every 2 s; 45 s and 20 s on a lab's 15 s), checked every 2 s.
 """
 
 from __future__ import annotations
@@ -18,17 +19,24 @@ import pytest
 
 from .browser import screenshot, submit_login
 from .fake_gpus import exporter_snapshot
-from .stack import HUB_URL, container_logs, wait_for
+from .stack import HUB_URL, container_logs, scrape_seconds, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 pytestmark = pytest.mark.integration
 
-IDLE_TIMEOUT, WARN_BEFORE = 45, 20
-CULLING = STANDIN_GPUS + f"""  gpu_idle_timeout: {IDLE_TIMEOUT}s
+def timings(scrape: int) -> tuple[int, int, int]:
+    """(idle timeout, warning, a longer warning) in seconds, from the stack's scrape
+    interval: a few scrapes of history, so that the culler judges from samples (45, 20,
+    60 at a lab's 15 s; 20, 10, 30 on the test stack's 2 s)."""
+    return max(20, 3 * scrape), max(10, 4 * scrape // 3), max(30, 4 * scrape)
+
+
+def culling(idle_timeout: int, warn_before: int) -> str:
+    return STANDIN_GPUS + f"""  gpu_idle_timeout: {idle_timeout}s
 culling:
   idle_below: 5%
-  warn_before: {WARN_BEFORE}s
-  check_every: 3s
+  warn_before: {warn_before}s
+  check_every: 2s
 """
 
 
@@ -38,7 +46,9 @@ def notices(page, kind: str):
 
 def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
         hub, lab_user, lab_config, gpus_yaml, fake_control, new_page, hub_admin):
-    lab_config.write("gpus.yaml", CULLING)
+    scrape = scrape_seconds()
+    IDLE_TIMEOUT, WARN_BEFORE, LONG_WARNING = timings(scrape)  # noqa: N806
+    lab_config.write("gpus.yaml", culling(IDLE_TIMEOUT, WARN_BEFORE))
     fake_control({"utilization": {"0": 0, "1": 80}})
     wait_for(lambda: [g["utilization_ratio"] for g in exporter_snapshot()["gpus"]] == [0.0, 0.8],
              30, what="the exporter to report the held utilizations")
@@ -121,10 +131,9 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
              interval=2, what="the stop notice to go once the server runs again")
 
     # the next member leaves GPU 0 idle too and is warned; their GPU then works again
-    # (within the warning time, made longer than Prometheus' 15 s scrape needs to see
-    # it): the warning goes and the server stays
-    lab_config.write("gpus.yaml", CULLING.replace(f"warn_before: {WARN_BEFORE}s",
-                                                  "warn_before: 60s"))
+    # (within the warning time, made longer than Prometheus' scrapes need to see it):
+    # the warning goes and the server stays
+    lab_config.write("gpus.yaml", culling(IDLE_TIMEOUT, LONG_WARNING))
     page = new_page()
     submit_login(page, after.name, after.token, next_url="/hub/home")
 
@@ -137,7 +146,7 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     busy_again = time.monotonic()
     wait_for(lambda: not warned_next(), 60, interval=2,
              what="the warning to be withdrawn once the GPU works")
-    time.sleep(max(0.0, busy_again + 60 + 10 - time.monotonic()))  # past any stop time
+    time.sleep(max(0.0, busy_again + LONG_WARNING + 10 - time.monotonic()))  # past any stop
     assert hub.server_model(after.name) is not None
     assert re.search(rf"GPU culler: {re.escape(after.name)}'s server is no longer due to "
                      rf"stop; warning withdrawn", container_logs("gpulab-hub", 1000))

@@ -1,10 +1,12 @@
 """The GPU dashboard's history (below the live table at /services/gpus/), on the real
 stack: the exporter's FAKE GPUs (--fake-gpus 2, whose utilization drifts on its own slow
-wave), Prometheus scraping them every 15 s, and the page's SVG in Chromium.
+wave), Prometheus scraping them (every 2 s on the stack `make test` starts, 15 s on a
+lab's), and the page's SVG in Chromium.
 
 A member holds one GPU while the test gives it a known memory pattern through the fake
-NVML control file (20 GiB, then 100 GiB) and loses the other GPU for 50 s (as a GPU
-that fell off the bus: a gap, shorter than GpulabGpuLost's `for: 1m`). The history's
+NVML control file (20 GiB, then 100 GiB) and loses the other GPU for a while longer than
+two of the hour view's points (as a GPU that fell off the bus: a gap, shorter than
+GpulabGpuLost's `for: 1m`). The history's
 JSON must show the pattern, the holder and the gap; the page, opened as an admin, must
 draw a utilization line that is not flat, a memory line with the step, the member's
 name along the held GPU's timeline and the gap as a break. The screenshot goes to
@@ -18,16 +20,24 @@ import time
 import pytest
 import requests
 
+from gpulab.dashboard import history
+
 from .browser import screenshot, submit_login
 from .fake_gpus import exporter_snapshot
-from .stack import HUB_URL, docker, wait_for
+from .stack import HUB_URL, docker, scrape_seconds, wait_for
 from .standin import GPU0, GPU1
 
 pytestmark = pytest.mark.integration
 
 GiB = 1 << 30
 TOTAL = 141 * GiB  # a fake H200's memory
-LOST_SECONDS = 50
+
+
+def lost_seconds(scrape: int) -> int:
+    """Long enough to be a gap in the hour view (its points are a step apart and look a
+    step back: history.choose_step, history.window), shorter than GpulabGpuLost's 1 min."""
+    step = history.choose_step(history.RANGES["1h"], scrape_seconds=scrape)
+    return min(50, step + history.window(step, scrape) + 2 * scrape)
 
 
 def history_json(admin, range_name: str = "1h") -> dict:
@@ -66,9 +76,10 @@ def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_y
     held_i, other_i = [0, 1] if held_uuid == GPU0 else [1, 0]
     pid = int(docker("inspect", "-f", "{{.State.Pid}}", member.container))
 
+    scrape = scrape_seconds()
     lost_at = time.time()
     fake_control({"processes": {str(held_i): [[pid, 20 * GiB]]}, "lost": [other_i]})
-    time.sleep(LOST_SECONDS)
+    time.sleep(lost_seconds(scrape))
     back_at = time.time()
     fake_control({"processes": {str(held_i): [[pid, 100 * GiB]]}})
     low, high = round(20 * GiB / TOTAL, 3), round(100 * GiB / TOTAL, 3)
@@ -79,8 +90,8 @@ def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_y
         return (mine and other and {low, high} <= values(mine["memory"], lost_at)
                 and any(s["user"] == member.name for s in mine["holders"])
                 and gap_within(other["utilization"], lost_at, back_at)) and gpus
-    # the exporter polls every 5 s, Prometheus scrapes every 15 s
-    gpus = wait_for(history_shows_it, 90, interval=5,
+    # the exporter polls, then Prometheus scrapes, then the hour view's point closes
+    gpus = wait_for(history_shows_it, 6 * scrape + 30, interval=2,
                     what="Prometheus' history to show the memory step, holder and gap")
     util = values(gpus[held_uuid]["utilization"], lost_at)
     assert len(util) > 1, f"the fake GPU's utilization drifts, but was flat: {util}"
@@ -88,7 +99,8 @@ def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_y
 
     # the three ranges answer, each with its own step
     steps = {r: history_json(hub_admin, r)["step"] for r in ("1h", "1d", "1w")}
-    assert steps == {"1h": 15, "1d": 300, "1w": 2025}
+    assert steps == {r: history.choose_step(history.RANGES[r], scrape_seconds=scrape)
+                     for r in ("1h", "1d", "1w")}
 
     # the page, in Chromium, as an admin reads it
     page = new_page()

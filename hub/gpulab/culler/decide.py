@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..contract import DEFAULT_SCRAPE_SECONDS
 from ..gpus_config import Culling, Policy
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
@@ -135,7 +136,8 @@ def longest_idle_window(policies: Sequence[Policy]) -> int:
     return max((p.gpu_idle_timeout for p in policies), default=0)
 
 
-def query_step(window: float, scrape_interval: float = 15, max_points: int = 1000) -> int:
+def query_step(window: float, scrape_interval: float = DEFAULT_SCRAPE_SECONDS,
+               max_points: int = 1000) -> int:
     """The step of the utilization range query: the scrape interval, or coarser so that
     a long window stays under *max_points* points (Prometheus refuses over 11 000)."""
     return int(max(scrape_interval, -(-window // max_points)))

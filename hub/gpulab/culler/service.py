@@ -25,7 +25,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import live_config
-from ..contract import METRIC_LEASE, METRIC_UTILIZATION
+from ..contract import METRIC_LEASE, METRIC_UTILIZATION, scrape_seconds
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 from ..yamlfile import ConfigError
 from . import notices as notes
@@ -212,7 +212,7 @@ class GpuCuller:
         """Since when each GPU has been idle, over the last *window* seconds."""
         if not window:
             return {}
-        step = query_step(window)
+        step = query_step(window, scrape_seconds())
         matrix = await self.prometheus.query_range(
             UTILIZATION.format(window=2 * step), now - window - 2 * step, now, step)
         return {uuid: idle_since(samples, below=below, step=step, now=now)

@@ -28,6 +28,7 @@ from gpulab.contract import (
     METRIC_MEMORY_TOTAL,
     METRIC_MEMORY_USED,
     METRIC_UTILIZATION,
+    scrape_seconds,
 )
 from gpulab.dashboard.sources import Source, SourceUnreachable, _float
 from gpulab.dashboard.usage import PrometheusUsage, UsageUnavailable
@@ -38,7 +39,7 @@ RANGES: dict[str, int] = {"1h": 3600, "1d": 86400, "1w": 7 * 86400}
 RANGE_WORDS = {"1h": "hour", "1d": "day", "1w": "week"}  # "the last ..." on the page
 DEFAULT_RANGE = "1h"
 POINTS = 300  # about this many points per line, whatever the range
-SCRAPE_SECONDS = 15  # Prometheus' scrape interval (monitoring/prometheus/prometheus.yml)
+SCRAPE_SECONDS = scrape_seconds()  # Prometheus' (GPULAB_SCRAPE_SECONDS; 15 unless set)
 
 # Segment = [[t, value], ...], consecutive points one step apart.
 Segment = list[list[float]]

@@ -22,19 +22,21 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from ..contract import scrape_seconds
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 RECORD = "gpulab:user_gpus_held"
-SAMPLE_SECONDS = 15  # the recording rule's interval (usage.yml)
+# The recording rule's interval (usage.yml: one scrape, GPULAB_SCRAPE_SECONDS).
+SAMPLE_SECONDS = scrape_seconds()
 
 
 class UsageUnavailable(Exception):
     """Prometheus did not answer with usage; the message says why."""
 
 
-def gpu_hours_query(seconds: int) -> str:
+def gpu_hours_query(seconds: int, sample_seconds: int = SAMPLE_SECONDS) -> str:
     """PromQL: {user: GPU-hours held} over the *seconds* before the query's time."""
-    return f"sum_over_time({RECORD}[{seconds}s]) * {SAMPLE_SECONDS} / 3600"
+    return f"sum_over_time({RECORD}[{seconds}s]) * {sample_seconds} / 3600"
 
 
 def parse_month(text: str | None, today: date) -> date:
