@@ -1,30 +1,64 @@
 #!/usr/bin/env bash
-# The integration tests of `make test`, against the stack `make up` started, in two
-# processes side by side: the simulated-Swarm modules (engines, a Swarm and a stack of
-# their own in network namespaces; they need nothing of the main stack) and everything
-# else. Each prints its ten slowest tests (--durations). The Swarm modules' output comes
-# after the rest's, whole; the run fails if either failed.
+# The integration tests of `make test`, against the stack `make up` started, in lanes:
+#
+#   first, side by side (each lane's tests one after another):
+#     gpus     tests that use the stand-in GPUs and the exporter's fake ones (marked from
+#              their fixtures: they edit gpus.yaml and the fake GPUs' control file);
+#     members  the other tests of the stack, whose members' servers hold no GPU;
+#     swarm    the simulated-Swarm modules (engines, a Swarm and a stack of their own in
+#              network namespaces: nothing of the main stack); it goes on beside the rest;
+#   then, alone: the tests marked `disruptive` (they restart the hub, the proxy, dockerd
+#   or the whole stack, or edit gpulab.yaml), the stack restarts last.
+#
+# Each lane's output is printed whole when it ends, with its slowest tests (--durations);
+# the run fails if any lane failed.
 # Usage: scripts/test-integration.sh [PYTEST ARGS...]   (from the checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=${PYTEST:-.venv/bin/pytest}
 swarm=(tests/integration/test_swarm_harness.py tests/integration/test_docker_proxy_swarm.py
        tests/integration/test_swarm_hub.py)
-ignore=(); for m in "${swarm[@]}"; do ignore+=(--ignore "$m"); done
+not_swarm=(); for m in "${swarm[@]}"; do not_swarm+=(--ignore "$m"); done
+logs=$(mktemp -d /tmp/gpulab-test-lanes.XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+started=$SECONDS
+failed=()
 
-log=$(mktemp /tmp/gpulab-swarm-tests.XXXXXX)
-trap 'rm -f "$log"' EXIT
-echo "[gpulab] the simulated-Swarm modules run beside the rest (their output follows it)"
-"$pytest" -m integration -p no:cacheprovider --durations=10 "$@" "${swarm[@]}" >"$log" 2>&1 &
+lane() {  # lane NAME PYTEST-ARGS...: in the background, output to $logs/NAME
+  local name=$1; shift
+  ( "$pytest" -p no:cacheprovider --durations=10 "$@" >"$logs/$name" 2>&1;
+    echo $? >"$logs/$name.status" ) &
+}
+show() {  # show NAME: its output and status, once it has ended
+  local name=$1 status
+  status=$(cat "$logs/$name.status" 2>/dev/null || echo "?")
+  echo
+  echo "================ lane '$name' (exit $status, done at $((SECONDS - started)) s) ================"
+  cat "$logs/$name"
+  [ "$status" = 0 ] || failed+=("$name")
+}
+
+echo "[gpulab] integration tests in lanes: gpus, members and swarm side by side, then the" \
+     "disruptive tests alone (each lane's output follows when it ends)"
+lane swarm -m integration "$@" "${swarm[@]}"
 swarm_pid=$!
-"$pytest" -m integration --durations=10 "$@" tests/integration "${ignore[@]}"
-main=$?
-wait "$swarm_pid"
-swarm_status=$?
+lane gpus -m "integration and gpus and not disruptive" "$@" tests/integration "${not_swarm[@]}"
+gpus_pid=$!
+lane members -m "integration and not gpus and not disruptive" "$@" tests/integration \
+  "${not_swarm[@]}"
+members_pid=$!
+wait "$gpus_pid"; show gpus
+wait "$members_pid"; show members
+
 echo
-echo "================ the simulated-Swarm modules (run beside the rest) ================"
-cat "$log"
-if [ "$main" != 0 ] || [ "$swarm_status" != 0 ]; then
-  echo "[gpulab] integration tests failed: the rest exited $main, the Swarm modules $swarm_status" >&2
+echo "================ the disruptive tests, alone (from $((SECONDS - started)) s) ================"
+"$pytest" --durations=10 -m "integration and disruptive" "$@" tests/integration "${not_swarm[@]}" \
+  || failed+=(disruptive)
+
+wait "$swarm_pid"; show swarm
+echo
+echo "[gpulab] integration tests took $((SECONDS - started)) s"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "[gpulab] failed: ${failed[*]}" >&2
   exit 1
 fi

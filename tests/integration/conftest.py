@@ -33,11 +33,19 @@ from .stack import (
 )
 from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 
+# Fixtures of the tests that use the stand-in GPUs and the exporter's fake ones (and so
+# edit gpus.yaml and the fake GPUs' control file): one after another, in one lane.
+GPU_FIXTURES = {"gpus_yaml", "fake_control"}
+
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+            if GPU_FIXTURES & set(item.fixturenames):
+                item.add_marker(pytest.mark.gpus)
+            if item.get_closest_marker("stack_restart") is not None:
+                item.add_marker(pytest.mark.disruptive)
     # Tests that take the whole stack down and up again run after everything else, so
     # that no other test sees the stack coming back.
     items.sort(key=lambda item: item.get_closest_marker("stack_restart") is not None)

@@ -148,6 +148,7 @@ def alertmanager_receivers() -> str:
                           timeout=30).stdout
 
 
+@pytest.mark.disruptive  # make up, twice: runs alone (scripts/test-integration.sh)
 def test_an_edit_of_alertmanager_yml_takes_effect_at_make_up_and_a_bad_one_is_refused():
     config = LabConfig()
     original = config.original("alertmanager.yml")

@@ -16,6 +16,10 @@ import yaml
 
 from .stack import docker, wait_for
 
+# Runs alone (scripts/test-integration.sh): it edits the spawn settings (gpulab.yaml)
+# that every spawn reads.
+pytestmark = pytest.mark.disruptive
+
 NEVER_READY = "gpulab-test/never-ready:1"
 EXITS_AT_ONCE = "gpulab-test/exits-at-once:1"
 # DockerSpawner appends jupyterhub-singleuser's arguments to the image's command, so the

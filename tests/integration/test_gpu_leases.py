@@ -93,6 +93,7 @@ def test_concurrent_spawns_never_double_book(hub, lab_user, gpus_yaml):
     assert len(losers) == 3 and all(no_container(u) for u in losers)
 
 
+@pytest.mark.disruptive  # restarts the hub: runs alone (scripts/test-integration.sh)
 def test_leases_survive_hub_restart_and_a_dead_container_frees_its_gpu(hub, lab_user, gpus_yaml):
     alice, bob, carol = lab_user("alice"), lab_user("bob"), lab_user("carol")
     alice.start_server({"gpus": 1})

@@ -12,10 +12,14 @@ import re
 import subprocess
 import time
 
+import pytest
 import requests
 
 from .stack import container_logs, docker, wait_for
 from .standin import GPU0, STANDIN_GPUS, gpus_of
+
+# Runs alone (scripts/test-integration.sh): it restarts the hub.
+pytestmark = pytest.mark.disruptive
 
 IDLE_TIMEOUT = 10  # seconds: a spawn takes about 6 s here, so the 409 below comes first
 ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only

@@ -13,9 +13,15 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
+
 from .browser import submit_login
 from .restarts import hub_reaches_docker_proxy, kill_from_host, state, wait_restarted
 from .stack import HUB_URL, docker, wait_for
+
+# Runs alone (scripts/test-integration.sh): it kills the hub, restarts the Docker proxy
+# and dockerd, and edits gpulab.yaml.
+pytestmark = pytest.mark.disruptive
 
 GiB = 1 << 30
 HUB = "gpulab-hub"

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 
+import pytest
 import requests
 
 from .restarts import (
@@ -26,6 +27,10 @@ from .restarts import (
 )
 from .stack import HUB_URL, docker, wait_for
 from .standin import GPU0, GPU1, gpus_of
+
+# Runs alone (scripts/test-integration.sh): it kills the hub and the proxy, restarts
+# dockerd and cuts the power.
+pytestmark = pytest.mark.disruptive
 
 HUB, PROXY = "gpulab-hub", "gpulab-proxy"
 
