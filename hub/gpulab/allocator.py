@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .containers import label_claims
+from .contract import label_claims
 from .gpus_config import (
     DEFAULT_POOL,
     EXCLUSIVE,

@@ -11,6 +11,9 @@ Standard library only: every gpulab process imports it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 # Labels on every user container (and member's Swarm service): the lease table is
 # rebuilt from them after a restart.
 LABEL_MANAGED = "org.gpulab.managed"  # "true" on every container the hub created
@@ -20,6 +23,27 @@ LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
 # On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
 # its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
 LABEL_NODE = "org.gpulab.node"
+
+
+def lease_labels(user: str, server: str, gpu_uuids: Sequence[str]) -> dict[str, str]:
+    """The labels of *user*'s *server* ("" = the default one) holding *gpu_uuids*: the
+    lease, as the hub writes it on a container or a member's service."""
+    return {
+        LABEL_MANAGED: "true",
+        LABEL_USER: user,
+        LABEL_SERVER: server,
+        LABEL_GPUS: ",".join(gpu_uuids),
+    }
+
+
+def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
+    """(user, server, GPU UUIDs) a container's labels claim; the inverse of
+    :func:`lease_labels`. Takes docker's ``containers()`` dicts."""
+    labels = container.get("Labels") or {}
+    gpus = [u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",") if u.strip()]
+    return labels.get(LABEL_USER) or "", labels.get(LABEL_SERVER) or "", gpus
+
+
 # On a Swarm: the engine label (dockerd --label) each GPU node carries, its GPUs' UUIDs
 # comma-separated, in NVML index order; the hub's inventory of that node.
 ENGINE_LABEL_GPUS = "gpulab.gpus"

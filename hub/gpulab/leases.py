@@ -31,8 +31,7 @@ from .allocator import (
     reconcile,
     resolve_inventory,
 )
-from .containers import label_claims
-from .contract import LABEL_MANAGED
+from .contract import LABEL_MANAGED, label_claims
 from .gpus_config import GpusConfig
 from .nvml_discovery import discover_gpus
 

@@ -1,4 +1,5 @@
-from gpulab.containers import container_options, label_claims
+from gpulab.containers import container_options
+from gpulab.contract import label_claims
 from gpulab.settings import defaults
 
 

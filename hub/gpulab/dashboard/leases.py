@@ -34,7 +34,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab import live_config
 from gpulab.allocator import Gpu
-from gpulab.containers import label_claims
+from gpulab.contract import label_claims
 from gpulab.gpus_config import GpusConfig
 from gpulab.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
 from gpulab.settings import ConfigError
