@@ -91,7 +91,7 @@ def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, st
 class LeaseBook:
     """*list_containers* lists whatever holds leases in its labels (containers on one
     host, services on a Swarm). *node_gpus*, on a Swarm, lists the GPUs of the usable
-    nodes (:func:`gpulab.swarm_services.inventory_from_nodes`); it is asked again before
+    nodes (:func:`gpulab.swarm_nodes.inventory_from_nodes`); it is asked again before
     every allocation, since machines come and go. Without it, NVML is asked once."""
 
     def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow,
@@ -255,7 +255,7 @@ def lease_book() -> LeaseBook:
 def swarm_listers(client=None) -> tuple[ListContainers, ListNodes]:
     """On a Swarm (through the Docker proxy in front of the manager): members' services
     as lease holders, and the GPUs of the usable nodes, off the event loop."""
-    from .swarm_services import inventory_from_nodes, lease_holder
+    from .swarm_nodes import inventory_from_nodes, lease_holder
 
     if client is None:
         import docker

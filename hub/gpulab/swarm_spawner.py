@@ -39,13 +39,12 @@ from .culler import notices
 from .leases import LeaseBook, swarm_lease_book
 from .settings import Settings
 from .spawner import GpulabSpawner, SpawnFailed, _http_error
+from .swarm_nodes import node_name, node_usable
 from .swarm_services import (
     RUNNING,
     STARTING,
     landing_note,
     node_for_cpu_server,
-    node_name,
-    node_usable,
     ran_a_container,
     server_state,
     service_spec,

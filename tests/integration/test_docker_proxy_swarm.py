@@ -277,14 +277,15 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
 
 
 def test_the_spawners_own_spec_runs_where_the_allocator_put_it(lab):
-    """gpulab.swarm_services end to end: the GPUs of the nodes the proxy lists, one leased
+    """gpulab.swarm_services and gpulab.swarm_nodes end to end: the GPUs of the nodes the proxy lists, one leased
     by the allocator, the service spec the spawner builds for it (through the proxy, as
     it is), its task on that GPU's node with that GPU and a sized /dev/shm, and the lease
     read back from the service the manager lists."""
     from gpulab.allocator import Request, allocate
     from gpulab.gpus_config import parse_gpus_config
     from gpulab.settings import defaults
-    from gpulab.swarm_services import inventory_from_nodes, leases_from_services, service_spec
+    from gpulab.swarm_nodes import inventory_from_nodes, leases_from_services
+    from gpulab.swarm_services import service_spec
 
     status, nodes = lab.proxy.send("GET", "/v1.41/nodes")
     assert status == 200, nodes
@@ -672,13 +673,8 @@ def test_a_dead_machine_stops_its_servers_and_their_leases_go_with_them(lab):
     says the member's server stopped because its machine is down; the hub then removes
     the service, and its lease is gone. The worker comes back for whatever runs next."""
     from gpulab.settings import defaults
-    from gpulab.swarm_services import (
-        RUNNING,
-        STOPPED,
-        leases_from_services,
-        server_state,
-        service_spec,
-    )
+    from gpulab.swarm_nodes import leases_from_services
+    from gpulab.swarm_services import RUNNING, STOPPED, server_state, service_spec
 
     gpu = lab.worker.gpus[0]
     settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,

@@ -1,4 +1,4 @@
-"""A member's server on a Swarm (gpulab.swarm_services): the service spec the spawner
+"""A member's server on a Swarm (gpulab.swarm_services, gpulab.swarm_nodes): the service spec the spawner
 asks for, which the Docker proxy's --swarm policy must let through as it is, and the
 GPUs and leases read back from the Swarm's node and service objects."""
 
@@ -10,17 +10,14 @@ from gpulab.allocator import Lease
 from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SERVER, LABEL_USER
 from gpulab.docker_policy import decide
 from gpulab.settings import defaults
+from gpulab.swarm_nodes import inventory_from_nodes, lease_holder, leases_from_services, node_gpus
 from gpulab.swarm_services import (
     RUNNING,
     STARTING,
     STOPPED,
     ServerState,
-    inventory_from_nodes,
     landing_note,
-    lease_holder,
-    leases_from_services,
     node_for_cpu_server,
-    node_gpus,
     ran_a_container,
     server_state,
     service_spec,

@@ -184,7 +184,7 @@ class DockerContainers(ContainerStore):
 class SwarmServices(ContainerStore):
     """On a Swarm: members' services hold the leases (through the Docker proxy in front
     of the manager). ``list()`` gives each in a container's shape
-    (:func:`gpulab.swarm_services.lease_holder`); ``remove(id)``
+    (:func:`gpulab.swarm_nodes.lease_holder`); ``remove(id)``
     removes the service, which stops its server on whatever machine it runs."""
 
     holder = "service"
