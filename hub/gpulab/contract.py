@@ -79,7 +79,7 @@ INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-alertmanag
 # JupyterHub service names.
 DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page
 # The GPU culler service (gpulab.culler), and the file in the hub's data folder where it
-# leaves warnings and stop notices for members' home pages (gpulab.culler.notices).
+# leaves warnings and stop notices for members' home pages (gpulab.notices).
 CULLER_SERVICE = "gpu-culler"
 CULLER_NOTICES_FILE = "gpu-culler-notices.json"
 # On a Swarm, the hub's own notices of servers it found stopped (their machine went

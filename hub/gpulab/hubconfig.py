@@ -21,8 +21,8 @@ from .contract import (
     DASHBOARD_SERVICE,
     SERVER_NOTICES_FILE,
 )
-from .culler.notices import home_page_notices
 from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
+from .notices import home_page_notices
 from .roles import prune_hub_db, roles_from_settings
 from .settings import ConfigError
 

@@ -32,10 +32,9 @@ import docker.errors
 from tornado import web
 from traitlets import Unicode, default
 
-from . import live_config
+from . import live_config, notices
 from .allocator import AllocationError, NotEnoughGpus
 from .contract import LABEL_MANAGED, LABEL_NODE
-from .culler import notices
 from .leases import LeaseBook, swarm_lease_book
 from .settings import Settings
 from .spawner import GpulabSpawner, SpawnFailed, _http_error
@@ -69,7 +68,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         config=True,
         help="""Where the hub notes servers it found stopped (their machine went down,
         was drained, or their task ended), for their members' home pages
-        (gpulab.culler.notices' format). Empty: the hub's log only.""",
+        (gpulab.notices' format). Empty: the hub's log only.""",
     )
     image_id = Unicode("", help="spawn.image's ID on the manager, for the start in progress")
     ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task

@@ -11,7 +11,6 @@ from gpulab.culler.decide import (
     KEEP,
     STOP,
     WARN,
-    CullWarning,
     Server,
     decide,
     duration_text,
@@ -22,6 +21,7 @@ from gpulab.culler.decide import (
     query_step,
 )
 from gpulab.gpus_config import Culling, Policy
+from gpulab.notices import CullWarning
 
 NOW = 100_000.0
 STEP = 15.0

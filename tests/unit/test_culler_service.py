@@ -1,4 +1,4 @@
-"""The GPU culler's shell (gpulab.culler.service and .notices): the hub's and Prometheus'
+"""The GPU culler's shell (gpulab.culler.service and gpulab.notices): the hub's and Prometheus'
 answers turned into servers and idle times, and one check round end to end against
 recording stand-ins for the hub's API and Prometheus (the real ones are exercised by
 tests/integration/test_gpu_culler.py)."""
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from gpulab.culler import notices as notes
-from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, CullWarning, Server
+from gpulab import notices as notes
+from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, Server
 from gpulab.culler.service import (
     GpuCuller,
     Hub,
@@ -21,6 +21,7 @@ from gpulab.culler.service import (
     samples_by_uuid,
     servers_holding_gpus,
 )
+from gpulab.notices import CullWarning
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 T0 = 1_764_500_000.0  # 2025-11-30T10:53:20Z

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..gpus_config import Culling, Policy
+from ..notices import CullWarning
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
 IDLE, AGE = "idle", "age"
@@ -40,18 +41,6 @@ class Server:
     def key(self) -> tuple[str, str]:
         return self.user, self.name
 
-
-@dataclass(frozen=True)
-class CullWarning:
-    """A warning standing for one server (what the member sees on their home page)."""
-
-    user: str
-    server: str
-    started: float  # which run of the server it is about
-    reason: str  # IDLE or AGE
-    warned_at: float
-    stop_at: float
-    message: str
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The GPU culler's shell: reads the hub and Prometheus, applies :mod:`.decide`, stops
-servers through the hub's API and leaves notices (:mod:`.notices`).
+servers through the hub's API and leaves notices (:mod:`gpulab.notices`).
 
 What it may do is what its service role allows (``hubconfig.GPU_CULLER_SCOPES``): list
 users with their groups and servers, and stop servers. It reads no Docker and touches
@@ -25,10 +25,10 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import live_config
+from .. import notices as notes
 from ..contract import METRIC_LEASE, METRIC_UTILIZATION
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 from ..yamlfile import ConfigError
-from . import notices as notes
 from .decide import (
     STOP,
     WARN,

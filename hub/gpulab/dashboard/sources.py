@@ -27,8 +27,8 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from .. import notices
 from ..contract import METRIC_LEASE, METRIC_MEMORY_TOTAL, METRIC_MEMORY_USED, METRIC_UTILIZATION
-from ..culler import notices
 from ..prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
