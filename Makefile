@@ -102,7 +102,7 @@ secrets:
 	@# (mounted file by file; the secrets/ folder itself stays 0700).
 	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token
 
-# The certificate HTTPS serves (gpulab.tls, run in the hub image): the lab's, checked and
+# The certificate HTTPS serves (gpulab.login.tls, run in the hub image): the lab's, checked and
 # copied, or one signed by a local CA that is made once and kept in secrets/tls/.
 tls: images secrets
 	@install -d -m 755 secrets/tls

@@ -8,10 +8,10 @@
     gpulab token revoke USER TOKEN_ID [--stop-server]
     gpulab access end USER [--stop-server]   every credential an admin issued, revoked
     gpulab bootstrap-admin              first admin's token, once (used by `make up`)
-    gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.tls; used by `make up`)
+    gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.login.tls; used by `make up`)
 
 Token commands talk to the hub's REST API as the ``gpulab-admin`` service: login
-tokens through the admin-only endpoints of gpulab.login_tokens
+tokens through the admin-only endpoints of gpulab.login.tokens
 (/hub/api/gpulab/login-tokens/USER), users through JupyterHub's own. Inside the hub
 container they work as they are (``docker exec gpulab-hub gpulab token issue alice``);
 elsewhere set GPULAB_HUB_API (e.g. http://127.0.0.1:8000/hub/api) and
@@ -29,9 +29,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from .gpus_config import load_gpus_config
-from .live_config import file_kind
-from .settings import ConfigError, describe, load_settings, parse_duration
+from gpulab.gpus.config import load_gpus_config
+from gpulab.live_config import file_kind
+from gpulab.settings import ConfigError, describe, load_settings, parse_duration
 
 DEFAULT_API = "http://127.0.0.1:8081/hub/api"
 DEFAULT_TOKEN_FILE = "/srv/gpulab/secrets/api-token"
@@ -271,7 +271,7 @@ def _cmd_bootstrap_admin(args) -> int:
 
 def _cmd_gpu_preflight(args) -> int:
     """Judge what scripts/gpu-preflight.sh observed (JSON on stdin or in a file)."""
-    from .gpuhost import diagnose, observed_from_json
+    from gpulab.gpus.host import diagnose, observed_from_json
 
     text = sys.stdin.read() if args.observed == "-" else Path(args.observed).read_text()
     observed = observed_from_json(json.loads(text))
@@ -286,7 +286,7 @@ def _cmd_gpu_preflight(args) -> int:
 
 
 def _cmd_tls(args) -> int:
-    from .tls import ensure
+    from gpulab.login.tls import ensure
 
     print(ensure(args.dir, args.hostname, args.cert, args.key, replace_ca=args.replace_ca,
                  subdomains=args.subdomains))

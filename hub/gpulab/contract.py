@@ -1,6 +1,6 @@
 """What gpulab's processes agree on, spelled once: container labels, names and metrics.
 
-The hub writes these labels on every user container (:mod:`gpulab.containers`), the
+The hub writes these labels on every user container (:mod:`gpulab.spawn.containers`), the
 lease table and the admins' lease page read them back, the Docker proxy refuses
 per-container calls on containers without :data:`LABEL_MANAGED` and creates whose
 name or labels break these rules, and the exporter (its own package, which cannot
@@ -52,7 +52,7 @@ ENGINE_LABEL_GPUS = "gpulab.gpus"
 # server of a Swarm for the manager's Prometheus).
 EXPORTER_PORT = 9445
 
-# User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
+# User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.spawn.naming);
 # nothing else gpulab runs starts with it, so no username can take an infrastructure
 # container's name (or its DNS name on the users' network).
 USER_CONTAINER_PREFIX = "gpulab-user-"
@@ -83,7 +83,7 @@ DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease
 CULLER_SERVICE = "gpu-culler"
 CULLER_NOTICES_FILE = "gpu-culler-notices.json"
 # On a Swarm, the hub's own notices of servers it found stopped (their machine went
-# down): same format, shown the same way (gpulab.swarm_spawner).
+# down): same format, shown the same way (gpulab.spawn.swarm_spawner).
 SERVER_NOTICES_FILE = "gpulab-server-notices.json"
 
 # Prometheus metrics the hub queries (the GPU culler, the dashboard's table and history).

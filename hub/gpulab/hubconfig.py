@@ -13,18 +13,18 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import live_config
-from .auth import configure_login, default_trusted_proxies
-from .contract import (
+from gpulab import live_config
+from gpulab.contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
     SERVER_NOTICES_FILE,
 )
-from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
-from .notices import home_page_notices
-from .roles import prune_hub_db, roles_from_settings
-from .settings import ConfigError
+from gpulab.login.auth import configure_login, default_trusted_proxies
+from gpulab.login.roles import prune_hub_db, roles_from_settings
+from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
+from gpulab.notices import home_page_notices
+from gpulab.settings import ConfigError
 
 # Paths inside the hub container (docker-compose.yml mounts them).
 CONFIG_DIR = Path(os.environ.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config"))

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import EXPORTER_PORT
+from gpulab.contract import EXPORTER_PORT
 
 log = logging.getLogger("gpulab.netguard")
 

@@ -151,7 +151,7 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
     for s in notices.stopped:
         if s.user != user:
             continue
-        if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.swarm_spawner)
+        if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.spawn.swarm_spawner)
             after = ("Your files are kept. Start it again when you need it; if they are on "
                      "that machine, it can start once the machine is back.")
         else:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import INFRA_VOLUMES
-from .yamlfile import ConfigError, LocatedYaml, read_yaml
+from gpulab.contract import INFRA_VOLUMES
+from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
 __all__ = ["SETTINGS", "Setting", "Settings", "load_settings", "parse_bytes", "parse_duration"]
 

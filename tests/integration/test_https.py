@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpulab.naming import container_name
+from gpulab.spawn.naming import container_name
 
 from .browser import (
     CHROMIUM,

@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulab.allocator import (
+from gpulab.contract import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from gpulab.gpus.allocator import (
     AllocationError,
     Gpu,
     InvalidRequest,
@@ -27,8 +28,7 @@ from gpulab.allocator import (
     resolve_inventory,
     validate_user_options,
 )
-from gpulab.contract import LABEL_GPUS, LABEL_SERVER, LABEL_USER
-from gpulab.gpus_config import parse_gpus_config
+from gpulab.gpus.config import parse_gpus_config
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -382,7 +382,7 @@ def test_resolve_inventory_auto():
                         "users pinned to it get other GPUs"]
     assert resolve_inventory(c, None) == ([], warnings)  # no GPUs: no error
     # what nvml_discovery.discover_gpus() returns works the same
-    from gpulab.nvml_discovery import DiscoveredGpu
+    from gpulab.gpus.discovery import DiscoveredGpu
 
     assert resolve_inventory(c, [DiscoveredGpu(1, uuid(1), "T4"),
                                  DiscoveredGpu(0, uuid(0), "A100")]) == (gpus, warnings)
@@ -529,8 +529,8 @@ def test_leases_from_labels(containers, expected):
 
 
 def test_leases_from_labels_round_trip_with_container_options():
-    from gpulab.containers import container_options
     from gpulab.settings import defaults
+    from gpulab.spawn.containers import container_options
 
     opts = container_options(defaults(), "bob", "train", [uuid(3), uuid(1)])
     rebuilt = leases_from_labels([{"Labels": opts.labels, "Created": 1_700_000_000,

@@ -1,7 +1,7 @@
 """TokenAuthenticator against the real JupyterHub orm on an in-memory sqlite database.
 
 Login tokens are issued the way the admin REST API issues them
-(:func:`gpulab.login_tokens.issue`); tests/unit/test_login_hub.py drives the same
+(:func:`gpulab.login.tokens.issue`); tests/unit/test_login_hub.py drives the same
 checks through a real hub process.
 """
 
@@ -18,8 +18,8 @@ from jupyterhub.utils import utcnow
 from sqlalchemy import text
 from tornado.httputil import HTTPHeaders
 
-from gpulab import login_tokens as lt
-from gpulab.auth import (
+from gpulab.login import tokens as lt
+from gpulab.login.auth import (
     LOGIN_TOKEN_NOTE,
     GpulabLoginHandler,
     TokenAuthenticator,
@@ -28,9 +28,9 @@ from gpulab.auth import (
     credentials_in_query,
     default_trusted_proxies,
 )
-from gpulab.login_tokens import LEGACY_CLI_NOTE
+from gpulab.login.throttle import Throttle
+from gpulab.login.tokens import LEGACY_CLI_NOTE
 from gpulab.settings import defaults
-from gpulab.throttle import Throttle
 from tests.unit.hub_orm import add_user
 
 

@@ -20,7 +20,7 @@ from gpulab.culler.decide import (
     policy_note,
     query_step,
 )
-from gpulab.gpus_config import Culling, Policy
+from gpulab.gpus.config import Culling, Policy
 from gpulab.notices import CullWarning
 
 NOW = 100_000.0

@@ -217,7 +217,7 @@ def test_home_page_notices_for_nobody_signed_in(tmp_path):
 
 
 def test_the_hubs_own_stop_notices_join_the_cullers_on_the_home_page(tmp_path):
-    """On a Swarm the hub notes servers whose machine went down (gpulab.swarm_spawner)
+    """On a Swarm the hub notes servers whose machine went down (gpulab.spawn.swarm_spawner)
     in a file of its own; the home page shows both files' notices, oldest first."""
     culler, hub = tmp_path / "culler.json", tmp_path / "hub.json"
     notes.write(culler, notes.Notices({}, [notes.Stopped("alice", "", T0, IDLE, "idle GPU")]))

@@ -46,7 +46,7 @@ from gpulab.dashboard.leases import (
     server_containers,
 )
 from gpulab.dashboard.sources import SnapshotReader
-from gpulab.leases import LeaseBook
+from gpulab.gpus.leases import LeaseBook
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CREATED = int(datetime(2026, 1, 1, 10, 30, tzinfo=UTC).timestamp())

@@ -1,5 +1,5 @@
-"""The Docker proxy: its policy (gpulab.docker_policy) as tables, and its I/O shell
-(gpulab.docker_proxy) as a real proxy on loopback in front of a small fake dockerd on a
+"""The Docker proxy: its policy (gpulab.dockerapi.policy) as tables, and its I/O shell
+(gpulab.dockerapi.proxy) as a real proxy on loopback in front of a small fake dockerd on a
 unix socket. tests/integration/test_docker_proxy_dockerd.py sends the same kinds of
 requests to the real dockerd."""
 
@@ -11,10 +11,10 @@ import socket
 import pytest
 
 from gpulab import live_config
-from gpulab.containers import container_options
-from gpulab.docker_policy import CREATE_BODY, HOST_CONFIG, decide, is_create, strict_json
-from gpulab.docker_proxy import Proxy, parse_head, serve, watch_socket
+from gpulab.dockerapi.policy import CREATE_BODY, HOST_CONFIG, decide, is_create, strict_json
+from gpulab.dockerapi.proxy import Proxy, parse_head, serve, watch_socket
 from gpulab.settings import Settings, defaults
+from gpulab.spawn.containers import container_options
 from tests.ports import free_port
 
 GPU = "GPU-1"
@@ -551,7 +551,7 @@ def test_read_only_clients_may_only_list():
     (b"GET /_ping HTTP/1.1 \r\n\r\n", 400, "request line"),
 ])
 def test_request_heads_that_parsers_could_read_differently_are_refused(head, status, why):
-    from gpulab.docker_proxy import Refusal
+    from gpulab.dockerapi.proxy import Refusal
     with pytest.raises(Refusal) as e:
         parse_head(head)
     assert e.value.status == status and why in str(e.value)

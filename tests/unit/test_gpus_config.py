@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.gpus_config import (
+from gpulab.gpus.config import (
     ConfigError,
     GpuEntry,
     Pin,

@@ -80,10 +80,10 @@ def test_gpulab_info_lines_reach_the_hubs_log(configured, caplog):
     hub_log.addHandler(catch)
     hub_log.setLevel(logging.INFO)
     try:
-        logging.getLogger("gpulab.leases").info("GPU inventory: %d GPU(s)", 2)
+        logging.getLogger("gpulab.gpus.leases").info("GPU inventory: %d GPU(s)", 2)
     finally:
         hub_log.removeHandler(catch)
-    assert ("gpulab.leases", "GPU inventory: 2 GPU(s)") in seen
+    assert ("gpulab.gpus.leases", "GPU inventory: 2 GPU(s)") in seen
 
 
 @pytest.mark.parametrize("idle_timeout, every", [

@@ -1,7 +1,7 @@
 """Login tokens, their admin API and the login throttle, against a real ``jupyterhub``.
 
 One hub process per module (tests/unit/real_hub.py), configured by
-``gpulab.auth.configure_login`` exactly as the hub container is, with members' own
+``gpulab.login.auth.configure_login`` exactly as the hub container is, with members' own
 tokens capped at one hour. Clients connect to the hub's own port from loopback
 addresses: 127.0.0.2 is the trusted proxy, every other 127.0.0.x is an untrusted peer
 (as a user container calling http://gpulab-hub:8081 is). Each test uses its own
@@ -21,7 +21,7 @@ import pytest
 from jupyterhub import orm
 from real_hub import TRUSTED_PROXY, Client, RunningHub, new_hub
 
-from gpulab.login_tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
+from gpulab.login.tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
 
 INVALID_LOGIN = "Invalid username or token."
 LOCKED = "Too many failed sign-ins"

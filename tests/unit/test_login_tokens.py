@@ -1,4 +1,4 @@
-"""gpulab.login_tokens on JupyterHub's real orm and scopes: the record of login tokens,
+"""gpulab.login.tokens on JupyterHub's real orm and scopes: the record of login tokens,
 ending a member's access, the one-time migration, and configure_login."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from jupyterhub import orm, scopes
 from jupyterhub.utils import utcnow
 from traitlets.config import Config
 
-from gpulab import login_tokens as lt
-from gpulab.auth import configure_login
-from gpulab.login_tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
+from gpulab.login import tokens as lt
+from gpulab.login.auth import configure_login
+from gpulab.login.tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
 from gpulab.settings import defaults
 from tests.unit.hub_orm import add_user
 

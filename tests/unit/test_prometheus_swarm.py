@@ -77,7 +77,7 @@ def test_swarm_config_is_valid(tmp_path):
 
 
 def test_the_read_only_swarm_proxy_lets_prometheus_list_nodes():
-    from gpulab.docker_policy import decide
+    from gpulab.dockerapi.policy import decide
 
     # what Prometheus' Docker client sends for role: nodes without filters
     decision = decide("GET", "/v1.41/nodes", read_only=True, swarm=True)

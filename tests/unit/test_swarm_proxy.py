@@ -1,5 +1,5 @@
 """The Docker proxy in front of a Swarm manager (``--swarm``): its policy
-(gpulab.swarm_policy, through gpulab.docker_policy.decide) as tables, and the I/O shell's
+(gpulab.dockerapi.swarm_policy, through gpulab.dockerapi.policy.decide) as tables, and the I/O shell's
 per-service resolution against a small fake manager on a unix socket.
 tests/integration/test_docker_proxy_swarm.py sends the same kinds of requests to a real
 Swarm manager."""
@@ -12,9 +12,9 @@ from urllib.parse import parse_qsl, quote
 import pytest
 
 from gpulab.contract import LABEL_NODE
-from gpulab.docker_policy import decide, is_create
-from gpulab.docker_proxy import Proxy
-from gpulab.swarm_policy import ID_SLOT, SERVICE_SPEC
+from gpulab.dockerapi.policy import decide, is_create
+from gpulab.dockerapi.proxy import Proxy
+from gpulab.dockerapi.swarm_policy import ID_SLOT, SERVICE_SPEC
 
 NODE = "3x0kq1v8hn2b7c4d5e6f7g8h9"  # a Swarm node ID: 25 of [0-9a-z]
 GPU = "GPU-fa4e0200-1111-2222-3333-444444444444"

@@ -1,4 +1,4 @@
-"""A member's server on a Swarm (gpulab.swarm_services, gpulab.swarm_nodes): the service spec the spawner
+"""A member's server on a Swarm (gpulab.spawn.swarm_services, gpulab.gpus.swarm_nodes): the service spec the spawner
 asks for, which the Docker proxy's --swarm policy must let through as it is, and the
 GPUs and leases read back from the Swarm's node and service objects."""
 
@@ -6,12 +6,17 @@ import json
 
 import pytest
 
-from gpulab.allocator import Lease
 from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SERVER, LABEL_USER
-from gpulab.docker_policy import decide
+from gpulab.dockerapi.policy import decide
+from gpulab.gpus.allocator import Lease
+from gpulab.gpus.swarm_nodes import (
+    inventory_from_nodes,
+    lease_holder,
+    leases_from_services,
+    node_gpus,
+)
 from gpulab.settings import defaults
-from gpulab.swarm_nodes import inventory_from_nodes, lease_holder, leases_from_services, node_gpus
-from gpulab.swarm_services import (
+from gpulab.spawn.swarm_services import (
     RUNNING,
     STARTING,
     STOPPED,

@@ -1,4 +1,4 @@
-"""gpulab.throttle: lockout decisions, doubling, persistence across restarts, 429, and
+"""gpulab.login.throttle: lockout decisions, doubling, persistence across restarts, 429, and
 device cookies that keep a member's own browser out of other people's lockouts."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from gpulab.throttle import (
+from gpulab.login.throttle import (
     ADDRESS,
     DEVICE,
     USER,

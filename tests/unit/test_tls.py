@@ -1,4 +1,4 @@
-"""gpulab.tls: which certificate HTTPS serves, decided from what is in secrets/tls/."""
+"""gpulab.login.tls: which certificate HTTPS serves, decided from what is in secrets/tls/."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gpulab import tls
+from gpulab.login import tls
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 HOST = "gpu.lab.example"
@@ -355,7 +355,7 @@ def test_a_labs_certificate_without_the_wildcard_is_refused_for_per_server_origi
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from gpulab.tls import TlsError, ensure
+    from gpulab.login.tls import TlsError, ensure
 
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())

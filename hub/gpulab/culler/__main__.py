@@ -9,8 +9,8 @@ import asyncio
 import logging
 import os
 
-from ..prometheus_api import DEFAULT_URL, Prometheus
-from .service import GpuCuller, Hub
+from gpulab.culler.service import GpuCuller, Hub
+from gpulab.prometheus_api import DEFAULT_URL, Prometheus
 
 
 def main(argv: list[str] | None = None) -> None:

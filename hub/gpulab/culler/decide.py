@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..gpus_config import Culling, Policy
-from ..notices import CullWarning
+from gpulab.gpus.config import Culling, Policy
+from gpulab.notices import CullWarning
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
 IDLE, AGE = "idle", "age"

@@ -24,12 +24,10 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .. import live_config
-from .. import notices as notes
-from ..contract import METRIC_LEASE, METRIC_UTILIZATION
-from ..prometheus_api import Prometheus, PrometheusUnavailable
-from ..yamlfile import ConfigError
-from .decide import (
+from gpulab import live_config
+from gpulab import notices as notes
+from gpulab.contract import METRIC_LEASE, METRIC_UTILIZATION
+from gpulab.culler.decide import (
     STOP,
     WARN,
     Server,
@@ -39,6 +37,8 @@ from .decide import (
     plan,
     query_step,
 )
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab.yamlfile import ConfigError
 
 log = logging.getLogger("gpulab.culler")
 

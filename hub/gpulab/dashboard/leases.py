@@ -1,6 +1,6 @@
 """The admins' lease page: who holds which GPU since when, and releasing a stuck lease.
 
-The table is the hub's own (:class:`gpulab.leases.LeaseBook` over the containers'
+The table is the hub's own (:class:`gpulab.gpus.leases.LeaseBook` over the containers'
 labels, read here through the same Docker socket), with two limits: leases still
 *pending* in the hub process (a spawn whose container does not exist yet) are not
 visible to this service, and gpus.yaml is read through :mod:`gpulab.live_config`
@@ -33,10 +33,10 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab import live_config
-from gpulab.allocator import Gpu
 from gpulab.contract import label_claims
-from gpulab.gpus_config import GpusConfig
-from gpulab.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
+from gpulab.gpus.allocator import Gpu
+from gpulab.gpus.config import GpusConfig
+from gpulab.gpus.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.dashboard")
@@ -184,7 +184,7 @@ class DockerContainers(ContainerStore):
 class SwarmServices(ContainerStore):
     """On a Swarm: members' services hold the leases (through the Docker proxy in front
     of the manager). ``list()`` gives each in a container's shape
-    (:func:`gpulab.swarm_nodes.lease_holder`); ``remove(id)``
+    (:func:`gpulab.gpus.swarm_nodes.lease_holder`); ``remove(id)``
     removes the service, which stops its server on whatever machine it runs."""
 
     holder = "service"

@@ -4,7 +4,7 @@ Every call goes to the hub's REST API *as the signed-in admin*: with the OAuth t
 hub gave this service for them, which carries ``admin:users`` only for hub admins (the
 service's ``oauth_client_allowed_scopes``; the hub drops scopes a user lacks). The hub
 then checks and records each action under the admin's own name, exactly as
-``gpulab token issue`` does through gpulab.login_tokens; the service holds no admin
+``gpulab token issue`` does through gpulab.login.tokens; the service holds no admin
 token of its own.
 
 `parse_issue`/`parse_revoke`/`parse_end_access` (what an admin's form sent) and
@@ -173,7 +173,7 @@ class HubMembers:
 
     async def end_access(self, token: str, user: str, stop_server: bool) -> dict[str, Any]:
         """Every credential an admin issued to *user* revoked, everything opened with them
-        ended, and with *stop_server* her servers stopped (gpulab.login_tokens)."""
+        ended, and with *stop_server* her servers stopped (gpulab.login.tokens)."""
         return await self._call(token, "DELETE", f"/gpulab/access/{quote(user, safe='')}",
                                 {"stop_servers": stop_server})
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 RECORD = "gpulab:user_gpus_held"
 SAMPLE_SECONDS = 15  # the recording rule's interval (usage.yml)

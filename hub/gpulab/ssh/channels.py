@@ -21,7 +21,7 @@ import asyncssh
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from .terminal import TIMEOUT, HubError, tls_context
+from gpulab.ssh.terminal import TIMEOUT, HubError, tls_context
 
 STDOUT, STDERR = 1, 2
 CHUNK = 32 * 1024

@@ -3,7 +3,7 @@
 One connection, step by step:
 
 1. Password authentication (keyboard-interactive asks for the same password). The
-   throttle (:mod:`gpulab.throttle`, its own sqlite file on the gateway's volume) is
+   throttle (:mod:`gpulab.login.throttle`, its own sqlite file on the gateway's volume) is
    asked first: a locked username or client address is refused without asking the hub,
    with an SSH banner saying when to try again. Public keys, agent, X11 and remote
    (-R) forwarding are refused.
@@ -50,13 +50,13 @@ from asyncssh.constants import EXTENDED_DATA_STDERR
 from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
 from tornado.websocket import WebSocketClosedError
 
-from ..throttle import Policy, Throttle
-from . import channels, execwrap, hostkey, policy
-from .terminal import HubClient, HubError, Terminal, resolve_below_the_hub
+from gpulab.login.throttle import Policy, Throttle
+from gpulab.ssh import channels, execwrap, hostkey, policy
+from gpulab.ssh.terminal import HubClient, HubError, Terminal, resolve_below_the_hub
 
 log = logging.getLogger("gpulab.ssh")
 
-MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
+MAX_TOKEN_LENGTH = 256  # as gpulab.login.auth: longer is no JupyterHub token
 PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
 # Seconds between the hub's checks of a signed-in connection's token: a revoked token (an
 # admin ended the member's access) closes her connection, sessions and forwards within it.

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import lease_labels
-from .naming import volume_name
+from gpulab.contract import lease_labels
+from gpulab.spawn.naming import volume_name
 
 CONTAINER_UID = 1000  # jovyan in images/singleuser
 

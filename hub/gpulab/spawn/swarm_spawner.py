@@ -1,19 +1,19 @@
 """GpulabSwarmSpawner: a member's server as a Swarm service on the machine whose GPUs it
 leased (``hub.swarm: true``; README "Several GPU servers").
 
-Everything a member and an admin see stays :class:`~gpulab.spawner.GpulabSpawner`'s: the
+Everything a member and an admin see stays :class:`~gpulab.spawn.spawner.GpulabSpawner`'s: the
 spawn form, user options validation, the lease taken before anything is created, the
 progress bar, the ready check, the messages. What changes is where the server runs:
 
-* the lease table (:func:`gpulab.leases.swarm_lease_book`) reads the GPUs from the
+* the lease table (:func:`gpulab.gpus.leases.swarm_lease_book`) reads the GPUs from the
   nodes' engine labels before every allocation (a machine that is down or drained gives
   out nothing) and the leases from the services' labels, so a hub restart loses nothing;
 * the allocator picks the machine with the GPUs (a server with no GPU goes to the least
-  busy machine, :func:`~gpulab.swarm_services.node_for_cpu_server`);
-* the service is :func:`~gpulab.swarm_services.service_spec`, created as built, through
+  busy machine, :func:`~gpulab.spawn.swarm_services.node_for_cpu_server`);
+* the service is :func:`~gpulab.spawn.swarm_services.service_spec`, created as built, through
   the Docker proxy in front of the manager (``gpulab-docker-proxy --swarm``), which
   checks it as strictly as a container create;
-* whether the server runs is :func:`~gpulab.swarm_services.server_state`: a server whose
+* whether the server runs is :func:`~gpulab.spawn.swarm_services.server_state`: a server whose
   machine went down or was drained, or whose task ended, is reported stopped, with the
   reason in the hub's log, and its service is removed, which releases its GPUs.
 
@@ -32,14 +32,14 @@ import docker.errors
 from tornado import web
 from traitlets import Unicode, default
 
-from . import live_config, notices
-from .allocator import AllocationError, NotEnoughGpus
-from .contract import LABEL_MANAGED, LABEL_NODE
-from .leases import LeaseBook, swarm_lease_book
-from .settings import Settings
-from .spawner import GpulabSpawner, SpawnFailed, _http_error
-from .swarm_nodes import node_name, node_usable
-from .swarm_services import (
+from gpulab import live_config, notices
+from gpulab.contract import LABEL_MANAGED, LABEL_NODE
+from gpulab.gpus.allocator import AllocationError, NotEnoughGpus
+from gpulab.gpus.leases import LeaseBook, swarm_lease_book
+from gpulab.gpus.swarm_nodes import node_name, node_usable
+from gpulab.settings import Settings
+from gpulab.spawn.spawner import GpulabSpawner, SpawnFailed, _http_error
+from gpulab.spawn.swarm_services import (
     RUNNING,
     STARTING,
     landing_note,

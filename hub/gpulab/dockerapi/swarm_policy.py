@@ -1,5 +1,5 @@
 """What the Docker proxy lets through to a Swarm manager: services, tasks and nodes, as
-pure functions (no I/O). :mod:`gpulab.docker_policy` routes the calls here when the proxy
+pure functions (no I/O). :mod:`gpulab.dockerapi.policy` routes the calls here when the proxy
 runs with ``--swarm``.
 
 A service create on a manager is a container create on any node, so it gets the same
@@ -52,7 +52,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .contract import (
+from gpulab.contract import (
     INFRA_VOLUMES,
     LABEL_GPUS,
     LABEL_MANAGED,
@@ -60,7 +60,7 @@ from .contract import (
     LABEL_USER,
     USER_CONTAINER_PREFIX,
 )
-from .docker_schema import (
+from gpulab.dockerapi.schema import (
     COUNT,
     GPU_UUID,
     HEALTHCHECK,

@@ -1,7 +1,7 @@
 """What the Docker proxy lets through: the policy, as pure functions (no I/O).
 
 Whoever can create containers through the Docker API is root on the host, so the hub's
-only way to Docker (:mod:`gpulab.docker_proxy`) lets through exactly the calls the hub
+only way to Docker (:mod:`gpulab.dockerapi.proxy`) lets through exactly the calls the hub
 makes, and a container create only when it describes a hardened gpulab user container.
 
 The policy decides on exactly what dockerd will act on. dockerd decodes a create body
@@ -36,7 +36,7 @@ here only provisionally: the proxy resolves :attr:`Decision.container` to a full
 checks that container's managed label and forwards :meth:`Decision.target` with that ID.
 
 With ``swarm=True`` (the proxy in front of a Swarm manager) the service, task and node
-calls of :mod:`gpulab.swarm_policy` are allowed too, and a per-service call (or a task
+calls of :mod:`gpulab.dockerapi.swarm_policy` are allowed too, and a per-service call (or a task
 list, which names one service) is provisional in the same way: :attr:`Decision.service`.
 """
 
@@ -49,9 +49,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from . import swarm_policy
-from .contract import INFRA_VOLUMES, LABEL_GPUS, LABEL_MANAGED, LABEL_USER, USER_CONTAINER_PREFIX
-from .docker_schema import (
+from gpulab.contract import (
+    INFRA_VOLUMES,
+    LABEL_GPUS,
+    LABEL_MANAGED,
+    LABEL_USER,
+    USER_CONTAINER_PREFIX,
+)
+from gpulab.dockerapi import swarm_policy
+from gpulab.dockerapi.schema import (
     BIND,
     COUNT,
     GPU_UUID,
@@ -77,7 +83,7 @@ from .docker_schema import (
     text,
     user,
 )
-from .settings import defaults
+from gpulab.settings import defaults
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
 # checked one; DeviceRequests need 1.40. Older clients are refused.
@@ -273,7 +279,7 @@ class Route:
     path: re.Pattern  # a per-container path names its container in the group "ref"
     params: Mapping[str, re.Pattern]  # allowed query parameters -> their values
     read_only: bool = False  # also open to read-only clients (the exporter)
-    swarm: bool = False  # only in front of a Swarm manager (gpulab.swarm_policy)
+    swarm: bool = False  # only in front of a Swarm manager (gpulab.dockerapi.swarm_policy)
 
 
 def _route(method: str, path: str, read_only: bool = False, swarm: bool = False,

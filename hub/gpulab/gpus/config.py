@@ -3,7 +3,7 @@
 Parsed once into frozen dataclasses by :func:`gpus_config_from_yaml`; anything wrong is
 a :class:`~gpulab.yamlfile.ConfigError` naming the file, line and field and saying what
 is allowed. The decisions made with it (which GPU a user gets) live in
-:mod:`gpulab.allocator`; this module only reads and checks the file.
+:mod:`gpulab.gpus.allocator`; this module only reads and checks the file.
 
 Schema (every key optional; an empty or missing file means the defaults)::
 
@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import parse_duration
-from .yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
+from gpulab.settings import parse_duration
+from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
     "ConfigError",

@@ -6,7 +6,7 @@ usable nodes into the hub's inventory. Members' services carry their leases in t
 labels the hub gave them (:func:`~gpulab.contract.lease_labels`, plus
 :data:`~gpulab.contract.LABEL_NODE`): :func:`leases_from_services` reads them back, so a
 hub restart loses nothing. The services themselves are made by
-:mod:`gpulab.swarm_services`.
+:mod:`gpulab.spawn.swarm_services`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from .allocator import Gpu, Lease, leases_from_labels
-from .contract import ENGINE_LABEL_GPUS
+from gpulab.contract import ENGINE_LABEL_GPUS
+from gpulab.gpus.allocator import Gpu, Lease, leases_from_labels
 
 
 def node_gpus(node: Mapping[str, Any]) -> list[str]:

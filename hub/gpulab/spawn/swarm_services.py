@@ -1,11 +1,11 @@
 """A member's server on a Swarm, as pure functions: the service the hub asks for, and
 whether it runs, from the Swarm's own objects (no I/O).
 
-On a single host the spawner creates a container (:mod:`gpulab.containers`); on a Swarm
+On a single host the spawner creates a container (:mod:`gpulab.spawn.containers`); on a Swarm
 it creates a service of one task, placed on the node whose GPUs it leased. The service
 is the same server: :func:`service_spec` starts from
-:func:`gpulab.containers.container_options` and says it in a Swarm service spec, the
-shape :mod:`gpulab.swarm_policy` (the Docker proxy in front of the manager) lets
+:func:`gpulab.spawn.containers.container_options` and says it in a Swarm service spec, the
+shape :mod:`gpulab.dockerapi.swarm_policy` (the Docker proxy in front of the manager) lets
 through. Where a service cannot say what a container says, it says the nearest thing:
 
 * GPUs: no DeviceRequest (Swarm has none); ``NVIDIA_VISIBLE_DEVICES`` set to exactly the
@@ -20,7 +20,7 @@ through. Where a service cannot say what a container says, it says the nearest t
 
 Leases live in the service's labels (:data:`~gpulab.contract.LABEL_GPUS`,
 :data:`~gpulab.contract.LABEL_NODE`), read back with the nodes' GPUs by
-:mod:`gpulab.swarm_nodes`. :func:`server_state` says whether a member's server is
+:mod:`gpulab.gpus.swarm_nodes`. :func:`server_state` says whether a member's server is
 running, starting or stopped (and why: its machine went down or was drained, or its
 task ended), from its service, tasks and node: a stopped server's service is then
 removed by the hub, which releases its lease.
@@ -32,10 +32,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .containers import CONTAINER_UID, container_options
-from .contract import LABEL_NODE
-from .naming import container_name
-from .swarm_nodes import node_name, node_usable
+from gpulab.contract import LABEL_NODE
+from gpulab.gpus.swarm_nodes import node_name, node_usable
+from gpulab.spawn.containers import CONTAINER_UID, container_options
+from gpulab.spawn.naming import container_name
 
 DEV_SHM = "/dev/shm"
 

@@ -1,7 +1,7 @@
 """Token login: lab members sign in with their username and a personal access token.
 
 Tokens are JupyterHub API tokens that an admin issued for the member through the
-admin-only REST API of :mod:`gpulab.login_tokens` (``gpulab token issue alice``), so
+admin-only REST API of :mod:`gpulab.login.tokens` (``gpulab token issue alice``), so
 they are stored only as salted hashes in the hub's database, can expire, and stop
 working the moment they are revoked. Only tokens recorded there as login tokens sign
 in: a token a member made for a script, whatever its note says, cannot be turned into
@@ -12,14 +12,14 @@ Around that check, :class:`GpulabLoginHandler` (served at ``/hub/login``):
 
 * normalises the username (``"Alice "`` is ``alice``) and refuses invalid ones with a
   message that says what a username may contain;
-* throttles failed sign-ins per username and per client address (:mod:`gpulab.throttle`),
+* throttles failed sign-ins per username and per client address (:mod:`gpulab.login.throttle`),
   answering HTTP 429 with the time to try again; the lockouts are kept in a sqlite
   file, so a hub restart does not lift them. The client address is the TCP peer, or,
   when the peer is a trusted proxy, the right-most untrusted ``X-Forwarded-For`` hop
   (:func:`client_address`). A browser that signed in as a user before carries a
   signed *device cookie* for that user: its attempts count against that device only,
   so nobody can lock a member out of the browser they use;
-* sends the user after sign-in only to a path on this hub (:mod:`gpulab.redirects`);
+* sends the user after sign-in only to a path on this hub (:mod:`gpulab.login.redirects`);
 * refuses credentials in the URL (``?password=``/``?token=``) and keeps them out of
   the access log.
 
@@ -44,12 +44,12 @@ from sqlalchemy import inspect
 from tornado import web
 from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
-from . import login_tokens as lt
-from .forwarded import TrustedProxies, client_address
-from .login_tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
-from .redirects import safe_next_url
-from .throttle import Decision, Policy, Throttle
-from .usernames import USERNAME_PATTERN, USERNAME_RULES, fold
+from gpulab.login import tokens as lt
+from gpulab.login.forwarded import TrustedProxies, client_address
+from gpulab.login.redirects import safe_next_url
+from gpulab.login.throttle import Decision, Policy, Throttle
+from gpulab.login.tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
+from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
 __all__ = ["LOGIN_TOKEN_NOTE", "GpulabLoginHandler", "TokenAuthenticator", "TrustedProxies",
            "client_address", "configure_login"]
@@ -216,7 +216,7 @@ class GpulabLoginHandler(LoginHandler):
 
 class TokenAuthenticator(Authenticator):
     """Username + login token, checked against the hub's hashed token table and the
-    record of login tokens (:mod:`gpulab.login_tokens`)."""
+    record of login tokens (:mod:`gpulab.login.tokens`)."""
 
     device_cookie_max_age_days = Float(
         90,
@@ -420,7 +420,7 @@ class TokenAuthenticator(Authenticator):
 
     async def refresh_user(self, user, handler=None):
         """True while the user has a valid login token. Otherwise end their access
-        (:func:`gpulab.login_tokens.end_access`) and return False: JupyterHub then
+        (:func:`gpulab.login.tokens.end_access`) and return False: JupyterHub then
         asks a cookie session to sign in again and, with auth_refresh_strict, refuses
         token-authenticated requests. API tokens an admin made for the user through
         JupyterHub's REST API are the exception: they are kept, and a request made with
@@ -472,7 +472,7 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     """Everything token login needs, on JupyterHub config object *c*.
 
     Call it after ``c.JupyterHub.db_url`` is set: it records, once, the login tokens
-    made before login tokens were recorded (:func:`gpulab.login_tokens.migrate_hub_db`).
+    made before login tokens were recorded (:func:`gpulab.login.tokens.migrate_hub_db`).
     """
     from traitlets.log import get_logger
 

@@ -1,7 +1,7 @@
 """Failed-login throttling that survives a hub restart.
 
 A failed sign-in from a browser that has no *device cookie* for the username tried
-(see :mod:`gpulab.auth`) counts twice: against the (normalised) username and against
+(see :mod:`gpulab.login.auth`) counts twice: against the (normalised) username and against
 the client address. A failed sign-in that carries a valid device cookie for that
 username counts against that one device only, and only its own lockout stops it: so
 whoever locks alice's name or a shared address cannot lock out the browser alice

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .contract import label_claims
-from .gpus_config import (
+from gpulab.contract import label_claims
+from gpulab.gpus.config import (
     DEFAULT_POOL,
     EXCLUSIVE,
     MAX_GPUS_LIMIT,
@@ -192,7 +192,7 @@ def resolve_inventory(
 ) -> tuple[list[Gpu], list[str]]:
     """The GPUs that can be leased, and warnings for the admin (the hub logs them).
 
-    *discovered* is what NVML sees: :class:`gpulab.nvml_discovery.DiscoveredGpu`
+    *discovered* is what NVML sees: :class:`gpulab.gpus.discovery.DiscoveredGpu`
     objects or (index, uuid, model) tuples; None = not looked (trust the file).
     With ``inventory: auto``
     every discovered GPU goes to pool ``default``. With an explicit inventory the file

@@ -13,7 +13,7 @@ When a member has no valid login token left (revoked, expired, deleted),
 :func:`end_access` deletes their other API tokens and their OAuth tokens (the sessions
 of their servers and of services) and rotates their hub cookie id, so neither scripts
 nor open browser tabs outlive the token the admin gave them; the authenticator
-(:class:`gpulab.auth.TokenAuthenticator`) does that at the member's next request too.
+(:class:`gpulab.login.auth.TokenAuthenticator`) does that at the member's next request too.
 
 REST API (inside the hub, served under ``/hub/api/gpulab/``), for callers holding the
 *unfiltered* ``admin:users`` and ``tokens`` scopes (admins and the ``gpulab-admin``

@@ -7,11 +7,11 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
   invalid edit is refused and the last good file stays in force).
 * ``user_options`` (from the spawn form or straight from the REST API) are validated
   before anything is created: anything but ``{"gpus": 0..quota}`` is a 400.
-* GPUs are leased (:mod:`gpulab.leases`) before the container is created; no free GPU
+* GPUs are leased (:mod:`gpulab.gpus.leases`) before the container is created; no free GPU
   or an exceeded quota is a 4xx with a message that says what to do.
-  :func:`gpulab.containers.container_options` then decides image, volumes, limits,
+  :func:`gpulab.spawn.containers.container_options` then decides image, volumes, limits,
   hardening and the DeviceRequest for exactly the leased GPUs.
-* Container names come from :mod:`gpulab.naming` (collision-free for any username).
+* Container names come from :mod:`gpulab.spawn.naming` (collision-free for any username).
 * ``progress()`` reports each step to the spawn page's progress bar.
 * ``start()`` returns only once the server answers HTTP, polling every 0.1 s, so the
   hub's own readiness check (exponential backoff up to 5 s) passes at its first try,
@@ -31,13 +31,13 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
 
-from . import live_config
-from .allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
-from .containers import container_options
-from .culler.decide import policy_note
-from .leases import LeaseBook, lease_book
-from .naming import container_name
-from .settings import ConfigError, Settings
+from gpulab import live_config
+from gpulab.culler.decide import policy_note
+from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
+from gpulab.gpus.leases import LeaseBook, lease_book
+from gpulab.settings import ConfigError, Settings
+from gpulab.spawn.containers import container_options
+from gpulab.spawn.naming import container_name
 
 
 class SpawnFailed(web.HTTPError):
