@@ -29,6 +29,7 @@ from gpulab.gpus.allocator import (
     validate_user_options,
 )
 from gpulab.gpus.config import parse_gpus_config
+from gpulab.gpus.policy import policy_for
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -704,7 +705,7 @@ def test_a_pool_names_machines_and_a_pin_names_one_machines_gpu():
 def test_pins_of_one_index_on_several_machines_from_several_groups_all_count():
     cfg = parse_gpus_config('groups:\n  lab: {pinned: ["gpu-1:0", "gpu-2:0"]}\n'
                             '  other: {pinned: ["gpu-3:0"]}\n')
-    policy = cfg.policy_for("alice", ["lab", "other"])
+    policy = policy_for(cfg, "alice", ["lab", "other"])
     assert [str(p) for p in policy.pinned] == ["gpu-1:0", "gpu-2:0", "gpu-3:0"]
     assert policy.max_gpus == 3  # the default 1, raised to the pins
 

@@ -13,15 +13,15 @@ from gpulab.culler.decide import (
     WARN,
     Server,
     decide,
-    duration_text,
     idle_since,
     longest_idle_window,
     plan,
-    policy_note,
     query_step,
 )
-from gpulab.gpus.config import Culling, Policy
+from gpulab.gpus.config import Culling
+from gpulab.gpus.policy import Policy, policy_note
 from gpulab.notices import CullWarning
+from gpulab.settings import duration_text
 
 NOW = 100_000.0
 STEP = 15.0

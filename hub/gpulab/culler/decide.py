@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpulab.gpus.config import Culling, Policy
+from gpulab.gpus.config import Culling
+from gpulab.gpus.policy import Policy
 from gpulab.notices import CullWarning
+from gpulab.settings import duration_text
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
 IDLE, AGE = "idle", "age"
@@ -128,32 +130,3 @@ def query_step(window: float, scrape_interval: float = 15, max_points: int = 100
     """The step of the utilization range query: the scrape interval, or coarser so that
     a long window stays under *max_points* points (Prometheus refuses over 11 000)."""
     return int(max(scrape_interval, -(-window // max_points)))
-
-
-def duration_text(seconds: float) -> str:
-    """3600 -> '1 h', 5400 -> '1 h 30 min', 90 -> '1 min 30 s', 172800 -> '2 days'."""
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{days} day{'s' if days != 1 else ''}" if days else "",
-             f"{hours} h" if hours else "", f"{minutes} min" if minutes else "",
-             f"{secs} s" if secs and not days and not hours else ""]
-    return " ".join(p for p in parts if p) or "0 s"
-
-
-def policy_note(policy: Policy, culling: Culling) -> str:
-    """What a member is told on the spawn form about when their GPUs come back ("" when
-    neither clock runs for them)."""
-    rules = []
-    if policy.gpu_idle_timeout:
-        rules.append(f"when its GPUs stay under {culling.idle_below:.0%} utilization for "
-                     f"{duration_text(policy.gpu_idle_timeout)}")
-    if policy.max_server_age:
-        rules.append(f"{duration_text(policy.max_server_age)} after it starts")
-    if not rules:
-        return ""
-    warning = (f", after a warning {duration_text(culling.warn_before)} ahead on your hub "
-               f"home page" if culling.warn_before else "")
-    return (f"A server holding GPUs is stopped {' or '.join(rules)}{warning}. "
-            f"Your files stay in your home.")

@@ -31,13 +31,14 @@ from gpulab.culler.decide import (
     STOP,
     WARN,
     Server,
-    duration_text,
     idle_since,
     longest_idle_window,
     plan,
     query_step,
 )
+from gpulab.gpus.policy import policy_for
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
 
 log = logging.getLogger("gpulab.culler")
@@ -171,7 +172,7 @@ class GpuCuller:
             return []
         try:
             servers = servers_holding_gpus(ready, await self.prometheus.query(LEASES))
-            policies = {s.key: config.policy_for(s.user, s.groups) for s in servers}
+            policies = {s.key: policy_for(config, s.user, s.groups) for s in servers}
             idle = await self.idle_since(now, longest_idle_window(list(policies.values())),
                                          config.culling.idle_below)
         except PrometheusUnavailable as e:

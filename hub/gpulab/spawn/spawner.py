@@ -32,9 +32,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
 
 from gpulab import live_config
-from gpulab.culler.decide import policy_note
 from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
 from gpulab.gpus.leases import LeaseBook, lease_book
+from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
 from gpulab.spawn.naming import container_name
@@ -137,7 +137,7 @@ class GpulabSpawner(DockerSpawner):
         """The spawn form: how many GPUs, and which are free. Empty (no form) when the
         user can have no GPU or the host has none."""
         config = live_config.gpus_file.load(self.gpus_file)
-        policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return ""
@@ -226,7 +226,7 @@ class GpulabSpawner(DockerSpawner):
                      f"an admin must fix it: {e}") from None
 
     async def _lease(self, gpus_config) -> list:
-        policy = gpus_config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
             return await self.lease_book.acquire(gpus_config, self._request(count))

@@ -36,6 +36,7 @@ from gpulab import live_config, notices
 from gpulab.contract import LABEL_MANAGED, LABEL_NODE
 from gpulab.gpus.allocator import AllocationError, NotEnoughGpus
 from gpulab.gpus.leases import LeaseBook, swarm_lease_book
+from gpulab.gpus.policy import policy_for
 from gpulab.gpus.swarm_nodes import node_name, node_usable
 from gpulab.settings import Settings
 from gpulab.spawn.spawner import GpulabSpawner, SpawnFailed, _http_error
@@ -159,7 +160,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         home_name = (self.home_machine or names.get(home, home)) if home else ""
         landings: dict[int, str] = {}
         if not home_name:
-            policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+            policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
             services = await self.docker("services",
                                          filters={"label": f"{LABEL_MANAGED}=true"})
             landings[0] = names.get(node_for_cpu_server(nodes, services), "")
