@@ -14,13 +14,12 @@ from gpulab import notices as notes
 from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, Server
 from gpulab.culler.service import (
     GpuCuller,
-    Hub,
     HubServer,
-    HubUnavailable,
     hub_servers,
     samples_by_uuid,
     servers_holding_gpus,
 )
+from gpulab.hubapi import HubApi, HubApiError
 from gpulab.notices import CullWarning
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
@@ -55,20 +54,22 @@ def test_samples_by_uuid():
     assert samples_by_uuid(matrix) == {"GPU-a": [(T0, 0.5), (T0 + 15, 0.0)]}
 
 
-class RecordingHub(Hub):
+class RecordingHub(HubApi):
     """The hub's API as a list of users, recording the servers it is asked to stop."""
 
     def __init__(self, users, fail=False):
         super().__init__("http://hub.invalid/hub/api", "token")
-        self.users, self.fail, self.stopped = users, fail, []
+        self.listed, self.fail, self.stopped = users, fail, []
 
-    async def ready_users(self):
+    async def users(self, state="", *, token=None):
+        assert state == "ready"  # servers that start or stop are left alone
         if self.fail:
-            raise HubUnavailable("GET /users answered 503")
-        return self.users
+            raise HubApiError("GET", "/users", 503)
+        return self.listed
 
-    async def stop(self, user, server):
+    async def stop_server(self, user, server="", *, token=None):
         self.stopped.append((user, server))
+        return True
 
 
 class CannedPrometheus(Prometheus):

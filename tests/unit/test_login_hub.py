@@ -21,6 +21,7 @@ import pytest
 from jupyterhub import orm
 from real_hub import TRUSTED_PROXY, Client, RunningHub, new_hub
 
+from gpulab.hubapi import HubApi, SyncHubApi
 from gpulab.login.tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
 
 INVALID_LOGIN = "Invalid username or token."
@@ -634,3 +635,14 @@ def test_cli_bootstrap_admin_issues_once(hub, hub_log, cli_env, capsys):
     assert Client(hub).login(name, token).status == 302
     rc, out, _ = gpulab(capsys, "bootstrap-admin", "--config", str(config))
     assert rc == 0 and "already has a login token" in out
+
+
+def test_the_hub_client_pages_through_the_real_hubs_users(hub, hub_log):
+    """gpulab.hubapi's paging against JupyterHub's own: every user once, two a page."""
+    names = {new_name("page") for _ in range(5)}
+    for name in names:
+        assert hub.api("POST", f"/users/{name}", {}).status == 201
+    api = SyncHubApi(HubApi(f"http://127.0.0.1:{hub.hub_port}/hub/api", hub.admin_token))
+    listed = [u["name"] for u in api.pages("/users", limit=2)]
+    assert names <= set(listed) and len(listed) == len(set(listed))
+    assert listed == [u["name"] for u in api.users()]

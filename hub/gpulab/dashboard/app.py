@@ -80,6 +80,7 @@ from gpulab.dashboard.usage import (
     usage_model,
 )
 from gpulab.dashboard.view import build_view, format_duration
+from gpulab.hubapi import HubApi
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -141,7 +142,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
     and remembers whether someone known was refused, to tell 401 from 403."""
 
     def initialize(self, hub_auth: HubOAuth, reader: SnapshotReader, config: DashboardConfig,
-                   templates: Environment, access_scopes: frozenset[str],
+                   templates: Environment, access_scopes: frozenset[str], hub: HubApi,
                    leases: LeaseAdmin | None = None,
                    members: HubMembers | None = None,
                    usage: PrometheusUsage | None = None,
@@ -151,6 +152,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         self.config = config
         self.templates = templates
         self.access_scopes = access_scopes
+        self.hub = hub  # the hub's API with the service's own token
         self.leases = leases
         self.members = members
         self.usage = usage
@@ -340,7 +342,7 @@ class _Usage:
         try:
             per_day, groups = await asyncio.gather(
                 self.usage.month(month, now),
-                hub_groups(self.hub_auth.api_url, self.hub_auth.api_token))
+                hub_groups(self.hub))
         except UsageUnavailable as e:
             self.page_error = (f"No usage figures: {e}", "Prometheus keeps them "
                                "(gpulab-prometheus); its log says why it is down.")
@@ -544,7 +546,8 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
     scopes = frozenset(hub_auth.access_scopes) or frozenset(
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
-            "templates": make_templates(), "access_scopes": scopes, "leases": leases,
+            "templates": make_templates(), "access_scopes": scopes,
+            "hub": HubApi(hub_auth.api_url, hub_auth.api_token), "leases": leases,
             "members": members, "usage": usage, "history": history}
     routes = [
         (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),
