@@ -45,4 +45,4 @@ def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_produces(produce
 
 
 # gpulab_* words in the hub's code that are not metrics: modules and packages.
-MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels"}
+MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access"}

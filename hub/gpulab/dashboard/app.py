@@ -57,7 +57,7 @@ from jupyterhub.services.auth import (
 )
 from jupyterhub.utils import url_path_join
 from markupsafe import Markup
-from tornado import web
+from tornado import httputil, web
 
 from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.charts import gpu_chart
@@ -96,6 +96,11 @@ class DashboardConfig:
 def make_templates() -> Environment:
     """Jinja2 over the package's templates, every value escaped."""
     return Environment(loader=PackageLoader("gpulab.dashboard", "templates"), autoescape=True)
+
+
+def _phrase(status: int) -> str:
+    """The status's standard reason (tornado's, since no handler here gives its own)."""
+    return httputil.responses.get(status, "Unknown")
 
 
 def _clock(ts: float | None) -> str:
@@ -236,7 +241,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
             return ("Not signed in. Open this page in a browser signed in to the hub, or "
                     "send 'Authorization: token <token>' with a token that has the scope "
                     f"{scope}.", None)
-        return (self._reason, None)
+        return (_phrase(status), None)
 
 
 class _History:
@@ -285,7 +290,7 @@ class PageHandler(_History, _Handler):
             message, hint = "The dashboard failed; the service's log says why.", None
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(self.templates.get_template("error.html").render(
-            status=status_code, reason=self._reason, message=message, hint=hint,
+            status=status_code, reason=_phrase(status_code), message=message, hint=hint,
             hub_home=url_path_join(self.hub_auth.hub_prefix, "home")))
 
 

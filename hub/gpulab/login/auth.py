@@ -44,6 +44,7 @@ from sqlalchemy import inspect
 from tornado import web
 from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
+from gpulab import compat
 from gpulab.login import tokens as lt
 from gpulab.login.forwarded import TrustedProxies, client_address
 from gpulab.login.redirects import safe_next_url
@@ -140,16 +141,16 @@ class GpulabLoginHandler(LoginHandler):
 
     def set_device_cookie(self, username: str) -> None:
         # JupyterHub's cookie helper: httponly, secure on https, c.JupyterHub.cookie_options
-        self._set_cookie(DEVICE_COOKIE_PREFIX + username, secrets.token_urlsafe(24),
-                         encrypted=True, path=self.hub.base_url,
-                         expires_days=self.authenticator.device_cookie_max_age_days)
+        compat.set_hub_cookie(self, DEVICE_COOKIE_PREFIX + username, secrets.token_urlsafe(24),
+                              path=self.hub.base_url,
+                              expires_days=self.authenticator.device_cookie_max_age_days)
 
     # ---------------------------------------------------------------- pages
 
     async def _finish_locked(self, decision: Decision, username: str = ""):
         self.set_status(decision.status)
         self.set_header("Retry-After", str(decision.retry_after))
-        html = await self._render(login_error=decision.message(), username=username)
+        html = await compat.render_login(self, decision.message(), username)
         self.finish(html)
 
     async def get(self):
@@ -187,10 +188,9 @@ class GpulabLoginHandler(LoginHandler):
             self.log.warning("Sign-in with invalid username %r from %s",
                              _display_name(raw_username), address)
             self.set_status(403)
-            html = await self._render(
-                login_error=self.authenticator.invalid_username_message,
-                username=_display_name(raw_username),
-            )
+            html = await compat.render_login(
+                self, self.authenticator.invalid_username_message,
+                _display_name(raw_username))
             self.finish(html)
             return
 
@@ -198,7 +198,7 @@ class GpulabLoginHandler(LoginHandler):
         if user:
             self.throttle.record_success(username, device)
             self.set_device_cookie(username)
-            self._jupyterhub_user = user
+            compat.set_current_user(self, user)
             self.redirect(self.get_next_url(user))
             return
 
@@ -210,7 +210,7 @@ class GpulabLoginHandler(LoginHandler):
             await self._finish_locked(decision, username)
             return
         self.set_status(403)
-        html = await self._render(login_error="Invalid username or token.", username=username)
+        html = await compat.render_login(self, "Invalid username or token.", username)
         self.finish(html)
 
 
@@ -449,11 +449,11 @@ class TokenAuthenticator(Authenticator):
                 ", ".join(ended.api_tokens) or "(none)", ended.oauth_tokens)
         else:
             self.log.debug("User %s has no valid login token: sign-in required", orm_user.name)
-        if handler is not None and not hasattr(handler, "_token_authenticated"):
-            # JupyterHub 6.1.1 sets it only on token-authenticated requests, and its
-            # refresh_auth reads it after a failed refresh: a cookie request would end
-            # in an AttributeError (signed out all the same, with a traceback).
-            handler._token_authenticated = False
+        if handler is not None:
+            # JupyterHub 6.1.1 marks only token-authenticated requests, and its
+            # refresh_auth reads the mark after a failed refresh: a cookie request would
+            # end in an AttributeError (signed out all the same, with a traceback).
+            compat.mark_cookie_request(handler)
         return False
 
 

@@ -51,6 +51,8 @@ from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
+from gpulab import compat
+
 LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
 # The note `gpulab token issue` wrote before login tokens were recorded.
 LEGACY_CLI_NOTE = f"{LOGIN_TOKEN_NOTE}: issued by gpulab token issue"
@@ -436,7 +438,7 @@ class LoginTokenAPIHandler(_AdminOnly):
                                running_server_tokens(self.db, user),
                                {t.id for t in scripts})
             # refresh at this user's next request, whatever auth_refresh_age says
-            user._auth_refreshed = None
+            compat.expire_auth(user)
         self.log.info("%s revoked login token %s of %s%s", self.requester, token_id,
                       user.name, "; no login token left: access ended" if ended else "")
         self.write(json.dumps({
@@ -508,7 +510,7 @@ class AccessAPIHandler(_AdminOnly):
         keep = set() if stop else running_server_tokens(self.db, user)
         ended = end_access(self.db, self.store, orm_user, keep)
         self.store.forget_user(orm_user.name)
-        user._auth_refreshed = None
+        compat.expire_auth(user)
         stopped = []
         if stop:
             for name, spawner in list(user.spawners.items()):

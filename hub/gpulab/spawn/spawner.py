@@ -31,7 +31,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
 
-from gpulab import live_config
+from gpulab import compat, live_config
 from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
@@ -121,12 +121,17 @@ class GpulabSpawner(DockerSpawner):
     def _default_options_from_form(self):
         # Only unwrap the form's one-element lists; start() validates whatever arrives,
         # from the form or straight from the REST API.
-        return self._simple_options_from_form
+        return compat.simple_options_from_form(self)
 
     @property
     def lease_book(self) -> LeaseBook:
         """The hub's one lease table, shared by every spawner."""
         return lease_book()
+
+    @property
+    def log_name(self) -> str:
+        """This server as JupyterHub's log names it (``alice``, ``alice:train``)."""
+        return compat.spawner_log_name(self)
 
     # ------------------------------------------------------------- options
 
@@ -183,7 +188,7 @@ class GpulabSpawner(DockerSpawner):
     # ------------------------------------------------------------- progress
 
     def _report(self, progress: int, message: str) -> None:
-        self.log.info("%s: %s", self._log_name, message)
+        self.log.info("%s: %s", self.log_name, message)
         self._progress_events.append({"progress": progress, "message": message})
 
     async def progress(self):
@@ -192,9 +197,7 @@ class GpulabSpawner(DockerSpawner):
             while sent < len(self._progress_events):
                 yield self._progress_events[sent]
                 sent += 1
-            if self._spawn_future is not None and self._spawn_future.done():
-                return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # JupyterHub stops reading when the spawn ends
 
     # ------------------------------------------------------------- start / stop
 
@@ -220,7 +223,7 @@ class GpulabSpawner(DockerSpawner):
             return (live_config.settings_file.load(self.settings_file),
                     live_config.gpus_file.load(self.gpus_file))
         except ConfigError as e:
-            self.log.error("Cannot spawn %s: %s", self._log_name, e)
+            self.log.error("Cannot spawn %s: %s", self.log_name, e)
             raise _http_error(
                 503, f"The lab's configuration is invalid, so servers cannot start; "
                      f"an admin must fix it: {e}") from None
@@ -232,10 +235,10 @@ class GpulabSpawner(DockerSpawner):
             return await self.lease_book.acquire(gpus_config, self._request(count))
         except NotEnoughGpus as e:
             message = e.detailed_message if self.user.admin else str(e)
-            self.log.info("Spawn of %s refused: %s", self._log_name, e.detailed_message)
+            self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
             raise _http_error(e.status, message) from None
         except AllocationError as e:
-            self.log.info("Spawn of %s refused: %s", self._log_name, e)
+            self.log.info("Spawn of %s refused: %s", self.log_name, e)
             raise _http_error(e.status, str(e)) from None
 
     async def _preflight(self, settings: Settings) -> None:
@@ -244,7 +247,7 @@ class GpulabSpawner(DockerSpawner):
         try:
             await self.docker("ping")
         except Exception as e:
-            self.log.error("Docker engine unreachable while spawning %s: %s", self._log_name, e)
+            self.log.error("Docker engine unreachable while spawning %s: %s", self.log_name, e)
             raise _http_error(503, "The Docker engine on this host is not answering, so "
                                    "servers cannot start right now. Try again in a minute; "
                                    "if it persists, tell an admin.") from None
@@ -307,7 +310,7 @@ class GpulabSpawner(DockerSpawner):
                     if refusal is None:
                         raise
                     self.log.error("Docker proxy refused %s's container: %s",
-                                   self._log_name, refusal)
+                                   self.log_name, refusal)
                     raise SpawnFailed(
                         f"The lab's Docker policy refused to create your server ({refusal}). "
                         f"This is a configuration problem: tell an admin.") from None
@@ -395,7 +398,7 @@ class GpulabSpawner(DockerSpawner):
             if time.monotonic() > deadline:
                 log_tail = await self._log_tail()
                 self.log.warning("%s did not answer within %ss; stopping it",
-                                 self._log_name, self.start_timeout)
+                                 self.log_name, self.start_timeout)
                 await self.stop_object()  # JupyterHub won't stop() a failed start
                 await self.remove_object()
                 raise SpawnFailed(

@@ -147,7 +147,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             note = await asyncio.wait_for(self._landing_note(), LANDING_NOTE_TIMEOUT)
         except Exception as e:  # the form never fails for want of this line
             self.log.warning("Could not tell %s where a server would start: %s",
-                             self._log_name, e)
+                             self.log_name, e)
             return form
         return f'{form}\n<p class="form-text" id="gpulab-machine">{escape(note)}</p>'
 
@@ -240,7 +240,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             if state.state == RUNNING:
                 return
             if state.state != STARTING:
-                self.log.warning("Start of %s failed: %s", self._log_name, state.reason)
+                self.log.warning("Start of %s failed: %s", self.log_name, state.reason)
                 if not ran_a_container(tasks):  # no log, and no GPU held on the machine
                     await self.remove_object(cool=False)
                     raise SpawnFailed(f"Your server could not start: {state.reason}.")
@@ -337,14 +337,14 @@ class GpulabSwarmSpawner(GpulabSpawner):
         if state.state in (RUNNING, STARTING):
             return None
         self.log.warning("%s stopped: %s; removing its service, which releases its GPUs",
-                         self._log_name, state.reason)
+                         self.log_name, state.reason)
         await self.remove_object()
         if self.notices_file:
             try:
                 notices.record_stopped(self.notices_file, notices.Stopped(
                     self.user.name, self.name, time.time(), notices.MACHINE, state.reason))
             except OSError as e:
-                self.log.warning("Could not tell %s why: %s", self._log_name, e)
+                self.log.warning("Could not tell %s why: %s", self.log_name, e)
         self.lease_book.settle(self.user.name, self.name)
         return state.reason
 

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
-from asyncssh.constants import EXTENDED_DATA_STDERR
-from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
+from asyncssh.stream import SSHServerStreamSession
 from tornado.websocket import WebSocketClosedError
 
+from gpulab import compat
 from gpulab.hubapi import HubApiError
 from gpulab.login.throttle import Policy, Throttle
 from gpulab.ssh import channels, execwrap, hostkey, policy
@@ -379,16 +379,13 @@ class _StreamSession(SSHServerStreamSession):
     """asyncssh's stream session, except that every subsystem, sftp included, goes to
     the gateway's handler (which runs the member's own sftp-server in her server)
     instead of asyncssh's built-in SFTP server, which would serve the gateway's files.
-    Its session_started without that built-in branch (asyncssh 2.x internals)."""
+    Its session_started without that built-in branch (asyncssh's internals: gpulab.compat)."""
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return True  # the handler refuses, with a message, what it does not offer
 
     def session_started(self) -> None:
-        stdin = SSHReader(self, self._chan)
-        stdout = SSHWriter(self, self._chan)
-        stderr = SSHWriter(self, self._chan, EXTENDED_DATA_STDERR)
-        self._conn.create_task(self._session_factory(stdin, stdout, stderr), stdin.logger)
+        compat.start_stream_session(self)
 
 
 class _Connection(asyncssh.SSHServer):
