@@ -3,6 +3,7 @@
     spawner.py         GpulabSpawner (the `gpulab` spawner): leases GPUs, then lets
                        DockerSpawner create the container; progress, ready check
     swarm_spawner.py   GpulabSwarmSpawner (`gpulab-swarm`): the same, as a Swarm service
+    form.py            pure: the spawn form (templates/spawn_form.html, autoescaped)
     containers.py      pure: settings + user + GPUs -> Docker create options
     swarm_services.py  pure: the service spec, and whether a member's service runs
     naming.py          pure: collision-free container and volume names

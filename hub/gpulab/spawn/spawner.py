@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from html import escape
 
 import docker.errors
 from dockerspawner import DockerSpawner
@@ -37,6 +36,7 @@ from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
+from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
 
 
@@ -139,51 +139,25 @@ class GpulabSpawner(DockerSpawner):
         return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count)
 
     async def _gpu_options_form(self, spawner=None) -> str:
-        """The spawn form: how many GPUs, and which are free. Empty (no form) when the
-        user can have no GPU or the host has none."""
+        """The spawn form (:mod:`gpulab.spawn.form`); empty (no form) when the user can
+        have no GPU or the host has none."""
+        form = await self._spawn_form()
+        return render_spawn_form(form) if form else ""
+
+    async def _spawn_form(self) -> SpawnForm | None:
+        """What the spawn form shows: how many GPUs, and which are free."""
         config = live_config.gpus_file.load(self.gpus_file)
         policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
-            return ""
+            return None
         holders = await self.lease_book.holders([g.uuid for g in inventory])
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
-        machines = any(g.machine for g in inventory)  # on a Swarm: which server it is in
-        rows = []
-        for g in inventory:
-            held = holders.get(g.uuid, [])
-            if not held:
-                status = "free"
-            elif is_admin:
-                status = "held by " + ", ".join(
-                    f"{le.user}{'/' + le.server if le.server else ''}" for le in held)
-            else:
-                status = ("in use" if len(held) >= g.capacity
-                          else f"shared ({len(held)}/{g.capacity})")
-            machine = f"<td>{escape(g.machine)}</td>" if machines else ""
-            rows.append(
-                f"<tr>{machine}<td>{g.index}</td><td>{escape(g.model)}</td>"
-                f"<td>{escape(g.pool)}</td><td>{escape(status)}</td></tr>"
-            )
-        head = "<th>Machine</th>" if machines else ""
-        choices = "".join(
-            f'<option value="{n}"{" selected" if n == policy.gpus else ""}>{n}</option>'
-            for n in range(policy.max_gpus + 1)
-        )
-        return f"""
-<div class="form-group">
-  <label for="gpulab-gpus">GPUs for this server (you may use up to {policy.max_gpus})</label>
-  <select class="form-control" id="gpulab-gpus" name="gpus">{choices}</select>
-</div>
-<table class="table table-condensed" id="gpulab-gpu-table">
-  <thead><tr>{head}<th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
-  <tbody>{''.join(rows)}</tbody>
-</table>
-<p class="form-text" id="gpulab-culling">{escape(policy_note(policy, config.culling))}</p>"""
-
+        return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
+                         policy_note(policy, config.culling))
 
     # ------------------------------------------------------------- progress
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from html import escape
 
 import docker.errors
 from tornado import web
@@ -39,6 +38,7 @@ from gpulab.gpus.leases import LeaseBook, swarm_lease_book
 from gpulab.gpus.policy import policy_for
 from gpulab.gpus.swarm_nodes import node_name, node_usable
 from gpulab.settings import Settings
+from gpulab.spawn.form import SpawnForm
 from gpulab.spawn.spawner import GpulabSpawner, SpawnFailed, _http_error
 from gpulab.spawn.swarm_services import (
     RUNNING,
@@ -138,10 +138,10 @@ class GpulabSwarmSpawner(GpulabSpawner):
 
     # ------------------------------------------------------------- the spawn form
 
-    async def _gpu_options_form(self, spawner=None) -> str:
+    async def _spawn_form(self) -> SpawnForm | None:
         """The spawn form, which also says on which machine the server would start."""
-        form = await super()._gpu_options_form(spawner)
-        if not form:  # no GPU to choose: the progress bar names the machine
+        form = await super()._spawn_form()
+        if form is None:  # no GPU to choose: the progress bar names the machine
             return form
         try:
             note = await asyncio.wait_for(self._landing_note(), LANDING_NOTE_TIMEOUT)
@@ -149,7 +149,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             self.log.warning("Could not tell %s where a server would start: %s",
                              self.log_name, e)
             return form
-        return f'{form}\n<p class="form-text" id="gpulab-machine">{escape(note)}</p>'
+        return replace(form, landing=note)
 
     async def _landing_note(self) -> str:
         settings = live_config.settings_file.load(self.settings_file)
