@@ -48,6 +48,18 @@ def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
 # comma-separated, in NVML index order; the hub's inventory of that node.
 ENGINE_LABEL_GPUS = "gpulab.gpus"
 
+# The users' network and the stack's fixed addresses on it (members' servers reach only
+# the hub there, and only the hub and the proxy reach them: gpulab-netguard). Docker (or
+# a Swarm) hands members' servers addresses from USERS_IP_RANGE; the hub and the proxy
+# sit above it. docker-compose*.yml, the Makefile and scripts/preflight.sh spell their
+# own defaults (GPULAB_SUBNET, GPULAB_IP_RANGE, GPULAB_HUB_IP, GPULAB_PROXY_IP):
+# tests/unit/test_contract.py holds them equal to these.
+USERS_SUBNET = "172.30.0.0/24"
+USERS_IP_RANGE = "172.30.0.0/25"
+HUB_IP = "172.30.0.250"
+PROXY_IP = "172.30.0.251"
+PROXY_API_PORT = 8001  # configurable-http-proxy's REST API, which the hub drives
+
 # The GPU exporter's port (monitoring/exporter's --listen default; published on each GPU
 # server of a Swarm for the manager's Prometheus).
 EXPORTER_PORT = 9445

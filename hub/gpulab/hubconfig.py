@@ -18,6 +18,8 @@ from gpulab.contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
+    PROXY_API_PORT,
+    PROXY_IP,
     SERVER_NOTICES_FILE,
 )
 from gpulab.login.auth import configure_login, default_trusted_proxies
@@ -161,7 +163,7 @@ def configure(c) -> None:
     c.JupyterHub.bind_url = "http://:8000"  # the proxy's public port (compose publishes it)
     c.ConfigurableHTTPProxy.should_start = False
     c.ConfigurableHTTPProxy.api_url = os.environ.get("GPULAB_PROXY_API_URL",
-                                                     "http://172.30.0.3:8001")
+                                                     f"http://{PROXY_IP}:{PROXY_API_PORT}")
     c.ConfigurableHTTPProxy.auth_token = read_secret("proxy-token")
     # A restarted proxy starts with no routes; the hub puts them back at every activity
     # check (update_last_activity -> check_routes), so make that often.

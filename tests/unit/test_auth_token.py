@@ -369,7 +369,7 @@ def test_trusted_proxies():
 
 def test_default_trusted_proxies():
     settings = {**defaults(), "hub.trusted_proxies": ("10.0.0.5/32",)}
-    assert default_trusted_proxies(settings, {}) == ["172.30.0.3", "10.0.0.5/32"]
+    assert default_trusted_proxies(settings, {}) == ["172.30.0.251", "10.0.0.5/32"]
     assert default_trusted_proxies(settings, {"GPULAB_PROXY_IP": "172.31.0.3"})[0] == "172.31.0.3"
 
 

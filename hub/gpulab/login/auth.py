@@ -45,6 +45,7 @@ from tornado import web
 from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
 from gpulab import compat
+from gpulab.contract import PROXY_IP
 from gpulab.login import tokens as lt
 from gpulab.login.forwarded import TrustedProxies, client_address
 from gpulab.login.redirects import safe_next_url
@@ -64,7 +65,6 @@ DEVICE_COOKIE_PREFIX = "gpulab-device-"
 _DEVICE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}\Z")
 THROTTLE_FILE = "gpulab-login-throttle.sqlite"
 LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
-DEFAULT_PROXY_IP = "172.30.0.3"  # docker-compose.yml: the proxy's fixed address
 
 
 def credentials_in_query(query: str) -> list[str]:
@@ -321,7 +321,7 @@ class TokenAuthenticator(Authenticator):
         the header is ignored and the peer is the client. configure_login() puts
         gpulab's own proxy and settings hub.trusted_proxies here.
 
-        Example: c.TokenAuthenticator.trusted_proxies = ["172.30.0.3", "10.0.0.0/24"]
+        Example: c.TokenAuthenticator.trusted_proxies = ["10.0.0.5", "10.0.0.0/24"]
         """,
     ).tag(config=True)
 
@@ -462,9 +462,9 @@ class TokenAuthenticator(Authenticator):
 
 def default_trusted_proxies(settings: Mapping, environ: Mapping[str, str] = os.environ
                             ) -> list[str]:
-    """gpulab's own proxy (env GPULAB_PROXY_IP, default 172.30.0.3) and the
+    """gpulab's own proxy (env GPULAB_PROXY_IP, default :data:`gpulab.contract.PROXY_IP`) and the
     reverse proxies in settings ``hub.trusted_proxies``."""
-    proxy_ip = environ.get("GPULAB_PROXY_IP", "").strip() or DEFAULT_PROXY_IP
+    proxy_ip = environ.get("GPULAB_PROXY_IP", "").strip() or PROXY_IP
     return [proxy_ip, *settings["hub.trusted_proxies"]]
 
 
