@@ -58,7 +58,7 @@ HEAD_TIMEOUT = 30.0  # seconds for a client to send its request
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.[01]")
 _HEADER = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
-_SERVICE_ID = re.compile(r"[0-9a-z]{25}")
+_SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 411: "Length Required",
             413: "Payload Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
 

@@ -84,7 +84,6 @@ from gpulab.dockerapi.schema import (
 )
 
 MIN_API_VERSION = (1, 41)  # CapabilityDrop, Pids in service specs
-SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
 _CONSTRAINT = re.compile(r"node\.id==([0-9a-z]{25})")
 # Stands for the resolved service ID in a task list's forwarded query (never a real ID:
 # those are lowercase).

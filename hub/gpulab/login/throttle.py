@@ -99,11 +99,6 @@ def after_failure(entry: Entry, now: float, policy: Policy) -> Entry:
     return entry
 
 
-def is_stale(entry: Entry, now: float, policy: Policy) -> bool:
-    """True when the entry no longer matters and may be deleted."""
-    return not is_locked(entry, now) and now - entry.last_failure > policy.forget_after
-
-
 def address_key(address: str) -> str:
     """The throttling key for a client address.
 
