@@ -187,10 +187,10 @@ down:
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
 	@# gpulab-netguard leaves its firewall rules in place when it stops (stopping must not
-	@# open the users' network); they are removed here, with any left by gpulab before
-	@# netguard. On a Swarm, those inside the overlay's namespaces go with the namespaces.
-	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q -e gpulab-netguard -e gpulab-isolate-users; then \
-	  iptables -S | grep -e 'comment gpulab-netguard' -e 'comment gpulab-isolate-users' | sed 's/^-A /-D /' \
+	@# open the users' network); they are removed here. On a Swarm, those inside the
+	@# overlay's namespaces go with the namespaces.
+	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q gpulab-netguard; then \
+	  iptables -S | grep 'comment gpulab-netguard' | sed 's/^-A /-D /' \
 	    | while read -r rule; do iptables $$rule; done; \
 	  echo "[gpulab] removed gpulab-netguard's firewall rules"; fi
 

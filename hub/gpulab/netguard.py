@@ -55,7 +55,6 @@ from gpulab.contract import EXPORTER_PORT, HUB_IP, PROXY_IP, USERS_SUBNET
 log = logging.getLogger("gpulab.netguard")
 
 TAG = "gpulab-netguard"  # the iptables comment that marks our rules (and only ours)
-LEGACY_TAG = "gpulab-isolate-users"  # rules of scripts/isolate-users.sh (gpulab <= 0.1)
 HUB_API_PORT = 8081
 LINK_LOCAL = "169.254.0.0/16"
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -236,13 +235,6 @@ def bridge_filtering(path: Path = BRIDGE_NF) -> bool | None:
         return path.read_text().strip() == "1"
     except OSError:
         return None
-
-
-def tagged(listing: str, tag: str) -> list[list[str]]:
-    """The ``-D`` arguments that delete every rule of an ``iptables -S`` listing that
-    carries the comment *tag*."""
-    return [["-D", *line.split()[1:]] for line in listing.splitlines()
-            if line.startswith("-A ") and f"--comment {tag}" in line]
 
 
 # ---------------------------------------------------------------- the I/O shell
@@ -493,9 +485,6 @@ def main(argv: list[str] | None = None) -> int:
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
-    listing = subprocess.run([iptables, "-S"], capture_output=True, text=True).stdout
-    for delete in tagged(listing, LEGACY_TAG):
-        _run([iptables, *delete])
     added = machine.apply()
     for name in machine.scan():
         log.info("closed the users' overlay namespace %s", name)

@@ -29,7 +29,6 @@ from gpulab.login.auth import (
     default_trusted_proxies,
 )
 from gpulab.login.throttle import Throttle
-from gpulab.login.tokens import LEGACY_CLI_NOTE
 from gpulab.settings import defaults
 from tests.unit.hub_orm import add_user
 
@@ -117,7 +116,8 @@ async def test_another_users_token_is_refused(auth, db, alice, alice_token):
 
 
 @pytest.mark.parametrize("note", ["my training script", f"{LOGIN_TOKEN_NOTE}: x",
-                                  LOGIN_TOKEN_NOTE, LEGACY_CLI_NOTE, ""])
+                                  LOGIN_TOKEN_NOTE,
+                                  "gpulab-login: issued by gpulab token issue", ""])
 async def test_tokens_members_make_cannot_open_a_browser_session(auth, db, alice, note):
     script_token = alice.new_api_token(note=note)
     assert await login(auth, db, "alice", script_token) is None

@@ -469,13 +469,7 @@ def default_trusted_proxies(settings: Mapping, environ: Mapping[str, str] = os.e
 
 
 def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Sequence[str]) -> None:
-    """Everything token login needs, on JupyterHub config object *c*.
-
-    Call it after ``c.JupyterHub.db_url`` is set: it records, once, the login tokens
-    made before login tokens were recorded (:func:`gpulab.login.tokens.migrate_hub_db`).
-    """
-    from traitlets.log import get_logger
-
+    """Everything token login needs, on JupyterHub config object *c*."""
     data_dir = Path(data_dir)
     trusted = TrustedProxies(trusted_proxies)  # refuses a bad entry before anything is set
     c.JupyterHub.authenticator_class = "gpulab-token"
@@ -494,5 +488,3 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     # Without a login token, token-authenticated requests are refused too: JupyterHub's
     # default lets them through on stale auth.
     c.Authenticator.auth_refresh_strict = True
-    db_url = c.JupyterHub.get("db_url") or f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
-    lt.migrate_hub_db(db_url, data_dir / LOGIN_TOKENS_FILE, get_logger())
