@@ -29,6 +29,7 @@ from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
+from traitlets.config import Configurable
 
 from gpulab import compat, live_config
 from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
@@ -38,6 +39,7 @@ from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
+from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
 
 
 class SpawnFailed(web.HTTPError):
@@ -61,6 +63,16 @@ def policy_refusal(error: docker.errors.APIError) -> str | None:
     if error.status_code in (400, 403, 503) and explanation.startswith(prefix):
         return explanation[len(prefix):]
     return None
+
+
+_logged: set[str] = set()
+
+
+def _log_once(log, line: str) -> None:
+    """Say *line* the first time in this hub process (it holds at every spawn)."""
+    if line not in _logged:
+        _logged.add(line)
+        log(line)
 
 
 def _http_error(status: int, message: str) -> web.HTTPError:
@@ -97,6 +109,16 @@ class GpulabSpawner(DockerSpawner):
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Said when the hub starts (it makes a spawner per server it knows), not only at
+        # the first spawn, which refuses or honours each of them again.
+        if self.admin_traits:
+            try:
+                self._admin_traits_applied(live_config.settings_file.load(self.settings_file))
+            except (ConfigError, web.HTTPError):
+                pass  # said at the spawn, which is refused
 
     @default("prefix")
     def _default_prefix(self):
@@ -176,15 +198,11 @@ class GpulabSpawner(DockerSpawner):
     # ------------------------------------------------------------- start / stop
 
     def apply_settings(self, settings: Settings, gpu_uuids=()) -> None:
-        """Copy gpulab's decisions onto DockerSpawner's traits."""
+        """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
+        admin's own config-file traits are already in *settings*, or refused)."""
         opts = container_options(settings, self.user.name, self.name, gpu_uuids)
-        self.image = opts.image
-        self.volumes = opts.volumes
-        self.extra_host_config = opts.host_config
-        self.extra_create_kwargs = opts.create_kwargs
-        self.mem_limit = opts.mem_limit
-        self.cpu_limit = opts.cpu_limit
-        self.network_name = settings["spawn.network"]
+        for name, value in trait_values(settings, opts).items():
+            setattr(self, name, value)
         self._gpulab_env = opts.environment
 
     def get_env(self):
@@ -194,13 +212,34 @@ class GpulabSpawner(DockerSpawner):
 
     def _read_lab_config(self):
         try:
-            return (live_config.settings_file.load(self.settings_file),
-                    live_config.gpus_file.load(self.gpus_file))
+            settings = live_config.settings_file.load(self.settings_file)
+            gpus_config = live_config.gpus_file.load(self.gpus_file)
         except ConfigError as e:
             self.log.error("Cannot spawn %s: %s", self.log_name, e)
             raise _http_error(
                 503, f"The lab's configuration is invalid, so servers cannot start; "
                      f"an admin must fix it: {e}") from None
+        return self._admin_traits_applied(settings), gpus_config
+
+    def _admin_traits_applied(self, settings: Settings) -> Settings:
+        """*settings* with the admin's honoured config-file traits in place (each said
+        once in the hub's log); a 503 for an admin when one is refused."""
+        settings, honoured, refused = apply_admin_traits(settings, self.admin_traits)
+        for line in honoured:
+            _log_once(self.log.warning, line)
+        for line in refused:
+            _log_once(self.log.error, f"Servers cannot start: {line}")
+        if refused:
+            raise _http_error(
+                503, f"The hub's configuration sets a spawner option gpulab decides, so "
+                     f"servers cannot start; an admin must fix it: {'; '.join(refused)}.")
+        return settings
+
+    @property
+    def admin_traits(self) -> tuple[AdminTrait, ...]:
+        """The traits gpulab sets at each spawn that the hub's config file sets too."""
+        classes = [c.__name__ for c in type(self).mro() if issubclass(c, Configurable)]
+        return admin_traits(self.config, classes)
 
     async def _lease(self, gpus_config) -> list:
         policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
