@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SERVER, LABEL_USER
-from gpulab.dockerapi.policy import decide
+from gpulab.dockerapi.policy import proxy_verdict
 from gpulab.gpus.allocator import Lease
 from gpulab.gpus.swarm_nodes import (
     inventory_from_nodes,
@@ -37,7 +37,7 @@ HUB_ENV = {"JUPYTERHUB_API_TOKEN": "t0ken", "JUPYTERHUB_USER": "alice",
 
 
 def proxy(spec: dict) -> tuple[bool, str]:
-    d = decide("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
+    d = proxy_verdict("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
                image_id=IMAGE_ID)
     return d.allowed, d.reason
 

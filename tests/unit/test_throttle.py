@@ -12,14 +12,14 @@ from gpulab.login.throttle import (
     DEVICE,
     USER,
     Entry,
-    Policy,
+    LockoutPolicy,
     Throttle,
     address_key,
     after_failure,
     is_locked,
 )
 
-POLICY = Policy(max_failures=5, window=900, lockout=900, max_lockout=3600, forget_after=86400)
+POLICY = LockoutPolicy(max_failures=5, window=900, lockout=900, max_lockout=3600, forget_after=86400)
 
 
 class Clock:
@@ -94,9 +94,9 @@ def test_address_keys(address, key):
 
 def test_policy_rejects_nonsense():
     with pytest.raises(ValueError, match="max_failures"):
-        Policy(max_failures=0)
+        LockoutPolicy(max_failures=0)
     with pytest.raises(ValueError, match="lockout"):
-        Policy(lockout=0)
+        LockoutPolicy(lockout=0)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ class Server:
 
 
 @dataclass(frozen=True)
-class Decision:
+class CullDecision:
     server: Server
     action: str  # KEEP, WARN or STOP
     warning: CullWarning | None = None  # the standing warning (WARN), or the one acted on (STOP)
@@ -74,22 +74,22 @@ def idle_since(samples: Sequence[tuple[float, float]], *, below: float, step: fl
     return since
 
 
-def decide(server: Server, policy: Policy, culling: Culling,
-           gpus_idle_since: Mapping[str, float | None], standing: CullWarning | None,
-           now: float) -> Decision:
+def cull_decision(server: Server, policy: Policy, culling: Culling,
+                  gpus_idle_since: Mapping[str, float | None], standing: CullWarning | None,
+                  now: float) -> CullDecision:
     """Keep, warn or stop one *server*; *standing* is the warning it already has, if any
     (from an earlier check of the same run of the server)."""
     if standing is not None and standing.started != server.started:
         standing = None  # a warning for an earlier run of this server
     due = _due(server, policy, culling, gpus_idle_since)
     if due is None or now < due[0] - culling.warn_before:
-        return Decision(server, KEEP)
+        return CullDecision(server, KEEP)
     at, reason, why = due
     warned_at = standing.warned_at if standing is not None else now
     stop_at = max(at, warned_at + culling.warn_before)
     warning = CullWarning(server.user, server.name, server.started, reason, warned_at,
                        stop_at, why)
-    return Decision(server, STOP if now >= stop_at else WARN, warning)
+    return CullDecision(server, STOP if now >= stop_at else WARN, warning)
 
 
 def _due(server: Server, policy: Policy, culling: Culling,
@@ -114,10 +114,10 @@ def _due(server: Server, policy: Policy, culling: Culling,
 
 def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
          culling: Culling, gpus_idle_since: Mapping[str, float | None],
-         standing: Mapping[tuple[str, str], CullWarning], now: float) -> list[Decision]:
-    """:func:`decide` for every server (policies and warnings by ``(user, server)``)."""
-    return [decide(s, policies[s.key], culling, gpus_idle_since, standing.get(s.key), now)
-            for s in servers]
+         standing: Mapping[tuple[str, str], CullWarning], now: float) -> list[CullDecision]:
+    """:func:`cull_decision` for every server (policies and warnings by ``(user, server)``)."""
+    return [cull_decision(s, policies[s.key], culling, gpus_idle_since, standing.get(s.key),
+                          now) for s in servers]
 
 
 def longest_idle_window(policies: Sequence[Policy]) -> int:

@@ -48,13 +48,13 @@ NOT_RUNNING = frozenset({"exited", "dead"})
 
 # -- pure ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Decision:
+class ReleaseDecision:
     remove: bool
     why: str
 
 
 def release_decision(container_state: str, hub_active: bool,
-                     holder: str = "container") -> Decision:
+                     holder: str = "container") -> ReleaseDecision:
     """Whether to remove one container of the server whose lease an admin releases.
 
     *hub_active*: the hub lists that server as running or starting/stopping. Then only
@@ -65,10 +65,10 @@ def release_decision(container_state: str, hub_active: bool,
     """
     state = (container_state or "running").lower()
     if not hub_active:
-        return Decision(True, f"the hub does not run this server; {holder} {state}")
+        return ReleaseDecision(True, f"the hub does not run this server; {holder} {state}")
     if state in NOT_RUNNING:
-        return Decision(True, f"{holder} {state}")
-    return Decision(False, f"the hub runs this server; {holder} {state}")
+        return ReleaseDecision(True, f"{holder} {state}")
+    return ReleaseDecision(False, f"the hub runs this server; {holder} {state}")
 
 
 def server_containers(containers: Sequence[dict[str, Any]], gpu_uuid: str, user: str,

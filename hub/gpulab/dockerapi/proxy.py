@@ -45,7 +45,7 @@ from urllib.parse import quote
 
 from gpulab.contract import LABEL_MANAGED
 from gpulab.dockerapi import policy as docker_policy
-from gpulab.dockerapi.policy import Decision
+from gpulab.dockerapi.policy import ProxyVerdict
 from gpulab.dockerapi.schema import IMAGE_ID
 
 log = logging.getLogger("gpulab.dockerapi.proxy")
@@ -206,9 +206,9 @@ class Proxy:
         if self.swarm and settings is not None and docker_policy.is_service_create(
                 method, target):
             image_id = await self._image_id(settings["spawn.image"])
-        decision: Decision = docker_policy.decide(method, target, body, settings=settings,
-                                                  read_only=self.read_only, swarm=self.swarm,
-                                                  image_id=image_id)
+        decision: ProxyVerdict = docker_policy.proxy_verdict(
+            method, target, body, settings=settings, read_only=self.read_only,
+            swarm=self.swarm, image_id=image_id)
         if not decision.allowed:
             raise Refusal(decision.status, decision.reason)
         if decision.container:

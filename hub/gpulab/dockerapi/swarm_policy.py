@@ -42,7 +42,7 @@ Service, task and node calls need API 1.41 (or an unversioned path): dockerd dro
 ``CapabilityDrop`` and the pids limit from a spec sent to an older version. List calls
 reveal whole specs (environment included), so a service list must filter on
 ``org.gpulab.managed=true`` and a task list on exactly one service, which the proxy
-resolves and checks as it does per-service calls (:attr:`Decision.service`).
+resolves and checks as it does per-service calls (:attr:`ProxyVerdict.service`).
 """
 
 from __future__ import annotations

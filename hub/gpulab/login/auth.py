@@ -49,7 +49,7 @@ from gpulab.contract import PROXY_IP
 from gpulab.login import tokens as lt
 from gpulab.login.forwarded import TrustedProxies, client_address
 from gpulab.login.redirects import safe_next_url
-from gpulab.login.throttle import Decision, Policy, Throttle
+from gpulab.login.throttle import LockoutDecision, LockoutPolicy, Throttle
 from gpulab.login.tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
@@ -147,7 +147,7 @@ class GpulabLoginHandler(LoginHandler):
 
     # ---------------------------------------------------------------- pages
 
-    async def _finish_locked(self, decision: Decision, username: str = ""):
+    async def _finish_locked(self, decision: LockoutDecision, username: str = ""):
         self.set_status(decision.status)
         self.set_header("Retry-After", str(decision.retry_after))
         html = await compat.render_login(self, decision.message(), username)
@@ -342,14 +342,14 @@ class TokenAuthenticator(Authenticator):
         forget = self.max_lockout_seconds
         return Throttle(
             self.throttle_db_path,
-            user_policy=Policy(
+            user_policy=LockoutPolicy(
                 max_failures=self.max_failed_logins,
                 window=self.failed_login_window,
                 lockout=self.lockout_seconds,
                 max_lockout=self.max_lockout_seconds,
                 forget_after=forget,
             ),
-            address_policy=Policy(
+            address_policy=LockoutPolicy(
                 max_failures=self.max_failed_logins_per_address,
                 window=self.failed_login_window,
                 lockout=self.lockout_seconds,

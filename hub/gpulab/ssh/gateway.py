@@ -51,7 +51,7 @@ from tornado.websocket import WebSocketClosedError
 
 from gpulab import compat
 from gpulab.hubapi import HubApiError
-from gpulab.login.throttle import Policy, Throttle
+from gpulab.login.throttle import LockoutPolicy, Throttle
 from gpulab.ssh import channels, execwrap, hostkey, policy
 from gpulab.ssh.terminal import HubError, Terminal, hub_api, resolve_below_the_hub
 
@@ -539,12 +539,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.host_key.exists():
         sys.exit(f"gpulab-ssh: no host key at {args.host_key}; make one with "
                  f"`gpulab-ssh keygen --dir {args.host_key.parent}` (`make up` does)")
-    user_policy = Policy(max_failures=args.max_failures, window=args.window,
-                         lockout=args.lockout, max_lockout=args.max_lockout,
-                         forget_after=args.max_lockout)
-    address_policy = Policy(max_failures=args.max_failures_per_address, window=args.window,
-                            lockout=args.lockout, max_lockout=args.max_lockout,
-                            forget_after=args.max_lockout)
+    user_policy = LockoutPolicy(max_failures=args.max_failures, window=args.window,
+                                lockout=args.lockout, max_lockout=args.max_lockout,
+                                forget_after=args.max_lockout)
+    address_policy = LockoutPolicy(max_failures=args.max_failures_per_address,
+                                   window=args.window, lockout=args.lockout,
+                                   max_lockout=args.max_lockout, forget_after=args.max_lockout)
     throttle = Throttle(args.throttle_db, user_policy=user_policy,
                         address_policy=address_policy)
     # Members' servers on names of their own (alice.gpu.lab.example) are all behind the
