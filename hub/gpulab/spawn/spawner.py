@@ -12,6 +12,9 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
   :func:`gpulab.spawn.containers.container_options` then decides image, volumes, limits,
   hardening and the DeviceRequest for exactly the leased GPUs.
 * Container names come from :mod:`gpulab.spawn.naming` (collision-free for any username).
+* The DockerSpawner traits gpulab sets come from gpulab.yaml, unless the hub's config
+  file sets them itself: then the config file wins, or the spawn is refused when the
+  trait carries the lease or the Docker proxy's rules (:mod:`gpulab.spawn.traits`).
 * ``progress()`` reports each step to the spawn page's progress bar.
 * ``start()`` returns only once the server answers HTTP, polling every 0.1 s, so the
   hub's own readiness check (exponential backoff up to 5 s) passes at its first try,
@@ -110,8 +113,8 @@ class GpulabSpawner(DockerSpawner):
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         # Said when the hub starts (it makes a spawner per server it knows), not only at
         # the first spawn, which refuses or honours each of them again.
         if self.admin_traits:
