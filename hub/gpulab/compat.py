@@ -24,6 +24,11 @@ checks them from ``tests/unit``:
   ``images/singleuser/gpulab_channels.py`` to close a command's stdout and stderr pipes
   when its SSH client goes away. Checked against CPython 3.11. Upstream:
   python/cpython#130929 (gh-130925: ``StreamReader.close()``) would do it publicly.
+
+No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
+``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,
+``jupyterhub.utils.iterate_until``) and tornado's ``RequestHandler._reason`` (the
+dashboard's error pages take the status's standard reason).
 """
 
 from __future__ import annotations
