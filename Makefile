@@ -102,7 +102,7 @@ secrets:
 	@# (mounted file by file; the secrets/ folder itself stays 0700).
 	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token
 
-# The certificate HTTPS serves (gpulab.tls, run in the hub image): the lab's, checked and
+# The certificate HTTPS serves (gpulab.login.tls, run in the hub image): the lab's, checked and
 # copied, or one signed by a local CA that is made once and kept in secrets/tls/.
 tls: images secrets
 	@install -d -m 755 secrets/tls
@@ -187,10 +187,10 @@ down:
 	  docker rm -f gpulab-hub >/dev/null 2>&1 || true; \
 	fi
 	@# gpulab-netguard leaves its firewall rules in place when it stops (stopping must not
-	@# open the users' network); they are removed here, with any left by gpulab before
-	@# netguard. On a Swarm, those inside the overlay's namespaces go with the namespaces.
-	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q -e gpulab-netguard -e gpulab-isolate-users; then \
-	  iptables -S | grep -e 'comment gpulab-netguard' -e 'comment gpulab-isolate-users' | sed 's/^-A /-D /' \
+	@# open the users' network); they are removed here. On a Swarm, those inside the
+	@# overlay's namespaces go with the namespaces.
+	@if command -v iptables >/dev/null && iptables -S 2>/dev/null | grep -q gpulab-netguard; then \
+	  iptables -S | grep 'comment gpulab-netguard' | sed 's/^-A /-D /' \
 	    | while read -r rule; do iptables $$rule; done; \
 	  echo "[gpulab] removed gpulab-netguard's firewall rules"; fi
 

@@ -48,7 +48,7 @@ import requests
 
 from bench.timeline import PHASES, spawn_timeline
 from gpulab.contract import HUB_CONTAINER, PROXY_CONTAINER
-from gpulab.naming import container_name
+from gpulab.spawn.naming import container_name
 from tests.integration.stack import Hub, LabConfig, docker, wait_for
 
 HERE = Path(__file__).resolve().parent

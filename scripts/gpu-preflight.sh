@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a host with NVIDIA GPUs, before `make up` (and `make swarm-node`) starts anything:
 # can Docker give a container one GPU, by UUID, as the hub gives members theirs, and is
-# the driver new enough for spawn.image's CUDA? Observes here, judges in gpulab.gpuhost
+# the driver new enough for spawn.image's CUDA? Observes here, judges in gpulab.gpus.host
 # (`gpulab gpu-preflight`, in the hub image), and says what to install or change.
 # Usage: scripts/gpu-preflight.sh [IMAGE]   (IMAGE: spawn.image)
 set -euo pipefail

@@ -1,13 +1,16 @@
 """gpulab: a multi-user GPU JupyterHub for a lab's own servers.
 
-Where things live:
-    settings.py, yamlfile.py   the admin's config file: declared settings, file:line errors
-    naming.py                  collision-free container and volume names
-    containers.py              settings + user + GPUs -> Docker create options (pure)
-    spawner.py                 GpulabSpawner (DockerSpawner subclass): the I/O shell
-    auth.py                    token login
-    hubconfig.py               wires all of it into JupyterHub's config
-    cli.py                     the `gpulab` command
+Its parts (docs/architecture.md is the map; each part's __init__ lists its modules):
+    gpus/        which GPUs there are, who may have which, who holds which now
+    spawn/       a member's server: GpulabSpawner and GpulabSwarmSpawner
+    login/       token login, login tokens, the throttle, roles, HTTPS certificates
+    dockerapi/   gpulab-docker-proxy: what the hub may ask of Docker
+    dashboard/   the GPU dashboard and the admins' pages (a hub service)
+    culler/      the GPU culler (a hub service)
+    ssh/         gpulab-ssh: SSH into one's own running server
+and beside them: contract.py (what the processes agree on), settings.py and
+live_config.py (config/gpulab.yaml), hubapi.py (the hub's REST API), notices.py,
+compat.py (upstream private names), hubconfig.py (the hub's wiring), cli.py (`gpulab`).
 """
 
 __version__ = "0.1.0"

@@ -8,10 +8,10 @@
     gpulab token revoke USER TOKEN_ID [--stop-server]
     gpulab access end USER [--stop-server]   every credential an admin issued, revoked
     gpulab bootstrap-admin              first admin's token, once (used by `make up`)
-    gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.tls; used by `make up`)
+    gpulab tls --hostname H --dir D     HTTPS certificates (gpulab.login.tls; used by `make up`)
 
 Token commands talk to the hub's REST API as the ``gpulab-admin`` service: login
-tokens through the admin-only endpoints of gpulab.login_tokens
+tokens through the admin-only endpoints of gpulab.login.tokens
 (/hub/api/gpulab/login-tokens/USER), users through JupyterHub's own. Inside the hub
 container they work as they are (``docker exec gpulab-hub gpulab token issue alice``);
 elsewhere set GPULAB_HUB_API (e.g. http://127.0.0.1:8000/hub/api) and
@@ -24,14 +24,12 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
-from .gpus_config import load_gpus_config
-from .live_config import file_kind
-from .settings import ConfigError, describe, load_settings, parse_duration
+from gpulab.gpus.config import load_gpus_config
+from gpulab.hubapi import HubApi, HubApiError, SyncHubApi
+from gpulab.live_config import file_kind
+from gpulab.settings import ConfigError, describe, load_settings, parse_duration
 
 DEFAULT_API = "http://127.0.0.1:8081/hub/api"
 DEFAULT_TOKEN_FILE = "/srv/gpulab/secrets/api-token"
@@ -44,92 +42,38 @@ class HubError(Exception):
     pass
 
 
-class HubClient:
-    """The few hub REST calls the CLI makes, with errors that say what to do."""
+def hub_from_env() -> SyncHubApi:
+    """The hub's REST API as the ``gpulab-admin`` service (GPULAB_HUB_API,
+    GPULAB_API_TOKEN_FILE)."""
+    token_file = Path(os.environ.get("GPULAB_API_TOKEN_FILE", DEFAULT_TOKEN_FILE))
+    try:
+        token = token_file.read_text().strip()
+    except OSError as e:
+        raise HubError(
+            f"cannot read the admin service token at {token_file}: {e.strerror}") from None
+    return SyncHubApi(HubApi(os.environ.get("GPULAB_HUB_API", DEFAULT_API), token,
+                             timeout=30))
 
-    def __init__(self, api_url: str, token: str):
-        self.api_url = api_url.rstrip("/")
-        self._token = token
 
-    @classmethod
-    def from_env(cls) -> HubClient:
-        token_file = Path(os.environ.get("GPULAB_API_TOKEN_FILE", DEFAULT_TOKEN_FILE))
-        try:
-            token = token_file.read_text().strip()
-        except OSError as e:
-            raise HubError(
-                f"cannot read the admin service token at {token_file}: {e.strerror}") from None
-        return cls(os.environ.get("GPULAB_HUB_API", DEFAULT_API), token)
+def hub_error(e: HubApiError) -> str:
+    """What the CLI says when the hub refused or did not answer."""
+    if not e.status:
+        return f"cannot reach the hub at {e.url}: {e.message}"
+    return f"{e.method} {e.path}: HTTP {e.status}: {e.message}"
 
-    def request(self, method: str, path: str, body: dict | None = None, ok=(200, 201, 204)):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.api_url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {self._token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                raw = resp.read()
-                return resp.status, (json.loads(raw) if raw else None)
-        except urllib.error.HTTPError as e:
-            if e.code in ok:
-                return e.code, None
-            detail = e.read().decode("utf-8", "replace")
-            try:
-                detail = json.loads(detail).get("message", detail)
-            except (ValueError, AttributeError):
-                pass
-            raise HubError(f"{method} {path}: HTTP {e.code}: {detail}") from None
-        except urllib.error.URLError as e:
-            raise HubError(f"cannot reach the hub at {self.api_url}: {e.reason}") from None
 
-    def ensure_user(self, name: str, admin: bool = False) -> dict:
-        """The user *name*, created if needed. *admin*: the user must be a hub admin
-        already. Admins are exactly the users in hub.admins, applied at every hub start
-        (JupyterHub refuses to let this service grant the right, and a start would take
-        it back), so this only checks and says how, before anything is created."""
-        status, user = self.request("GET", f"/users/{name}", ok=(200, 404))
-        if admin and not (status == 200 and user.get("admin")):
-            raise HubError(
-                f"{name} is not a hub admin. Admins are the users listed under hub.admins "
-                f"in config/gpulab.yaml: add {name} there, restart the hub (docker restart "
-                f"gpulab-hub), then issue the token again.")
-        if status == 404:
-            _, user = self.request("POST", f"/users/{name}", {})
-        return user
-
-    @staticmethod
-    def _login_tokens_path(name: str, token_id: str | None = None) -> str:
-        path = f"/gpulab/login-tokens/{urllib.parse.quote(name, safe='')}"
-        return f"{path}/{urllib.parse.quote(token_id, safe='')}" if token_id else path
-
-    def issue_login_token(self, name: str, expires_in: int | None) -> dict:
-        """A new login token (0 or None: never expires); the model includes "token"."""
-        _, token = self.request("POST", self._login_tokens_path(name),
-                                {"expires_in": expires_in or None})
-        return token
-
-    def login_tokens(self, name: str) -> list[dict]:
-        """The user's login tokens, expired ones included (``"expired": true``)."""
-        _, body = self.request("GET", self._login_tokens_path(name))
-        return body["login_tokens"]
-
-    def revoke_login_token(self, name: str, token_id: str) -> dict:
-        _, body = self.request("DELETE", self._login_tokens_path(name, token_id))
-        return body or {}
-
-    def end_access(self, name: str, stop_servers: bool) -> dict:
-        _, body = self.request("DELETE", f"/gpulab/access/{urllib.parse.quote(name, safe='')}",
-                               {"stop_servers": stop_servers})
-        return body or {}
-
-    def stop_server(self, name: str) -> bool:
-        """Stop *name*'s default server; False when none runs."""
-        status, _ = self.request("DELETE", f"/users/{urllib.parse.quote(name, safe='')}/server",
-                                 ok=(202, 204, 400))
-        return status in (202, 204)
+def ensure_user(hub: SyncHubApi, name: str, admin: bool = False) -> dict:
+    """The user *name*, created if needed. *admin*: the user must be a hub admin
+    already. Admins are exactly the users in hub.admins, applied at every hub start
+    (JupyterHub refuses to let this service grant the right, and a start would take
+    it back), so this only checks and says how, before anything is created."""
+    user = hub.user(name)
+    if admin and not (user and user.get("admin")):
+        raise HubError(
+            f"{name} is not a hub admin. Admins are the users listed under hub.admins "
+            f"in config/gpulab.yaml: add {name} there, restart the hub (docker restart "
+            f"gpulab-hub), then issue the token again.")
+    return user or hub.create_user(name)
 
 
 def _cmd_config_check(args) -> int:
@@ -192,16 +136,15 @@ def _print_token(user: str, token: dict) -> None:
 
 
 def _cmd_token_issue(args) -> int:
-    client = HubClient.from_env()
+    hub = hub_from_env()
     expires = parse_duration(args.expires) if args.expires else None
-    user = client.ensure_user(args.user.strip().lower(), admin=args.admin)
-    _print_token(user["name"], client.issue_login_token(user["name"], expires))
+    user = ensure_user(hub, args.user.strip().lower(), admin=args.admin)
+    _print_token(user["name"], hub.issue_login_token(user["name"], expires))
     return 0
 
 
 def _cmd_token_list(args) -> int:
-    client = HubClient.from_env()
-    for t in client.login_tokens(args.user.strip().lower()):
+    for t in hub_from_env().login_tokens(args.user.strip().lower()):
         expires = t.get("expires_at") or "never"
         print(
             f"{t['id']}\tcreated {t.get('created')}\t"
@@ -212,9 +155,9 @@ def _cmd_token_list(args) -> int:
 
 
 def _cmd_token_revoke(args) -> int:
-    client = HubClient.from_env()
+    hub = hub_from_env()
     user = args.user.strip().lower()
-    result = client.revoke_login_token(user, args.token_id)
+    result = hub.revoke_login_token(user, args.token_id)
     print(f"revoked login token {args.token_id} of {user}")
     ended = result.get("ended_access")
     if ended is not None:
@@ -229,15 +172,15 @@ def _cmd_token_revoke(args) -> int:
               f"({', '.join(result['admin_api_tokens_left'])}): gpulab access end {user} "
               f"revokes them too")
     if args.stop_server:
-        stopped = client.stop_server(user)
+        stopped = hub.stop_server(user)
         print(f"stopped {user}'s server" if stopped else f"{user} has no running server")
     return 0
 
 
 def _cmd_access_end(args) -> int:
-    client = HubClient.from_env()
+    hub = hub_from_env()
     user = args.user.strip().lower()
-    result = client.end_access(user, args.stop_server)
+    result = hub.end_access(user, args.stop_server)
     ended = result.get("ended_access") or {}
     print(f"ended the access of {user}: revoked {', '.join(result.get('revoked') or []) or 'no'}"
           f" credential(s); deleted their own API tokens "
@@ -262,20 +205,20 @@ def _cmd_bootstrap_admin(args) -> int:
     if not admins:
         print("No hub.admins in the settings file: add your username there.", file=sys.stderr)
         return 1
-    client = HubClient.from_env()
+    hub = hub_from_env()
     name = admins[0]
-    client.ensure_user(name, admin=True)
-    if any(not t.get("expired") for t in client.login_tokens(name)):
+    ensure_user(hub, name, admin=True)
+    if any(not t.get("expired") for t in hub.login_tokens(name)):
         print(f"Admin {name!r} already has a login token. A new one: "
               f"docker exec gpulab-hub gpulab token issue {name}")
         return 0
-    _print_token(name, client.issue_login_token(name, parse_duration(args.expires)))
+    _print_token(name, hub.issue_login_token(name, parse_duration(args.expires)))
     return 0
 
 
 def _cmd_gpu_preflight(args) -> int:
     """Judge what scripts/gpu-preflight.sh observed (JSON on stdin or in a file)."""
-    from .gpuhost import diagnose, observed_from_json
+    from gpulab.gpus.host import diagnose, observed_from_json
 
     text = sys.stdin.read() if args.observed == "-" else Path(args.observed).read_text()
     observed = observed_from_json(json.loads(text))
@@ -290,7 +233,7 @@ def _cmd_gpu_preflight(args) -> int:
 
 
 def _cmd_tls(args) -> int:
-    from .tls import ensure
+    from gpulab.login.tls import ensure
 
     print(ensure(args.dir, args.hostname, args.cert, args.key, replace_ca=args.replace_ca,
                  subdomains=args.subdomains))
@@ -381,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (HubError, ConfigError, ValueError) as e:  # TlsError is a ValueError
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except HubApiError as e:
+        print(f"error: {hub_error(e)}", file=sys.stderr)
         return 1
 
 

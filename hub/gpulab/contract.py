@@ -1,6 +1,6 @@
 """What gpulab's processes agree on, spelled once: container labels, names and metrics.
 
-The hub writes these labels on every user container (:mod:`gpulab.containers`), the
+The hub writes these labels on every user container (:mod:`gpulab.spawn.containers`), the
 lease table and the admins' lease page read them back, the Docker proxy refuses
 per-container calls on containers without :data:`LABEL_MANAGED` and creates whose
 name or labels break these rules, and the exporter (its own package, which cannot
@@ -11,6 +11,9 @@ Standard library only: every gpulab process imports it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 # Labels on every user container (and member's Swarm service): the lease table is
 # rebuilt from them after a restart.
 LABEL_MANAGED = "org.gpulab.managed"  # "true" on every container the hub created
@@ -20,15 +23,48 @@ LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
 # On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
 # its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
 LABEL_NODE = "org.gpulab.node"
+
+
+def lease_labels(user: str, server: str, gpu_uuids: Sequence[str]) -> dict[str, str]:
+    """The labels of *user*'s *server* ("" = the default one) holding *gpu_uuids*: the
+    lease, as the hub writes it on a container or a member's service."""
+    return {
+        LABEL_MANAGED: "true",
+        LABEL_USER: user,
+        LABEL_SERVER: server,
+        LABEL_GPUS: ",".join(gpu_uuids),
+    }
+
+
+def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
+    """(user, server, GPU UUIDs) a container's labels claim; the inverse of
+    :func:`lease_labels`. Takes docker's ``containers()`` dicts."""
+    labels = container.get("Labels") or {}
+    gpus = [u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",") if u.strip()]
+    return labels.get(LABEL_USER) or "", labels.get(LABEL_SERVER) or "", gpus
+
+
 # On a Swarm: the engine label (dockerd --label) each GPU node carries, its GPUs' UUIDs
 # comma-separated, in NVML index order; the hub's inventory of that node.
 ENGINE_LABEL_GPUS = "gpulab.gpus"
+
+# The users' network and the stack's fixed addresses on it (members' servers reach only
+# the hub there, and only the hub and the proxy reach them: gpulab-netguard). Docker (or
+# a Swarm) hands members' servers addresses from USERS_IP_RANGE; the hub and the proxy
+# sit above it. docker-compose*.yml, the Makefile and scripts/preflight.sh spell their
+# own defaults (GPULAB_SUBNET, GPULAB_IP_RANGE, GPULAB_HUB_IP, GPULAB_PROXY_IP):
+# tests/unit/test_contract.py holds them equal to these.
+USERS_SUBNET = "172.30.0.0/24"
+USERS_IP_RANGE = "172.30.0.0/25"
+HUB_IP = "172.30.0.250"
+PROXY_IP = "172.30.0.251"
+PROXY_API_PORT = 8001  # configurable-http-proxy's REST API, which the hub drives
 
 # The GPU exporter's port (monitoring/exporter's --listen default; published on each GPU
 # server of a Swarm for the manager's Prometheus).
 EXPORTER_PORT = 9445
 
-# User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.naming);
+# User containers are named USER_CONTAINER_PREFIX + a slug of the username (gpulab.spawn.naming);
 # nothing else gpulab runs starts with it, so no username can take an infrastructure
 # container's name (or its DNS name on the users' network).
 USER_CONTAINER_PREFIX = "gpulab-user-"
@@ -55,11 +91,11 @@ INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-alertmanag
 # JupyterHub service names.
 DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page
 # The GPU culler service (gpulab.culler), and the file in the hub's data folder where it
-# leaves warnings and stop notices for members' home pages (gpulab.culler.notices).
+# leaves warnings and stop notices for members' home pages (gpulab.notices).
 CULLER_SERVICE = "gpu-culler"
 CULLER_NOTICES_FILE = "gpu-culler-notices.json"
 # On a Swarm, the hub's own notices of servers it found stopped (their machine went
-# down): same format, shown the same way (gpulab.swarm_spawner).
+# down): same format, shown the same way (gpulab.spawn.swarm_spawner).
 SERVER_NOTICES_FILE = "gpulab-server-notices.json"
 
 # Prometheus' scrape interval in seconds (docker-compose.yml sets it on Prometheus and the

@@ -13,19 +13,21 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import live_config
-from .auth import configure_login, default_trusted_proxies
-from .contract import (
+from gpulab import live_config
+from gpulab.contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
+    PROXY_API_PORT,
+    PROXY_IP,
     SCRAPE_SECONDS_ENV,
     SERVER_NOTICES_FILE,
 )
-from .culler.notices import home_page_notices
-from .login_tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
-from .roles import prune_hub_db, roles_from_settings
-from .settings import ConfigError
+from gpulab.login.auth import configure_login, default_trusted_proxies
+from gpulab.login.roles import prune_hub_db, roles_from_settings
+from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
+from gpulab.notices import home_page_notices
+from gpulab.settings import ConfigError
 
 # Paths inside the hub container (docker-compose.yml mounts them).
 CONFIG_DIR = Path(os.environ.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config"))
@@ -162,7 +164,7 @@ def configure(c) -> None:
     c.JupyterHub.bind_url = "http://:8000"  # the proxy's public port (compose publishes it)
     c.ConfigurableHTTPProxy.should_start = False
     c.ConfigurableHTTPProxy.api_url = os.environ.get("GPULAB_PROXY_API_URL",
-                                                     "http://172.30.0.3:8001")
+                                                     f"http://{PROXY_IP}:{PROXY_API_PORT}")
     c.ConfigurableHTTPProxy.auth_token = read_secret("proxy-token")
     # A restarted proxy starts with no routes; the hub puts them back at every activity
     # check (update_last_activity -> check_routes), so make that often.

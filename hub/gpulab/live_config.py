@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from .gpus_config import GpusConfig, parse_gpus_config
-from .settings import ConfigError, Settings, settings_from_yaml
-from .yamlfile import parse_yaml
+from gpulab.gpus.config import GpusConfig, parse_gpus_config
+from gpulab.settings import ConfigError, Settings, settings_from_yaml
+from gpulab.yamlfile import parse_yaml
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

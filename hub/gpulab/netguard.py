@@ -50,12 +50,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import EXPORTER_PORT
+from gpulab.contract import EXPORTER_PORT, HUB_IP, PROXY_IP, USERS_SUBNET
 
 log = logging.getLogger("gpulab.netguard")
 
 TAG = "gpulab-netguard"  # the iptables comment that marks our rules (and only ours)
-LEGACY_TAG = "gpulab-isolate-users"  # rules of scripts/isolate-users.sh (gpulab <= 0.1)
 HUB_API_PORT = 8081
 LINK_LOCAL = "169.254.0.0/16"
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -180,7 +179,7 @@ class SwarmStatus:
 
     gateway_missing: int
     overlays: tuple[tuple[str, Status], ...]
-    subnet: str = "172.30.0.0/24"
+    subnet: str = USERS_SUBNET
     others: tuple[str, ...] = ()  # the subnets of the other overlays' namespaces here
 
     @property
@@ -236,13 +235,6 @@ def bridge_filtering(path: Path = BRIDGE_NF) -> bool | None:
         return path.read_text().strip() == "1"
     except OSError:
         return None
-
-
-def tagged(listing: str, tag: str) -> list[list[str]]:
-    """The ``-D`` arguments that delete every rule of an ``iptables -S`` listing that
-    carries the comment *tag*."""
-    return [["-D", *line.split()[1:]] for line in listing.splitlines()
-            if line.startswith("-A ") and f"--comment {tag}" in line]
 
 
 # ---------------------------------------------------------------- the I/O shell
@@ -449,15 +441,15 @@ def main(argv: list[str] | None = None) -> int:
     # Defaults from the container's environment (docker-compose*.yml), so that
     # `docker exec gpulab-netguard gpulab-netguard status` checks what the guard keeps.
     env = os.environ.get
-    ap.add_argument("--hub-ip", default=env("GPULAB_HUB_IP", "172.30.0.2"),
+    ap.add_argument("--hub-ip", default=env("GPULAB_HUB_IP", HUB_IP),
                     help="the hub's address on the users' network ($GPULAB_HUB_IP)")
-    ap.add_argument("--proxy-ip", default=env("GPULAB_PROXY_IP", "172.30.0.3"),
+    ap.add_argument("--proxy-ip", default=env("GPULAB_PROXY_IP", PROXY_IP),
                     help="the proxy's address on the users' network ($GPULAB_PROXY_IP)")
     ap.add_argument("--swarm", action="store_true", default=env("GPULAB_SWARM") == "yes",
                     help="this machine is part of a Swarm: guard docker_gwbridge and the "
                          "namespaces of the users' overlay network (--subnet) found in "
                          "--netns-dir ($GPULAB_SWARM=yes)")
-    ap.add_argument("--subnet", default=env("GPULAB_SUBNET", "172.30.0.0/24"),
+    ap.add_argument("--subnet", default=env("GPULAB_SUBNET", USERS_SUBNET),
                     help="the users' overlay network's subnet (--swarm; $GPULAB_SUBNET)")
     ap.add_argument("--netns-dir", type=Path, default=Path("/run/docker-netns"),
                     help="Docker's <exec-root>/netns, mounted with rslave propagation "
@@ -493,9 +485,6 @@ def main(argv: list[str] | None = None) -> int:
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
-    listing = subprocess.run([iptables, "-S"], capture_output=True, text=True).stdout
-    for delete in tagged(listing, LEGACY_TAG):
-        _run([iptables, *delete])
     added = machine.apply()
     for name in machine.scan():
         log.info("closed the users' overlay namespace %s", name)

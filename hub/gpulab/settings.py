@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import INFRA_VOLUMES
-from .yamlfile import ConfigError, LocatedYaml, read_yaml
+from gpulab.contract import INFRA_VOLUMES
+from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
-__all__ = ["SETTINGS", "Setting", "Settings", "load_settings", "parse_bytes", "parse_duration"]
+__all__ = ["SETTINGS", "Setting", "Settings", "duration_text", "load_settings", "parse_bytes",
+           "parse_duration"]
 
 
 # ---------------------------------------------------------------- value parsers
@@ -54,6 +55,19 @@ def parse_duration(value: Any) -> int:
     if not m:
         raise ValueError(f"expected a duration such as 90s, 15m, 2h or 1d, got {value!r}")
     return int(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in words, for messages: 3600 -> '1 h', 5400 -> '1 h 30 min',
+    90 -> '1 min 30 s', 172800 -> '2 days'."""
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days} day{'s' if days != 1 else ''}" if days else "",
+             f"{hours} h" if hours else "", f"{minutes} min" if minutes else "",
+             f"{secs} s" if secs and not days and not hours else ""]
+    return " ".join(p for p in parts if p) or "0 s"
 
 
 def _string(value: Any) -> str:

@@ -3,7 +3,7 @@
 A member's server checks her token with the hub when a request arrives, and a websocket
 (a kernel, a terminal, an SSH session or forward through gpulab-ssh, anything under
 jupyter-server-proxy) only when it opens. An admin who revokes her last login token, or
-ends her access, ends her hub sessions at once (gpulab.login_tokens); without this
+ends her access, ends her hub sessions at once (gpulab.login.tokens); without this
 module her open kernels, terminals and SSH sessions went on for as long as they stayed
 open, and her server answered her token for JupyterHub's cache time (300 s by default).
 

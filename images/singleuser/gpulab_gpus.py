@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-# gpulab's spawner sets this in every server it starts (gpulab.containers): the leased
+# gpulab's spawner sets this in every server it starts (gpulab.spawn.containers): the leased
 # GPUs' UUIDs, comma-separated; empty for none.
 GPULAB_GPUS = "GPULAB_GPUS"
 # NVIDIA's values for "no GPU", for a server started without gpulab's spawner (no GPULAB_GPUS).

@@ -121,7 +121,7 @@ def lab_user(hub, request):
 def hub_admin(hub) -> LabUser:
     """The lab's admin (the first of hub.admins in the gpulab.yaml the hub reads) with a
     login token of their own for this session, issued as `gpulab token issue` does and
-    revoked at the end. Admins are made only by hub.admins at hub start (gpulab.roles)."""
+    revoked at the end. Admins are made only by hub.admins at hub start (gpulab.login.roles)."""
     from gpulab.settings import load_settings
 
     name = load_settings(LabConfig().dir / "gpulab.yaml")["hub.admins"][0]

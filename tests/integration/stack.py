@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 import websocket
 
-from gpulab.naming import container_name, volume_name
+from gpulab.spawn.naming import container_name, volume_name
 
 REPO = Path(__file__).resolve().parents[2]
 HUB_URL = os.environ.get("GPULAB_URL", "http://127.0.0.1:8000").rstrip("/")
@@ -89,7 +89,7 @@ class Hub:
         name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
         r = self.request("POST", f"/users/{name}", json={})
         assert r.status_code == 201, r.text
-        # a login token, through the admin-only endpoint (gpulab.login_tokens)
+        # a login token, through the admin-only endpoint (gpulab.login.tokens)
         r = self.request("POST", f"/gpulab/login-tokens/{name}", json={"expires_in": 3600})
         assert r.status_code == 201, r.text
         return LabUser(self, name, r.json()["token"])

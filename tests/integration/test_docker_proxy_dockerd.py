@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import pytest
 
-from gpulab.docker_proxy import parse_response
+from gpulab.dockerapi.proxy import parse_response
 from tests.ports import free_port
 
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -123,7 +123,7 @@ def proxy(tmp_path_factory):
         port = free_port()
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "gpulab.docker_proxy", "--listen", f"127.0.0.1:{port}",
+                [sys.executable, "-m", "gpulab.dockerapi.proxy", "--listen", f"127.0.0.1:{port}",
                  "--docker-socket", DOCKER_SOCKET, "--settings", str(config)],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(REPO / "hub")})

@@ -1,5 +1,5 @@
 """The Docker proxy in front of a real Swarm manager: what dockerd makes of the service,
-task and node calls the proxy lets by (``--swarm``, :mod:`gpulab.swarm_policy`).
+task and node calls the proxy lets by (``--swarm``, :mod:`gpulab.dockerapi.swarm_policy`).
 
 As test_docker_proxy_dockerd.py does for container creates: dockerd decodes a service
 spec with Go (duplicated objects merged, keys matched case-insensitively with ``ſ`` = ``s``
@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import pytest
 
-from gpulab.docker_proxy import parse_response
+from gpulab.dockerapi.proxy import parse_response
 from tests.ports import free_port
 
 from ..swarm.harness import wait_for
@@ -209,7 +209,7 @@ def lab(swarm, tmp_path_factory):
         lab.set_image(IMAGE)
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "gpulab.docker_proxy", "--swarm",
+                [sys.executable, "-m", "gpulab.dockerapi.proxy", "--swarm",
                  "--listen", f"127.0.0.1:{port}", "--docker-socket", manager.socket_path,
                  "--settings", str(settings)],
                 stdout=out, stderr=subprocess.STDOUT,
@@ -277,14 +277,15 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
 
 
 def test_the_spawners_own_spec_runs_where_the_allocator_put_it(lab):
-    """gpulab.swarm_services end to end: the GPUs of the nodes the proxy lists, one leased
+    """gpulab.spawn.swarm_services and gpulab.gpus.swarm_nodes end to end: the GPUs of the nodes the proxy lists, one leased
     by the allocator, the service spec the spawner builds for it (through the proxy, as
     it is), its task on that GPU's node with that GPU and a sized /dev/shm, and the lease
     read back from the service the manager lists."""
-    from gpulab.allocator import Request, allocate
-    from gpulab.gpus_config import parse_gpus_config
+    from gpulab.gpus.allocator import Request, allocate
+    from gpulab.gpus.config import parse_gpus_config
+    from gpulab.gpus.swarm_nodes import inventory_from_nodes, leases_from_services
     from gpulab.settings import defaults
-    from gpulab.swarm_services import inventory_from_nodes, leases_from_services, service_spec
+    from gpulab.spawn.swarm_services import service_spec
 
     status, nodes = lab.proxy.send("GET", "/v1.41/nodes")
     assert status == 200, nodes
@@ -671,14 +672,9 @@ def test_a_dead_machine_stops_its_servers_and_their_leases_go_with_them(lab):
     """The worker's engine killed (a power cut): what the hub reads through the proxy
     says the member's server stopped because its machine is down; the hub then removes
     the service, and its lease is gone. The worker comes back for whatever runs next."""
+    from gpulab.gpus.swarm_nodes import leases_from_services
     from gpulab.settings import defaults
-    from gpulab.swarm_services import (
-        RUNNING,
-        STOPPED,
-        leases_from_services,
-        server_state,
-        service_spec,
-    )
+    from gpulab.spawn.swarm_services import RUNNING, STOPPED, server_state, service_spec
 
     gpu = lab.worker.gpus[0]
     settings = {**defaults(), "spawn.image": IMAGE, "spawn.network": NETWORK,

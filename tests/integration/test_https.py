@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpulab.naming import container_name
+from gpulab.spawn.naming import container_name
 
 from .browser import (
     CHROMIUM,
@@ -282,8 +282,8 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
 
 START_SERVER = """
 import time
-from gpulab.cli import HubClient
-hub = HubClient.from_env()
+from gpulab.cli import hub_from_env
+hub = hub_from_env()
 hub.request("POST", "/users/httpsmember/server", {}, ok=(201, 202))
 for _ in range(120):
     if (hub.request("GET", "/users/httpsmember")[1]["servers"].get("") or {}).get("ready"):
@@ -333,14 +333,15 @@ def test_ssh_from_a_members_machine_through_the_https_proxy(https_stack, lab_net
 # container (the host's loopback:8000 is not served while HTTPS is on).
 DELETE_MEMBER = """
 import time
-from gpulab.cli import HubClient, HubError
-hub = HubClient.from_env()
+from gpulab.cli import hub_from_env
+from gpulab.hubapi import HubApiError
+hub = hub_from_env()
 hub.request("DELETE", "/users/httpsmember/server", ok=(202, 204, 404))
 for _ in range(60):
     try:
         hub.request("DELETE", "/users/httpsmember", ok=(204, 404))
         break
-    except HubError:  # 400 while the server is still stopping
+    except HubApiError:  # 400 while the server is still stopping
         time.sleep(1)
 """
 
@@ -371,8 +372,8 @@ async function attempt(what, request) {
 
 ADMIN_TOKENS = """
 import json, sys
-from gpulab.cli import HubClient
-hub = HubClient.from_env()
+from gpulab.cli import hub_from_env
+hub = hub_from_env()
 tokens = hub.request("GET", "/users/" + sys.argv[1] + "/tokens")[1]["api_tokens"]
 print(json.dumps(sorted(t["id"] for t in tokens)))
 """

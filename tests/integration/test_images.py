@@ -78,8 +78,8 @@ TOOLS_START = """
 # The hub and the Docker proxies (gpulab/hub; read-only root filesystems, so they cannot
 # cache bytecode either) and the exporter: pip compiles what it installs.
 HUB_START = """
-    import jupyterhub.app, dockerspawner, gpulab.hubconfig, gpulab.spawner, gpulab.auth
-    import gpulab.login_tokens, gpulab.docker_proxy, gpulab.netguard, gpulab.dashboard.app
+    import jupyterhub.app, dockerspawner, gpulab.hubconfig, gpulab.spawn.spawner, gpulab.login.auth
+    import gpulab.login.tokens, gpulab.dockerapi.proxy, gpulab.netguard, gpulab.dashboard.app
 """
 EXPORTER_START = "import gpulab_exporter.cli, gpulab_exporter.server, gpulab_exporter.collector, pynvml"
 

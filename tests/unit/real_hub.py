@@ -62,7 +62,7 @@ class RouteTableProxy(Proxy):
 
 CONFIG = """
 from pathlib import Path
-from gpulab.auth import configure_login
+from gpulab.login.auth import configure_login
 from gpulab.hubconfig import TEMPLATES
 from gpulab.settings import Settings, defaults
 
@@ -91,7 +91,7 @@ c.JupyterHub.load_roles = [
     {{"name": "gpulab-admin", "scopes": {admin_scopes!r}, "services": ["gpulab-admin"]}},
     # every scope the admin service has except admin:users
     {{"name": "not-admin", "scopes": {weak_scopes!r}, "services": ["not-admin"]}},
-    # the first admin from hub.admins, as gpulab.roles loads it (for bootstrap-admin)
+    # the first admin from hub.admins, as gpulab.login.roles loads it (for bootstrap-admin)
     {{"name": "admin", "users": ["rootadmin"]}},
     # members may open the oauth-probe service (as they open their own servers)
     {{"name": "user", "scopes": ["self", "access:services!service=oauth-probe"]}},

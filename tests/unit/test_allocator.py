@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulab.allocator import (
+from gpulab.contract import LABEL_GPUS, LABEL_SERVER, LABEL_USER
+from gpulab.gpus.allocator import (
     AllocationError,
     Gpu,
     InvalidRequest,
@@ -27,8 +28,8 @@ from gpulab.allocator import (
     resolve_inventory,
     validate_user_options,
 )
-from gpulab.contract import LABEL_GPUS, LABEL_SERVER, LABEL_USER
-from gpulab.gpus_config import parse_gpus_config
+from gpulab.gpus.config import parse_gpus_config
+from gpulab.gpus.policy import policy_for
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -382,7 +383,7 @@ def test_resolve_inventory_auto():
                         "users pinned to it get other GPUs"]
     assert resolve_inventory(c, None) == ([], warnings)  # no GPUs: no error
     # what nvml_discovery.discover_gpus() returns works the same
-    from gpulab.nvml_discovery import DiscoveredGpu
+    from gpulab.gpus.discovery import DiscoveredGpu
 
     assert resolve_inventory(c, [DiscoveredGpu(1, uuid(1), "T4"),
                                  DiscoveredGpu(0, uuid(0), "A100")]) == (gpus, warnings)
@@ -529,8 +530,8 @@ def test_leases_from_labels(containers, expected):
 
 
 def test_leases_from_labels_round_trip_with_container_options():
-    from gpulab.containers import container_options
     from gpulab.settings import defaults
+    from gpulab.spawn.containers import container_options
 
     opts = container_options(defaults(), "bob", "train", [uuid(3), uuid(1)])
     rebuilt = leases_from_labels([{"Labels": opts.labels, "Created": 1_700_000_000,
@@ -704,7 +705,7 @@ def test_a_pool_names_machines_and_a_pin_names_one_machines_gpu():
 def test_pins_of_one_index_on_several_machines_from_several_groups_all_count():
     cfg = parse_gpus_config('groups:\n  lab: {pinned: ["gpu-1:0", "gpu-2:0"]}\n'
                             '  other: {pinned: ["gpu-3:0"]}\n')
-    policy = cfg.policy_for("alice", ["lab", "other"])
+    policy = policy_for(cfg, "alice", ["lab", "other"])
     assert [str(p) for p in policy.pinned] == ["gpu-1:0", "gpu-2:0", "gpu-3:0"]
     assert policy.max_gpus == 3  # the default 1, raised to the pins
 

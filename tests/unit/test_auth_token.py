@@ -1,7 +1,7 @@
 """TokenAuthenticator against the real JupyterHub orm on an in-memory sqlite database.
 
 Login tokens are issued the way the admin REST API issues them
-(:func:`gpulab.login_tokens.issue`); tests/unit/test_login_hub.py drives the same
+(:func:`gpulab.login.tokens.issue`); tests/unit/test_login_hub.py drives the same
 checks through a real hub process.
 """
 
@@ -18,8 +18,8 @@ from jupyterhub.utils import utcnow
 from sqlalchemy import text
 from tornado.httputil import HTTPHeaders
 
-from gpulab import login_tokens as lt
-from gpulab.auth import (
+from gpulab.login import tokens as lt
+from gpulab.login.auth import (
     LOGIN_TOKEN_NOTE,
     GpulabLoginHandler,
     TokenAuthenticator,
@@ -28,9 +28,8 @@ from gpulab.auth import (
     credentials_in_query,
     default_trusted_proxies,
 )
-from gpulab.login_tokens import LEGACY_CLI_NOTE
+from gpulab.login.throttle import Throttle
 from gpulab.settings import defaults
-from gpulab.throttle import Throttle
 from tests.unit.hub_orm import add_user
 
 
@@ -117,7 +116,8 @@ async def test_another_users_token_is_refused(auth, db, alice, alice_token):
 
 
 @pytest.mark.parametrize("note", ["my training script", f"{LOGIN_TOKEN_NOTE}: x",
-                                  LOGIN_TOKEN_NOTE, LEGACY_CLI_NOTE, ""])
+                                  LOGIN_TOKEN_NOTE,
+                                  "gpulab-login: issued by gpulab token issue", ""])
 async def test_tokens_members_make_cannot_open_a_browser_session(auth, db, alice, note):
     script_token = alice.new_api_token(note=note)
     assert await login(auth, db, "alice", script_token) is None
@@ -369,7 +369,7 @@ def test_trusted_proxies():
 
 def test_default_trusted_proxies():
     settings = {**defaults(), "hub.trusted_proxies": ("10.0.0.5/32",)}
-    assert default_trusted_proxies(settings, {}) == ["172.30.0.3", "10.0.0.5/32"]
+    assert default_trusted_proxies(settings, {}) == ["172.30.0.251", "10.0.0.5/32"]
     assert default_trusted_proxies(settings, {"GPULAB_PROXY_IP": "172.31.0.3"})[0] == "172.31.0.3"
 
 

@@ -1,5 +1,6 @@
-from gpulab.containers import container_options, label_claims
+from gpulab.contract import label_claims
 from gpulab.settings import defaults
+from gpulab.spawn.containers import container_options
 
 
 def test_cpu_only_container_matches_expected_structure():

@@ -2,9 +2,11 @@
 its own package that cannot import gpulab, keeps a copy that must match, and
 docker-compose.yml's container names are the ones the contract reserves."""
 
+import ipaddress
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpulab import contract
@@ -45,4 +47,51 @@ def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_produces(produce
 
 
 # gpulab_* words in the hub's code that are not metrics: modules and packages.
-MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels"}
+MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access"}
+
+
+# The addresses' variables, and the contract's value for each.
+ADDRESSES = {"GPULAB_SUBNET": contract.USERS_SUBNET, "GPULAB_IP_RANGE": contract.USERS_IP_RANGE,
+             "GPULAB_HUB_IP": contract.HUB_IP, "GPULAB_PROXY_IP": contract.PROXY_IP}
+
+
+def test_compose_files_and_preflight_default_to_the_contracts_addresses():
+    """${GPULAB_HUB_IP:-172.30.0.250} and the like, wherever compose or the shell spell a
+    default: each one is the contract's."""
+    found = {}
+    for name in ("docker-compose.yml", "docker-compose.swarm.yml", "docker-compose.node.yml",
+                 "docker-compose.https.yml", "docker-compose.gpu.yml", "scripts/preflight.sh"):
+        for var, value in re.findall(r"\$\{(GPULAB_[A-Z_]+):-([^}]*)\}", (REPO / name).read_text()):
+            if var in ADDRESSES:
+                found.setdefault(var, set()).add(value)
+    assert found == {var: {value} for var, value in ADDRESSES.items()}
+
+
+def test_the_makefiles_defaults_are_the_contracts_addresses():
+    makefile = (REPO / "Makefile").read_text()
+    defaults = dict(re.findall(r"^export (GPULAB_[A-Z_]+) \?= (.*)$", makefile, re.M))
+    # GPULAB_IP_RANGE ?= $(or $(GPULAB_SWARM_IP_RANGE),<default>)
+    defaults["GPULAB_IP_RANGE"] = re.fullmatch(r"\$\(or \$\(\w+\),(.*)\)",
+                                               defaults["GPULAB_IP_RANGE"]).group(1)
+    assert {var: defaults[var] for var in ADDRESSES} == ADDRESSES
+
+
+def test_the_hub_and_the_proxy_sit_in_the_subnet_above_the_servers_range():
+    subnet = ipaddress.ip_network(contract.USERS_SUBNET)
+    servers = ipaddress.ip_network(contract.USERS_IP_RANGE)
+    assert servers.subnet_of(subnet)
+    for address in (contract.HUB_IP, contract.PROXY_IP):
+        assert ipaddress.ip_address(address) in subnet
+        assert ipaddress.ip_address(address) not in servers
+
+
+@pytest.mark.parametrize("environ, seconds", [({}, 15), ({"GPULAB_SCRAPE_SECONDS": "2"}, 2),
+                                              ({"GPULAB_SCRAPE_SECONDS": " 30 "}, 30)])
+def test_the_scrape_interval_is_read_from_the_environment(environ, seconds):
+    assert contract.scrape_seconds(environ) == seconds
+
+
+@pytest.mark.parametrize("raw", ["0", "2s", "-1", "301", "1.5"])
+def test_a_scrape_interval_that_is_no_whole_number_of_seconds_is_refused(raw):
+    with pytest.raises(ValueError, match="GPULAB_SCRAPE_SECONDS must be whole seconds"):
+        contract.scrape_seconds({"GPULAB_SCRAPE_SECONDS": raw})

@@ -11,17 +11,17 @@ from gpulab.culler.decide import (
     KEEP,
     STOP,
     WARN,
-    CullWarning,
     Server,
-    decide,
-    duration_text,
+    cull_decision,
     idle_since,
     longest_idle_window,
     plan,
-    policy_note,
     query_step,
 )
-from gpulab.gpus_config import Culling, Policy
+from gpulab.gpus.config import Culling
+from gpulab.gpus.policy import Policy, policy_note
+from gpulab.notices import CullWarning
+from gpulab.settings import duration_text
 
 NOW = 100_000.0
 STEP = 15.0
@@ -104,7 +104,7 @@ def warning(server, warned_at, stop_at, reason=IDLE):
      CullWarning("alice", "", ALICE.started - 1, IDLE, NOW - 900, NOW, "m"), WARN, NOW + 600),
 ])
 def test_decide(server, pol, idle, standing, action, stop_at):
-    d = decide(server, pol, CULL, idle, standing, NOW)
+    d = cull_decision(server, pol, CULL, idle, standing, NOW)
     assert d.action == action
     if action == KEEP:
         assert d.warning is None
@@ -115,29 +115,29 @@ def test_decide(server, pol, idle, standing, action, stop_at):
 
 
 def test_the_earlier_clock_says_why():
-    idle_first = decide(ALICE, policy(idle=2 * HOUR, age=12 * HOUR), CULL,
-                        {"GPU-a": NOW - 2 * HOUR}, None, NOW)
+    idle_first = cull_decision(ALICE, policy(idle=2 * HOUR, age=12 * HOUR), CULL,
+                               {"GPU-a": NOW - 2 * HOUR}, None, NOW)
     assert idle_first.warning.reason == IDLE
     assert idle_first.warning.message == "its GPU stayed under 5% utilization for 2 h"
-    age_first = decide(ALICE, policy(idle=2 * HOUR, age=10 * HOUR), CULL,
-                       {"GPU-a": NOW - HOUR}, None, NOW)
+    age_first = cull_decision(ALICE, policy(idle=2 * HOUR, age=10 * HOUR), CULL,
+                              {"GPU-a": NOW - HOUR}, None, NOW)
     assert age_first.warning.reason == AGE
     assert age_first.warning.message == "servers holding GPUs may run for 10 h"
-    assert "its 2 GPUs" in decide(TWO, policy(), CULL, {"GPU-a": NOW - 3 * HOUR,
-                                                       "GPU-b": NOW - 3 * HOUR}, None,
-                                  NOW).warning.message
+    assert "its 2 GPUs" in cull_decision(TWO, policy(), CULL, {"GPU-a": NOW - 3 * HOUR,
+                                                              "GPU-b": NOW - 3 * HOUR}, None,
+                                         NOW).warning.message
 
 
 def test_warning_kept_across_checks_keeps_its_first_time():
-    first = decide(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, None, NOW)
-    later = decide(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, first.warning, NOW + 60)
+    first = cull_decision(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, None, NOW)
+    later = cull_decision(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, first.warning, NOW + 60)
     assert later.action == WARN and later.warning.warned_at == NOW
-    done = decide(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, later.warning, NOW + 600)
+    done = cull_decision(ALICE, policy(), CULL, {"GPU-a": NOW - 5 * HOUR}, later.warning, NOW + 600)
     assert done.action == STOP
 
 
 def test_no_warning_time():
-    d = decide(ALICE, policy(), Culling(warn_before=0), {"GPU-a": NOW - 2 * HOUR}, None, NOW)
+    d = cull_decision(ALICE, policy(), Culling(warn_before=0), {"GPU-a": NOW - 2 * HOUR}, None, NOW)
     assert d.action == STOP
 
 

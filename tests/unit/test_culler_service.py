@@ -1,4 +1,4 @@
-"""The GPU culler's shell (gpulab.culler.service and .notices): the hub's and Prometheus'
+"""The GPU culler's shell (gpulab.culler.service and gpulab.notices): the hub's and Prometheus'
 answers turned into servers and idle times, and one check round end to end against
 recording stand-ins for the hub's API and Prometheus (the real ones are exercised by
 tests/integration/test_gpu_culler.py)."""
@@ -10,17 +10,17 @@ import json
 
 import pytest
 
-from gpulab.culler import notices as notes
-from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, CullWarning, Server
+from gpulab import notices as notes
+from gpulab.culler.decide import IDLE, KEEP, STOP, WARN, Server
 from gpulab.culler.service import (
     GpuCuller,
-    Hub,
     HubServer,
-    HubUnavailable,
     hub_servers,
     samples_by_uuid,
     servers_holding_gpus,
 )
+from gpulab.hubapi import HubApi, HubApiError
+from gpulab.notices import CullWarning
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 T0 = 1_764_500_000.0  # 2025-11-30T10:53:20Z
@@ -54,20 +54,22 @@ def test_samples_by_uuid():
     assert samples_by_uuid(matrix) == {"GPU-a": [(T0, 0.5), (T0 + 15, 0.0)]}
 
 
-class RecordingHub(Hub):
+class RecordingHub(HubApi):
     """The hub's API as a list of users, recording the servers it is asked to stop."""
 
     def __init__(self, users, fail=False):
         super().__init__("http://hub.invalid/hub/api", "token")
-        self.users, self.fail, self.stopped = users, fail, []
+        self.listed, self.fail, self.stopped = users, fail, []
 
-    async def ready_users(self):
+    async def users(self, state="", *, token=None):
+        assert state == "ready"  # servers that start or stop are left alone
         if self.fail:
-            raise HubUnavailable("GET /users answered 503")
-        return self.users
+            raise HubApiError("GET", "/users", 503)
+        return self.listed
 
-    async def stop(self, user, server):
+    async def stop_server(self, user, server="", *, token=None):
         self.stopped.append((user, server))
+        return True
 
 
 class CannedPrometheus(Prometheus):
@@ -216,7 +218,7 @@ def test_home_page_notices_for_nobody_signed_in(tmp_path):
 
 
 def test_the_hubs_own_stop_notices_join_the_cullers_on_the_home_page(tmp_path):
-    """On a Swarm the hub notes servers whose machine went down (gpulab.swarm_spawner)
+    """On a Swarm the hub notes servers whose machine went down (gpulab.spawn.swarm_spawner)
     in a file of its own; the home page shows both files' notices, oldest first."""
     culler, hub = tmp_path / "culler.json", tmp_path / "hub.json"
     notes.write(culler, notes.Notices({}, [notes.Stopped("alice", "", T0, IDLE, "idle GPU")]))

@@ -37,16 +37,17 @@ from gpulab.dashboard.app import DashboardConfig, make_app
 from gpulab.dashboard.leases import (
     ContainerStore,
     DockerContainers,
-    HubServers,
     HubUnavailable,
     LeaseAdmin,
     ReleaseRefused,
     SwarmServices,
     release_decision,
+    server_active,
     server_containers,
 )
 from gpulab.dashboard.sources import SnapshotReader
-from gpulab.leases import LeaseBook
+from gpulab.gpus.leases import LeaseBook
+from gpulab.hubapi import HubApi
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CREATED = int(datetime(2026, 1, 1, 10, 30, tzinfo=UTC).timestamp())
@@ -139,7 +140,7 @@ def no_nvml():
 
 
 def lease_admin(store, api_url, gpus_path, token=HUB_TOKEN):
-    return LeaseAdmin(store, HubServers(api_url, token, timeout=2), gpus_path,
+    return LeaseAdmin(store, HubApi(api_url, token, timeout=2), gpus_path,
                       book=LeaseBook(store.list, discover=no_nvml), now=lambda: NOW)
 
 
@@ -219,7 +220,7 @@ async def test_refused_gpus_yaml_edit_is_reported_and_last_good_stays(gpus_path)
 async def test_refused_gpulab_yaml_edit_is_reported_too(gpus_path):
     settings = gpus_path.with_name("gpulab.yaml")
     settings.write_text("spawn:\n  mem_limit: 3g\n")
-    admin = LeaseAdmin(FakeContainers([]), HubServers("http://x", "t"), gpus_path,
+    admin = LeaseAdmin(FakeContainers([]), HubApi("http://x", "t"), gpus_path,
                        book=LeaseBook(FakeContainers([]).list, discover=lambda: []),
                        now=lambda: NOW, settings_path=settings)
     assert (await admin.model())["config_errors"] == []
@@ -228,7 +229,7 @@ async def test_refused_gpulab_yaml_edit_is_reported_too(gpus_path):
         assert (await admin.model())["config_errors"] == [
             f"{settings}:2: spawn.mem_limit: expected a size such as 2g or 512m, got 'plenty'"
             f" (the last good version, stays in force)"]
-        never = LeaseAdmin(FakeContainers([]), HubServers("http://x", "t"), gpus_path,
+        never = LeaseAdmin(FakeContainers([]), HubApi("http://x", "t"), gpus_path,
                            settings_path=settings.with_name("never.yaml"))
         never.book = admin.book
         assert "no valid version was read yet" in (await never.model())["config_errors"][-1]
@@ -240,37 +241,37 @@ async def test_never_valid_gpus_yaml_gives_defaults_and_says_so(tmp_path):
     bad = tmp_path / "gpus.yaml"
     bad.write_text("inventory: [{index: zero}]\n")
     store = FakeContainers([container("alice", [G0])])
-    admin = LeaseAdmin(store, HubServers("http://x", "t"), bad,
+    admin = LeaseAdmin(store, HubApi("http://x", "t"), bad,
                        book=LeaseBook(store.list, discover=lambda: []), now=lambda: NOW)
     model = await admin.model()
     assert "no valid version was read yet" in model["config_errors"][0]
     assert model["gpus"] == [] and model["leases"][0]["state"] == "orphaned"
 
 
-# -- the hub client, against a real HTTP server --------------------------------------
-async def test_hub_servers_reads_active_servers(hub_api):
+# -- asking the hub whether a server runs, against a real HTTP server ----------------
+async def test_server_active_reads_active_servers(hub_api):
     url, servers, seen = hub_api
     servers.update({"alice": [""], "bob": ["big"], "a/b": [""]})
-    hub = HubServers(url, HUB_TOKEN)
-    assert await hub.server_active("alice", "") is True
-    assert await hub.server_active("bob", "") is False
-    assert await hub.server_active("bob", "big") is True
-    assert await hub.server_active("nobody", "") is False      # 404: the hub has no such user
+    hub = HubApi(url, HUB_TOKEN)
+    assert await server_active(hub, "alice", "") is True
+    assert await server_active(hub, "bob", "") is False
+    assert await server_active(hub, "bob", "big") is True
+    assert await server_active(hub, "nobody", "") is False      # 404: the hub has no such user
     # the name is quoted into one path segment: /users/a%2Fb is "a/b", not /users/a + /b
     # (which the hub would answer with 404, i.e. "not running": a wrong release)
-    assert await hub.server_active("a/b", "") is True
+    assert await server_active(hub, "a/b", "") is True
     assert seen[0] == ("alice", f"token {HUB_TOKEN}")
     assert seen[-1] == ("a/b", f"token {HUB_TOKEN}")
 
 
-async def test_hub_servers_without_the_scope_or_hub_says_why(hub_api):
+async def test_server_active_without_the_scope_or_hub_says_why(hub_api):
     url, servers, _ = hub_api
     servers["alice"] = [""]
     with pytest.raises(HubUnavailable, match="Action is not authorized.*scope read:servers"):
-        await HubServers(url, "wrong-token").server_active("alice", "")
+        await server_active(HubApi(url, "wrong-token"), "alice", "")
     with pytest.raises(HubUnavailable, match="failed"):
-        await HubServers("http://127.0.0.1:9/hub/api", HUB_TOKEN, timeout=1) \
-            .server_active("alice", "")
+        await server_active(HubApi("http://127.0.0.1:9/hub/api", HUB_TOKEN, timeout=1),
+                            "alice", "")
 
 
 # -- the handlers over HTTP ------------------------------------------------------------
@@ -548,7 +549,7 @@ async def test_on_a_swarm_the_page_lists_services_by_machine_and_releases_a_stuc
         [swarm_node("n1", "gpu-server-1", [G0, G1]), swarm_node("n2", "gpu-server-2", [G2])])
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("inventory: auto\n")
-    admin = LeaseAdmin(SwarmServices(client), HubServers(api_url, HUB_TOKEN, timeout=2), gpus,
+    admin = LeaseAdmin(SwarmServices(client), HubApi(api_url, HUB_TOKEN, timeout=2), gpus,
                        now=lambda: NOW)
     model = await admin.model()
     assert model["holder"] == "service"

@@ -1,5 +1,5 @@
-"""The Docker proxy: its policy (gpulab.docker_policy) as tables, and its I/O shell
-(gpulab.docker_proxy) as a real proxy on loopback in front of a small fake dockerd on a
+"""The Docker proxy: its policy (gpulab.dockerapi.policy) as tables, and its I/O shell
+(gpulab.dockerapi.proxy) as a real proxy on loopback in front of a small fake dockerd on a
 unix socket. tests/integration/test_docker_proxy_dockerd.py sends the same kinds of
 requests to the real dockerd."""
 
@@ -11,10 +11,10 @@ import socket
 import pytest
 
 from gpulab import live_config
-from gpulab.containers import container_options
-from gpulab.docker_policy import CREATE_BODY, HOST_CONFIG, decide, is_create, strict_json
-from gpulab.docker_proxy import Proxy, parse_head, serve, watch_socket
+from gpulab.dockerapi.policy import CREATE_BODY, HOST_CONFIG, is_create, proxy_verdict, strict_json
+from gpulab.dockerapi.proxy import Proxy, parse_head, serve, watch_socket
 from gpulab.settings import Settings, defaults
+from gpulab.spawn.containers import container_options
 from tests.ports import free_port
 
 GPU = "GPU-1"
@@ -63,7 +63,7 @@ def hardened(**host_config) -> bytes:
 def create(body, target=CREATE, settings=None):
     if not isinstance(body, bytes):
         body = json.dumps(body).encode()
-    return decide("POST", target, body, settings=settings)
+    return proxy_verdict("POST", target, body, settings=settings)
 
 
 def refused_for(body, target=CREATE, settings=None) -> str:
@@ -92,7 +92,7 @@ def refused_for(body, target=CREATE, settings=None) -> str:
     ("GET", "/v1.41/volumes/gpulab-datasets"),
 ])
 def test_the_calls_the_hub_makes_pass(method, target):
-    assert decide(method, target).allowed
+    assert proxy_verdict(method, target).allowed
 
 
 @pytest.mark.parametrize("method, target", [
@@ -109,7 +109,7 @@ def test_the_calls_the_hub_makes_pass(method, target):
     ("GET", "/v1.41/containers/a/json/"), ("GET", "/v1.41/images/x/../../y/json"),
 ])
 def test_everything_else_is_refused(method, target):
-    d = decide(method, target)
+    d = proxy_verdict(method, target)
     assert not d.allowed and "not among the calls the hub needs" in d.reason
 
 
@@ -124,14 +124,14 @@ def test_everything_else_is_refused(method, target):
     ("POST", "/v1.41/containers/abc/stop?t=1;x"),
 ])
 def test_query_parameters_are_allow_listed_per_route(method, target):
-    d = decide(method, target, hardened() if "create" in target else b"")
+    d = proxy_verdict(method, target, hardened() if "create" in target else b"")
     assert not d.allowed and "query parameter" in d.reason
 
 
 def test_the_forwarded_query_is_re_encoded_from_what_was_checked():
-    d = decide("GET", "/v1.41/containers/json?all=1&filters=%7B%22a%22%3A+1%7D")
+    d = proxy_verdict("GET", "/v1.41/containers/json?all=1&filters=%7B%22a%22%3A+1%7D")
     assert d.target() == "/v1.41/containers/json?all=1&filters=%7B%22a%22%3A+1%7D"
-    assert decide("POST", "/v1.41/containers/x/stop?t=10").target("f" * 64) == (
+    assert proxy_verdict("POST", "/v1.41/containers/x/stop?t=10").target("f" * 64) == (
         f"/v1.41/containers/{'f' * 64}/stop?t=10")
 
 
@@ -477,7 +477,7 @@ def test_reasons_say_what_was_refused_and_why():
     ("/v1.39/containers/create?name=gpulab-user-a", b"{}", "below 1.40 are refused for POST"),
 ])
 def test_old_api_versions_and_bodies_outside_create_are_refused(target, body, why):
-    d = decide("POST" if "start" in target or "create" in target else "GET", target, body)
+    d = proxy_verdict("POST" if "start" in target or "create" in target else "GET", target, body)
     assert not d.allowed and why in d.reason
 
 
@@ -488,16 +488,16 @@ def test_read_only_calls_are_answered_at_a_failed_negotiations_fallback_version(
     (Prometheus' Swarm discovery, started before the proxy answered): its lists still
     work, and its writes would not."""
     method = "HEAD" if target.endswith("_ping") else "GET"
-    assert decide(method, target, read_only=True, swarm=True).allowed
-    assert not decide("POST", "/v1.24/services/create", b"{}", swarm=True).allowed
+    assert proxy_verdict(method, target, read_only=True, swarm=True).allowed
+    assert not proxy_verdict("POST", "/v1.24/services/create", b"{}", swarm=True).allowed
 
 
 def test_per_container_calls_name_their_container():
-    d = decide("POST", "/v1.41/containers/gpulab-user-alice/stop?t=5")
+    d = proxy_verdict("POST", "/v1.41/containers/gpulab-user-alice/stop?t=5")
     assert d.container == "gpulab-user-alice"
     assert d.target("0" * 64) == f"/v1.41/containers/{'0' * 64}/stop?t=5"
-    assert decide("GET", "/v1.41/containers/json").container == ""
-    assert decide("DELETE", "/containers/abc?force=1").target("f" * 64) == (
+    assert proxy_verdict("GET", "/v1.41/containers/json").container == ""
+    assert proxy_verdict("DELETE", "/containers/abc?force=1").target("f" * 64) == (
         f"/containers/{'f' * 64}?force=1")
 
 
@@ -509,13 +509,13 @@ def test_is_create():
 
 
 def test_read_only_clients_may_only_list():
-    assert decide("GET", "/v1.41/containers/json?filters=x", read_only=True).allowed
-    assert decide("GET", "/v1.41/_ping", read_only=True).allowed
-    assert decide("GET", "/version", read_only=True).allowed
+    assert proxy_verdict("GET", "/v1.41/containers/json?filters=x", read_only=True).allowed
+    assert proxy_verdict("GET", "/v1.41/_ping", read_only=True).allowed
+    assert proxy_verdict("GET", "/version", read_only=True).allowed
     for method, target in (("POST", CREATE), ("DELETE", "/v1.41/containers/gpulab-user-alice"),
                            ("GET", "/v1.41/containers/gpulab-user-alice/logs"),
                            ("GET", "/v1.41/containers/gpulab-user-alice/json")):
-        d = decide(method, target, hardened() if "create" in target else b"", read_only=True)
+        d = proxy_verdict(method, target, hardened() if "create" in target else b"", read_only=True)
         assert not d.allowed and "read-only client" in d.reason
 
 
@@ -551,7 +551,7 @@ def test_read_only_clients_may_only_list():
     (b"GET /_ping HTTP/1.1 \r\n\r\n", 400, "request line"),
 ])
 def test_request_heads_that_parsers_could_read_differently_are_refused(head, status, why):
-    from gpulab.docker_proxy import Refusal
+    from gpulab.dockerapi.proxy import Refusal
     with pytest.raises(Refusal) as e:
         parse_head(head)
     assert e.value.status == status and why in str(e.value)

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpulab.containers import container_options
 from gpulab.settings import defaults
+from gpulab.spawn.containers import container_options
 
 PANEL = Path(__file__).resolve().parents[2] / "images" / "singleuser" / "gpulab_gpus.py"
 spec = importlib.util.spec_from_file_location("gpulab_gpus", PANEL)

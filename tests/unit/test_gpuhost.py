@@ -1,10 +1,10 @@
-"""gpulab.gpuhost.diagnose: what stands between a GPU host and members' GPU servers."""
+"""gpulab.gpus.host.diagnose: what stands between a GPU host and members' GPU servers."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpulab.gpuhost import Observed, diagnose, hardened_toolkit
+from gpulab.gpus.host import Observed, diagnose, hardened_toolkit
 
 GPU = "GPU-8e1a2b3c-0000-1111-2222-333344445555"
 READY = Observed(driver="580.82.07", gpus=(GPU,), probe_status=0,

@@ -1,19 +1,20 @@
-"""config/gpus.yaml: the shipped example, the schema, and file:line errors."""
+"""config/gpus.yaml: the shipped example, the schema, and file:line errors; and the
+policy read from it (gpulab.gpus.policy: precedence of defaults, groups and users)."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from gpulab.gpus_config import (
+from gpulab.gpus.config import (
     ConfigError,
     GpuEntry,
     Pin,
-    Policy,
     Pool,
     load_gpus_config,
     parse_gpus_config,
 )
+from gpulab.gpus.policy import Policy, all_pins, pin_matches, policy_for
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config" / "gpus.yaml"
@@ -32,7 +33,7 @@ def test_shipped_example_is_valid_and_works_without_gpus():
     c = load_gpus_config(EXAMPLE)
     assert c.auto is True and c.gpus == ()
     assert c.default_gpus == 0 and c.default_max_gpus == 1
-    assert c.policy_for("anyone") == Policy(gpus=0, max_gpus=1, pools=("default",))
+    assert policy_for(c, "anyone") == Policy(gpus=0, max_gpus=1, pools=("default",))
 
 
 def test_shipped_commented_examples_are_valid_when_uncommented(tmp_path):
@@ -46,10 +47,10 @@ def test_shipped_commented_examples_are_valid_when_uncommented(tmp_path):
     assert [g.index for g in c.gpus] == [0, 1, 2, 3, 4]
     assert c.gpus[3].mode == "exclusive" and c.gpus[4].reserved
     assert c.pools["small"] == Pool("small", "shared", 4, c.pools["small"].description)
-    assert c.policy_for("bob", ["visitors"]).no_gpu is False  # users: lifts the group's no_gpu
-    assert c.policy_for("eve", ["visitors"]).no_gpu is True
-    assert c.policy_for("carol", ["staff", "students"]).max_gpus == 4
-    assert c.policy_for("alice").pinned[0].ref.startswith("GPU-9c9c")
+    assert policy_for(c, "bob", ["visitors"]).no_gpu is False  # users: lifts the group's no_gpu
+    assert policy_for(c, "eve", ["visitors"]).no_gpu is True
+    assert policy_for(c, "carol", ["staff", "students"]).max_gpus == 4
+    assert policy_for(c, "alice").pinned[0].ref.startswith("GPU-9c9c")
 
 
 def test_missing_file():
@@ -120,8 +121,8 @@ users:
   Alice: {user_entry or "{}"}
 """
     )
-    assert c.policy_for("alice", groups) == expected
-    assert c.policy_for("ALICE", groups) == expected  # usernames are not case-sensitive
+    assert policy_for(c, "alice", groups) == expected
+    assert policy_for(c, "ALICE", groups) == expected  # usernames are not case-sensitive
 
 
 @pytest.mark.parametrize(
@@ -246,8 +247,8 @@ def test_pins_by_index_are_allowed_with_auto_inventory():
     # Auto inventory is only known at runtime: pins are checked against it then
     # (allocator.resolve_inventory warns about pins that match no GPU).
     c = parse_gpus_config("users:\n  bob: {pinned: [3, " + U1 + "]}\n")
-    assert c.policy_for("bob").pinned == (Pin(3, 2), Pin(U1, 2))
-    assert c.all_pins() == (Pin(3, 2), Pin(U1, 2))
+    assert policy_for(c, "bob").pinned == (Pin(3, 2), Pin(U1, 2))
+    assert all_pins(c) == (Pin(3, 2), Pin(U1, 2))
 
 
 @pytest.mark.parametrize("groups, user_entry, expected", [
@@ -267,7 +268,7 @@ groups:
   never: {gpu_idle_timeout: 0}
 """ + (f"users:\n  zoe: {user_entry}\n" if user_entry else "")
     c = parse_gpus_config(text)
-    p = c.policy_for("zoe", groups)
+    p = policy_for(c, "zoe", groups)
     assert (p.gpu_idle_timeout, p.max_server_age) == expected
     assert (c.culling.idle_below, c.culling.warn_before, c.culling.check_every) == (0.1, 300, 30)
 
@@ -278,7 +279,7 @@ def test_culling_defaults_and_the_shipped_file():
     assert (c.culling.idle_below, c.culling.warn_before, c.culling.check_every) == (0.05, 900, 60)
     shipped = load_gpus_config(EXAMPLE)
     assert shipped.culling == c.culling and shipped.default_gpu_idle_timeout == 7200
-    assert parse_gpus_config("users:\n  v: {no_gpu: true}\n").policy_for("v").no_gpu
+    assert policy_for(parse_gpus_config("users:\n  v: {no_gpu: true}\n"), "v").no_gpu
 
 
 @pytest.mark.parametrize("text, where, words", [
@@ -298,3 +299,17 @@ def test_machines_in_pools_and_pins_are_checked(text, where, words):
     with pytest.raises(ConfigError) as e:
         parse_gpus_config(text)
     assert str(e.value).startswith(where) and words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("pin, gpu, names_it", [
+    (Pin(U0), (3, U0, ""), True),               # a UUID names its GPU wherever it is
+    (Pin(U0), (3, U0, "gpu-server-2"), True),
+    (Pin(U0), (0, U1, ""), False),
+    (Pin(0), (0, U1, ""), True),                # an index names a GPU of one host
+    (Pin(0), (0, U1, "gpu-server-2"), False),   # ... not of a machine of a Swarm
+    (Pin(0, machine="gpu-server-2"), (0, U1, "gpu-server-2"), True),  # MACHINE:INDEX
+    (Pin(0, machine="gpu-server-2"), (0, U1, "gpu-server-1"), False),
+    (Pin(0, machine="gpu-server-2"), (1, U1, "gpu-server-2"), False),
+])
+def test_which_gpu_a_pin_names(pin, gpu, names_it):
+    assert pin_matches(pin, *gpu) is names_it

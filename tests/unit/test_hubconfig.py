@@ -34,6 +34,7 @@ def configured(tmp_path, monkeypatch):
         "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
         "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001",
         "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
+        "GPULAB_SCRAPE_SECONDS": "15",
     }.items():
         monkeypatch.setenv(key, value)
     c = Config()
@@ -80,10 +81,10 @@ def test_gpulab_info_lines_reach_the_hubs_log(configured, caplog):
     hub_log.addHandler(catch)
     hub_log.setLevel(logging.INFO)
     try:
-        logging.getLogger("gpulab.leases").info("GPU inventory: %d GPU(s)", 2)
+        logging.getLogger("gpulab.gpus.leases").info("GPU inventory: %d GPU(s)", 2)
     finally:
         hub_log.removeHandler(catch)
-    assert ("gpulab.leases", "GPU inventory: 2 GPU(s)") in seen
+    assert ("gpulab.gpus.leases", "GPU inventory: 2 GPU(s)") in seen
 
 
 @pytest.mark.parametrize("idle_timeout, every", [
@@ -111,7 +112,8 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
                                       str(tmp_path / "config" / "gpus.yaml"),
                                       "--notices", notices]
     assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
-                                      "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good")}
+                                      "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
+                                      "GPULAB_SCRAPE_SECONDS": "15"}
     assert "url" not in service  # nobody reaches it: it only calls out
     role = next(r for r in configured.JupyterHub.load_roles if r["name"] == "gpu-culler")
     assert role["services"] == ["gpu-culler"]

@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpulab.allocator import NotEnoughGpus, Request
 from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
-from gpulab.gpus_config import parse_gpus_config
-from gpulab.leases import LeaseBook, lease_containers
+from gpulab.gpus.allocator import NotEnoughGpus, Request
+from gpulab.gpus.config import parse_gpus_config
+from gpulab.gpus.leases import LeaseBook, lease_containers
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 G0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -157,7 +157,7 @@ def test_lease_containers_maps_each_lease_to_the_first_holding_container():
 async def test_a_removed_services_gpu_stays_busy_while_its_container_stops(monkeypatch):
     """On a Swarm the lease leaves with the service at once, its container later: the GPU
     cools for a while, busy for everyone (her own restart too), in nobody's quota."""
-    import gpulab.leases as leases
+    import gpulab.gpus.leases as leases
 
     clock = [1000.0]
     monkeypatch.setattr(leases.time, "monotonic", lambda: clock[0])

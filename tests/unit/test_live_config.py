@@ -127,7 +127,7 @@ def test_a_saved_version_this_gpulab_no_longer_accepts_is_not_used(tmp_path):
 
 
 def test_an_absent_gpus_yaml_is_the_defaults_and_clears_the_saved_version(tmp_path):
-    from gpulab.gpus_config import parse_gpus_config
+    from gpulab.gpus.config import parse_gpus_config
     from gpulab.live_config import _default_gpus
 
     store = tmp_path / "last-good"

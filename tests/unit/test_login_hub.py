@@ -1,7 +1,7 @@
 """Login tokens, their admin API and the login throttle, against a real ``jupyterhub``.
 
 One hub process per module (tests/unit/real_hub.py), configured by
-``gpulab.auth.configure_login`` exactly as the hub container is, with members' own
+``gpulab.login.auth.configure_login`` exactly as the hub container is, with members' own
 tokens capped at one hour. Clients connect to the hub's own port from loopback
 addresses: 127.0.0.2 is the trusted proxy, every other 127.0.0.x is an untrusted peer
 (as a user container calling http://gpulab-hub:8081 is). Each test uses its own
@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import re
 import secrets
-import sqlite3
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
-from jupyterhub import orm
 from real_hub import TRUSTED_PROXY, Client, RunningHub, new_hub
 
-from gpulab.login_tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
+from gpulab.hubapi import HubApi, SyncHubApi
 
 INVALID_LOGIN = "Invalid username or token."
 LOCKED = "Too many failed sign-ins"
@@ -193,7 +191,8 @@ def test_issued_token_signs_in_and_sets_a_device_cookie(hub, hub_log):
     assert "Secure" in device and "HttpOnly" in device
 
 
-@pytest.mark.parametrize("note", ["gpulab-login: x", LEGACY_CLI_NOTE, "gpulab-login", None])
+@pytest.mark.parametrize("note", ["gpulab-login: x", "gpulab-login: issued by gpulab token issue",
+                                  "gpulab-login", None])
 def test_self_made_tokens_cannot_sign_in_whatever_their_note(hub, hub_log, note):
     name, token = member(hub)
     r = self_made_token(token, name, note=note, expires_in=None, hub=hub)
@@ -496,73 +495,6 @@ def test_forged_device_cookie_does_not_count(hub, hub_log):
     assert browser.login(name, token).status == 429  # the name lock applies
 
 
-# ------------------------------------------------------------------ migration
-
-
-def legacy_db(path, tokens: list[tuple[str, str, int | None]]) -> dict[str, str]:
-    """A hub database from before login tokens were recorded: users with tokens
-    (username, note, expires_in); returns {username: token} of the last per user."""
-    db = orm.new_session_factory(f"sqlite:///{path}")()
-    db.add(orm.OAuthClient(identifier="jupyterhub"))
-    db.commit()
-    out = {}
-    for name, note, expires_in in tokens:
-        user = orm.User.find(db, name) or orm.User(name=name)
-        db.add(user)
-        db.commit()
-        out[name] = user.new_api_token(note=note, expires_in=expires_in)
-    db.close()
-    return out
-
-
-def test_tokens_from_before_the_upgrade_are_migrated_once(tmp_path):
-    data = tmp_path / "upgraded"
-    data.mkdir()
-    old = legacy_db(data / "jupyterhub.sqlite", [
-        ("root", LEGACY_CLI_NOTE, 90 * 86400),  # the first admin's, from `make up`
-        ("eve", "gpulab-login: x", None),  # not what the CLI wrote
-    ])
-    running = new_hub(data)
-    running.start()
-    try:
-        assert Client(running).login("root", old["root"]).status == 302
-        assert Client(running).login("eve", old["eve"]).status == 403
-        [model] = running.api("GET", "/gpulab/login-tokens/root").json()["login_tokens"]
-        assert model["note"] == LEGACY_CLI_NOTE
-        assert "issued before login tokens were recorded" in running.log_path.read_text()
-    finally:
-        running.stop()
-
-    # A token with the CLI's old note made after the upgrade is not migrated later.
-    db = orm.new_session_factory(f"sqlite:///{data / 'jupyterhub.sqlite'}")()
-    late = orm.User.find(db, "eve").new_api_token(note=LEGACY_CLI_NOTE)
-    db.close()
-    store = LoginTokenStore(data / "gpulab-login-tokens.sqlite")
-    assert store.get_meta(MIGRATION_KEY) is not None
-    running.start()
-    try:
-        assert Client(running).login("eve", late).status == 403
-        assert Client(running).login("root", old["root"]).status == 302
-    finally:
-        running.stop()
-    with sqlite3.connect(store.path) as con:
-        assert [r[0] for r in con.execute("SELECT username FROM login_tokens")] == ["root"]
-
-
-def test_expiry_of_a_migrated_token_is_kept(tmp_path):
-    data = tmp_path / "upgraded"
-    data.mkdir()
-    old = legacy_db(data / "jupyterhub.sqlite", [("root", LEGACY_CLI_NOTE, 3600)])
-    running = new_hub(data)
-    running.start()
-    try:
-        [model] = running.api("GET", "/gpulab/login-tokens/root").json()["login_tokens"]
-        assert timedelta(seconds=3500) < timedelta(seconds=expires_in_seconds(model))
-        assert Client(running).login("root", old["root"]).status == 302
-    finally:
-        running.stop()
-
-
 # ------------------------------------------------------------------ the gpulab CLI
 
 
@@ -634,3 +566,14 @@ def test_cli_bootstrap_admin_issues_once(hub, hub_log, cli_env, capsys):
     assert Client(hub).login(name, token).status == 302
     rc, out, _ = gpulab(capsys, "bootstrap-admin", "--config", str(config))
     assert rc == 0 and "already has a login token" in out
+
+
+def test_the_hub_client_pages_through_the_real_hubs_users(hub, hub_log):
+    """gpulab.hubapi's paging against JupyterHub's own: every user once, two a page."""
+    names = {new_name("page") for _ in range(5)}
+    for name in names:
+        assert hub.api("POST", f"/users/{name}", {}).status == 201
+    api = SyncHubApi(HubApi(f"http://127.0.0.1:{hub.hub_port}/hub/api", hub.admin_token))
+    listed = [u["name"] for u in api.pages("/users", limit=2)]
+    assert names <= set(listed) and len(listed) == len(set(listed))
+    assert listed == [u["name"] for u in api.users()]

@@ -1,9 +1,8 @@
-"""gpulab.login_tokens on JupyterHub's real orm and scopes: the record of login tokens,
+"""gpulab.login.tokens on JupyterHub's real orm and scopes: the record of login tokens,
 ending a member's access, the one-time migration, and configure_login."""
 
 from __future__ import annotations
 
-import logging
 import stat
 from datetime import timedelta
 
@@ -12,9 +11,9 @@ from jupyterhub import orm, scopes
 from jupyterhub.utils import utcnow
 from traitlets.config import Config
 
-from gpulab import login_tokens as lt
-from gpulab.auth import configure_login
-from gpulab.login_tokens import LEGACY_CLI_NOTE, MIGRATION_KEY, LoginTokenStore
+from gpulab.login import tokens as lt
+from gpulab.login.auth import configure_login
+from gpulab.login.tokens import LoginTokenStore
 from gpulab.settings import defaults
 from tests.unit.hub_orm import add_user
 
@@ -100,54 +99,6 @@ def test_a_members_self_scopes_never_hold_the_admin_scopes(db, alice):
     assert all(scopes.has_scope(s, admin) for s in lt.ADMIN_SCOPES)
 
 
-# ------------------------------------------------------------------ migration
-
-
-def test_migration_records_exactly_the_clis_note_once(db, store, caplog):
-    root, eve, dave = (add_user(db, n) for n in ("root", "eve", "dave"))
-    first = root.new_api_token(note=LEGACY_CLI_NOTE, expires_in=90 * 86400)
-    eve.new_api_token(note="gpulab-login: x")
-    eve.new_api_token(note="gpulab-login")
-    expired = orm.APIToken.find(db, dave.new_api_token(note=LEGACY_CLI_NOTE))
-    expired.expires_at = utcnow(with_tz=False) - timedelta(seconds=1)
-    db.commit()
-    caplog.set_level(logging.WARNING)
-
-    migrated = lt.migrate_legacy_tokens(db, store, logging.getLogger("test"))
-
-    row = orm.APIToken.find(db, first)
-    assert migrated == [row.api_id]
-    assert lt.is_login_token(store, row)
-    assert lt.login_tokens(db, store, eve) == [] and lt.login_tokens(db, store, dave) == []
-    assert f"token {row.api_id} of root" in caplog.text and "review" in caplog.text
-    assert first not in caplog.text
-    # once: a token with that note made afterwards is never recorded
-    late = orm.APIToken.find(db, eve.new_api_token(note=LEGACY_CLI_NOTE))
-    assert lt.migrate_legacy_tokens(db, store) == []
-    assert not lt.is_login_token(store, late)
-
-
-def test_migration_of_a_new_install_marks_it_done(tmp_path):
-    db_file = tmp_path / "jupyterhub.sqlite"
-    store_file = tmp_path / "gpulab-login-tokens.sqlite"
-    assert lt.migrate_hub_db(f"sqlite:///{db_file}", store_file) == []
-    assert not db_file.exists()  # left for JupyterHub to create
-    assert '"new_install": true' in LoginTokenStore(store_file).get_meta(MIGRATION_KEY)
-
-
-def test_migration_of_an_existing_hub_db(tmp_path):
-    db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
-    session = orm.new_session_factory(db_url)()
-    session.add(orm.OAuthClient(identifier="jupyterhub"))
-    session.commit()
-    root = add_user(session, "root")
-    root.new_api_token(note=LEGACY_CLI_NOTE)
-    session.close()
-    store_file = tmp_path / "gpulab-login-tokens.sqlite"
-    assert lt.migrate_hub_db(db_url, store_file) == ["a1"]
-    assert lt.migrate_hub_db(db_url, store_file) == []
-
-
 # ------------------------------------------------------------------ configure_login
 
 
@@ -170,8 +121,6 @@ def test_configure_login_sets_the_hub_config(tmp_path):
         "trusted_proxies": ["172.30.0.3/32", "10.0.0.0/24", "10.1.2.3/32"],
     }
     assert dict(c.Authenticator) == {"auth_refresh_age": 1, "auth_refresh_strict": True}
-    store = LoginTokenStore(tmp_path / "gpulab-login-tokens.sqlite")
-    assert store.get_meta(MIGRATION_KEY) is not None  # the migration ran
 
 
 def test_configure_login_without_a_limit_and_with_a_bad_proxy(tmp_path):

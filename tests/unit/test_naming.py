@@ -3,7 +3,7 @@ import re
 import pytest
 
 from gpulab.contract import INFRA_CONTAINERS
-from gpulab.naming import MAX_SLUG, container_name, safe_slug, volume_name
+from gpulab.spawn.naming import MAX_SLUG, container_name, safe_slug, volume_name
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 

@@ -10,7 +10,6 @@ import ipaddress
 import pytest
 
 from gpulab.netguard import (
-    LEGACY_TAG,
     TAG,
     Guard,
     Overlays,
@@ -22,7 +21,6 @@ from gpulab.netguard import (
     overlay_rules,
     route_subnets,
     rules,
-    tagged,
 )
 
 
@@ -112,18 +110,6 @@ def test_guard_installs_in_order_repairs_and_removes_only_its_own():
     assert fake.chains == {"DOCKER-USER": [("-j", "RETURN")], "INPUT": [("-j", "OTHER")],
                            "FORWARD": [("-j", "ACCEPT-ALL")]}
 
-
-def test_rules_of_the_old_isolation_script_are_found_for_removal():
-    listing = (
-        "-N DOCKER-USER\n"
-        "-A DOCKER-USER -s 172.30.0.2/32 -i gpulab0 -o gpulab0 -m comment --comment "
-        "gpulab-isolate-users -j RETURN\n"
-        "-A DOCKER-USER -i eth0 -j DROP\n"
-        "-A DOCKER-USER -j RETURN\n"
-    )
-    assert tagged(listing, LEGACY_TAG) == [[
-        "-D", "DOCKER-USER", "-s", "172.30.0.2/32", "-i", "gpulab0", "-o", "gpulab0", "-m",
-        "comment", "--comment", "gpulab-isolate-users", "-j", "RETURN"]]
 
 
 # ------------------------------------------------------------------ a Swarm machine

@@ -90,3 +90,50 @@ def test_every_alert_has_a_test_case():
 def test_usage_recording_rule_adds_up_gpu_hours():
     assert "1 rules found" in promtool("check", "rules", "usage.yml")
     promtool("test", "rules", "usage_test.yml")
+
+
+def rendered(tmp_path: Path, scrape_seconds: str) -> subprocess.CompletedProcess:
+    """The prometheus service's own entrypoint (docker-compose.yml), run here on a copy of
+    monitoring/prometheus with GPULAB_SCRAPE_SECONDS, up to the point it starts
+    Prometheus; what it wrote is in tmp_path/out."""
+    compose = yaml.safe_load((PROM.parents[1] / "docker-compose.yml").read_text())
+    script = compose["services"]["prometheus"]["entrypoint"][2].replace("$$", "$")
+    script = (script.replace("/etc/prometheus/gpulab", str(PROM))
+              .replace("/prometheus/gpulab-config", str(tmp_path / "out"))
+              .replace('exec /usr/bin/prometheus "$@"', "exit 0"))
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "GPULAB_SCRAPE_SECONDS": scrape_seconds})
+
+
+@needs_promtool
+@pytest.mark.parametrize("seconds, scrape, timeout, evaluation", [
+    ("15", "15s", "10s", "30s"),  # a lab's: the files as they are
+    ("2", "2s", "2s", "4s"),  # the test stack's
+])
+def test_the_entrypoint_scales_the_marked_intervals_and_prometheus_accepts_them(
+        tmp_path, seconds, scrape, timeout, evaluation):
+    out = rendered(tmp_path, seconds)
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load((tmp_path / "out" / "prometheus.yml").read_text())["global"]
+    assert (config["scrape_interval"], config["scrape_timeout"],
+            config["evaluation_interval"]) == (scrape, timeout, evaluation)
+    usage = yaml.safe_load((tmp_path / "out" / "usage.yml").read_text())
+    assert {g["interval"] for g in usage["groups"]} == {scrape}
+    (tmp_path / "out" / "metrics-token").write_text("t\n")
+    for name in ("prometheus.yml", "prometheus.swarm.yml"):
+        text = (tmp_path / "out" / name).read_text().replace(
+            "/etc/prometheus/secrets/", str(tmp_path / "out") + "/")
+        (tmp_path / "out" / name).write_text(text)
+    (tmp_path / "out" / "exporter-token").write_text("t\n")
+    promtool("check", "config", "prometheus.yml", cwd=tmp_path / "out")
+    promtool("check", "config", "prometheus.swarm.yml", cwd=tmp_path / "out")
+    if seconds == "15":  # a lab's stack runs exactly the files in the repository
+        for name in ("prometheus.yml", "usage.yml", "alerts.yml"):
+            assert (tmp_path / "out" / name).read_text().replace(
+                str(tmp_path / "out") + "/", "/etc/prometheus/secrets/") == \
+                (PROM / name).read_text()
+
+
+def test_the_entrypoint_refuses_a_scrape_interval_that_is_no_number(tmp_path):
+    out = rendered(tmp_path, "2s")
+    assert out.returncode == 2 and "must be whole seconds" in out.stderr

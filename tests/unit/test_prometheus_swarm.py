@@ -77,12 +77,12 @@ def test_swarm_config_is_valid(tmp_path):
 
 
 def test_the_read_only_swarm_proxy_lets_prometheus_list_nodes():
-    from gpulab.docker_policy import decide
+    from gpulab.dockerapi.policy import proxy_verdict
 
     # what Prometheus' Docker client sends for role: nodes without filters
-    decision = decide("GET", "/v1.41/nodes", read_only=True, swarm=True)
+    decision = proxy_verdict("GET", "/v1.41/nodes", read_only=True, swarm=True)
     assert decision.allowed, decision.reasons
     # and nothing else of the Swarm's: services and tasks hold members' environments
     for target in ("/v1.41/services?filters=%7B%22label%22%3A%5B%22org.gpulab.managed%3Dtrue%22%5D%7D",
                    "/v1.41/tasks", f"/v1.41/nodes/{'a' * 25}"):
-        assert not decide("GET", target, read_only=True, swarm=True).allowed, target
+        assert not proxy_verdict("GET", target, read_only=True, swarm=True).allowed, target

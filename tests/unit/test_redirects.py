@@ -8,7 +8,7 @@ import pytest
 from jupyterhub.handlers.base import BaseHandler
 from tornado.httputil import HTTPHeaders
 
-from gpulab.redirects import home_url, safe_next_url
+from gpulab.login.redirects import home_url, safe_next_url
 
 HOME = "/hub/home"
 

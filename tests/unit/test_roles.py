@@ -8,8 +8,8 @@ import pytest
 from jupyterhub import orm, scopes
 from jupyterhub.app import JupyterHub
 
-from gpulab.auth import TokenAuthenticator
-from gpulab.roles import (
+from gpulab.login.auth import TokenAuthenticator
+from gpulab.login.roles import (
     OPERATOR_SCOPES,
     OPERATORS_GROUP,
     OPERATORS_ROLE,

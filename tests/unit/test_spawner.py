@@ -1,4 +1,4 @@
-"""Pure helpers of gpulab.spawner: what a member is told when Docker refuses."""
+"""Pure helpers of gpulab.spawn.spawner: what a member is told when Docker refuses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import docker.errors
 import pytest
 import requests
 
-from gpulab.spawner import policy_refusal
+from gpulab.spawn.spawner import policy_refusal
 
 
 def api_error(status: int, explanation: str) -> docker.errors.APIError:

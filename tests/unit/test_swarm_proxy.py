@@ -1,5 +1,5 @@
 """The Docker proxy in front of a Swarm manager (``--swarm``): its policy
-(gpulab.swarm_policy, through gpulab.docker_policy.decide) as tables, and the I/O shell's
+(gpulab.dockerapi.swarm_policy, through gpulab.dockerapi.policy.decide) as tables, and the I/O shell's
 per-service resolution against a small fake manager on a unix socket.
 tests/integration/test_docker_proxy_swarm.py sends the same kinds of requests to a real
 Swarm manager."""
@@ -12,9 +12,9 @@ from urllib.parse import parse_qsl, quote
 import pytest
 
 from gpulab.contract import LABEL_NODE
-from gpulab.docker_policy import decide, is_create
-from gpulab.docker_proxy import Proxy
-from gpulab.swarm_policy import ID_SLOT, SERVICE_SPEC
+from gpulab.dockerapi.policy import is_create, proxy_verdict
+from gpulab.dockerapi.proxy import Proxy
+from gpulab.dockerapi.swarm_policy import ID_SLOT, SERVICE_SPEC
 
 NODE = "3x0kq1v8hn2b7c4d5e6f7g8h9"  # a Swarm node ID: 25 of [0-9a-z]
 GPU = "GPU-fa4e0200-1111-2222-3333-444444444444"
@@ -77,7 +77,7 @@ def without(path: tuple[str, ...], key: str) -> dict:
 
 def create(spec, target=CREATE, settings=None, image_id=IMAGE_ID):
     body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-    return decide("POST", target, body, settings=settings, swarm=True, image_id=image_id)
+    return proxy_verdict("POST", target, body, settings=settings, swarm=True, image_id=image_id)
 
 
 def refused_for(spec, target=CREATE) -> str:
@@ -111,12 +111,12 @@ def q(filters) -> str:
 ])
 def test_the_swarm_calls_the_hub_makes_pass(method, target):
     body = json.dumps(legit()).encode() if method == "POST" else b""
-    d = decide(method, target, body, swarm=True, image_id=IMAGE_ID)
+    d = proxy_verdict(method, target, body, swarm=True, image_id=IMAGE_ID)
     assert d.allowed, d.reason
-    assert not decide(method, target, body, image_id=IMAGE_ID).allowed  # not without --swarm
+    assert not proxy_verdict(method, target, body, image_id=IMAGE_ID).allowed  # not without --swarm
     # a read-only client (Prometheus' discovery) may list the nodes, nothing more
-    read_only = decide(method, target, body, swarm=True, read_only=True,
-                       image_id=IMAGE_ID).allowed
+    read_only = proxy_verdict(method, target, body, swarm=True, read_only=True,
+                              image_id=IMAGE_ID).allowed
     assert read_only == (target == "/v1.41/nodes" or target.startswith("/v1.41/nodes?"))
 
 
@@ -134,13 +134,13 @@ def test_the_swarm_calls_the_hub_makes_pass(method, target):
     ("POST", "/v1.41/services/create/"), ("GET", "/v1.41/services/a/b"),
 ])
 def test_everything_else_is_refused(method, target):
-    d = decide(method, target, swarm=True)
+    d = proxy_verdict(method, target, swarm=True)
     assert not d.allowed and "not among the calls the hub needs" in d.reason
 
 
 def test_a_service_log_is_read_not_followed():
     # A followed log would hold a proxy connection open for as long as the server runs.
-    d = decide("GET", "/v1.41/services/gpulab-user-alice/logs?stdout=1&follow=1", swarm=True)
+    d = proxy_verdict("GET", "/v1.41/services/gpulab-user-alice/logs?stdout=1&follow=1", swarm=True)
     assert not d.allowed and "follow='1' is not allowed" in d.reason
 
 
@@ -151,7 +151,7 @@ def test_a_service_log_is_read_not_followed():
 def test_swarm_calls_need_api_1_41(target):
     method = "POST" if target.endswith("create") else "GET"
     body = json.dumps(legit()).encode() if method == "POST" else b""
-    d = decide(method, target, body, swarm=True)
+    d = proxy_verdict(method, target, body, swarm=True)
     assert not d.allowed and "1.41 or later" in d.reason
 
 
@@ -165,7 +165,7 @@ def test_swarm_calls_need_api_1_41(target):
 ])
 def test_query_parameters_are_allow_listed_per_route(method, target):
     body = json.dumps(legit()).encode() if method == "POST" else b""
-    d = decide(method, target, body, swarm=True)
+    d = proxy_verdict(method, target, body, swarm=True)
     assert not d.allowed and "query parameter" in d.reason
 
 
@@ -192,7 +192,7 @@ def test_query_parameters_are_allow_listed_per_route(method, target):
 ])
 def test_a_service_list_filters_on_the_managed_label(filters, why):
     target = "/v1.41/services" + ("" if filters is None else f"?filters={q(filters)}")
-    d = decide("GET", target, swarm=True)
+    d = proxy_verdict("GET", target, swarm=True)
     assert not d.allowed and why in d.reason, d.reason
 
 
@@ -209,37 +209,37 @@ def test_a_service_list_filters_on_the_managed_label(filters, why):
 ])
 def test_a_task_list_names_one_service(filters, why):
     target = "/v1.41/tasks" + ("" if filters is None else f"?filters={q(filters)}")
-    d = decide("GET", target, swarm=True)
+    d = proxy_verdict("GET", target, swarm=True)
     assert not d.allowed and why in d.reason, d.reason
 
 
 def test_filters_are_forwarded_re_encoded_and_a_task_list_with_the_resolved_id():
-    d = decide("GET", f"/v1.41/tasks?filters={q({'desired-state': ['running', 'running'], 'service': ['gpulab-user-alice']})}",
+    d = proxy_verdict("GET", f"/v1.41/tasks?filters={q({'desired-state': ['running', 'running'], 'service': ['gpulab-user-alice']})}",
                swarm=True)
     assert d.service == "gpulab-user-alice" and not d.container
     path, _, query = d.target("f" * 25).partition("?")
     assert path == "/v1.41/tasks" and ID_SLOT not in query
     assert json.loads(dict(parse_qsl(query))["filters"]) == {
         "desired-state": {"running": True}, "service": {"f" * 25: True}}
-    d = decide("GET", f"/v1.41/services?filters={q({'label': ['org.gpulab.managed=true']})}",
+    d = proxy_verdict("GET", f"/v1.41/services?filters={q({'label': ['org.gpulab.managed=true']})}",
                swarm=True)
     assert d.target() == "/v1.41/services?filters=" + q(
         {"label": {"org.gpulab.managed=true": True}}).replace("%20", "+")
-    assert decide("GET", "/v1.41/nodes", swarm=True).target() == "/v1.41/nodes"
+    assert proxy_verdict("GET", "/v1.41/nodes", swarm=True).target() == "/v1.41/nodes"
 
 
 def test_node_list_filters_are_checked():
     for filters in ({"role": ["root"]}, {"name": ["a b"]}, {"x": ["y"]}, "{"):
-        assert not decide("GET", f"/v1.41/nodes?filters={q(filters)}", swarm=True).allowed
+        assert not proxy_verdict("GET", f"/v1.41/nodes?filters={q(filters)}", swarm=True).allowed
 
 
 def test_per_service_calls_name_their_service():
-    d = decide("DELETE", "/v1.41/services/gpulab-user-alice", swarm=True)
+    d = proxy_verdict("DELETE", "/v1.41/services/gpulab-user-alice", swarm=True)
     assert (d.service, d.container) == ("gpulab-user-alice", "")
     assert d.target("a" * 25) == f"/v1.41/services/{'a' * 25}"
-    assert decide("GET", "/services/x?insertDefaults=1", swarm=True).target("b" * 25) == (
+    assert proxy_verdict("GET", "/services/x?insertDefaults=1", swarm=True).target("b" * 25) == (
         f"/services/{'b' * 25}?insertDefaults=1")
-    node = decide("GET", f"/v1.41/nodes/{NODE}", swarm=True)
+    node = proxy_verdict("GET", f"/v1.41/nodes/{NODE}", swarm=True)
     assert (node.service, node.container, node.target()) == ("", "", f"/v1.41/nodes/{NODE}")
 
 

@@ -1,4 +1,4 @@
-"""A member's server on a Swarm (gpulab.swarm_services): the service spec the spawner
+"""A member's server on a Swarm (gpulab.spawn.swarm_services, gpulab.gpus.swarm_nodes): the service spec the spawner
 asks for, which the Docker proxy's --swarm policy must let through as it is, and the
 GPUs and leases read back from the Swarm's node and service objects."""
 
@@ -6,21 +6,23 @@ import json
 
 import pytest
 
-from gpulab.allocator import Lease
 from gpulab.contract import ENGINE_LABEL_GPUS, LABEL_GPUS, LABEL_NODE, LABEL_SERVER, LABEL_USER
-from gpulab.docker_policy import decide
+from gpulab.dockerapi.policy import proxy_verdict
+from gpulab.gpus.allocator import Lease
+from gpulab.gpus.swarm_nodes import (
+    inventory_from_nodes,
+    lease_holder,
+    leases_from_services,
+    node_gpus,
+)
 from gpulab.settings import defaults
-from gpulab.swarm_services import (
+from gpulab.spawn.swarm_services import (
     RUNNING,
     STARTING,
     STOPPED,
     ServerState,
-    inventory_from_nodes,
     landing_note,
-    lease_holder,
-    leases_from_services,
     node_for_cpu_server,
-    node_gpus,
     ran_a_container,
     server_state,
     service_spec,
@@ -35,7 +37,7 @@ HUB_ENV = {"JUPYTERHUB_API_TOKEN": "t0ken", "JUPYTERHUB_USER": "alice",
 
 
 def proxy(spec: dict) -> tuple[bool, str]:
-    d = decide("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
+    d = proxy_verdict("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
                image_id=IMAGE_ID)
     return d.allowed, d.reason
 

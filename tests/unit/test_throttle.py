@@ -1,4 +1,4 @@
-"""gpulab.throttle: lockout decisions, doubling, persistence across restarts, 429, and
+"""gpulab.login.throttle: lockout decisions, doubling, persistence across restarts, 429, and
 device cookies that keep a member's own browser out of other people's lockouts."""
 
 from __future__ import annotations
@@ -7,19 +7,19 @@ import stat
 
 import pytest
 
-from gpulab.throttle import (
+from gpulab.login.throttle import (
     ADDRESS,
     DEVICE,
     USER,
     Entry,
-    Policy,
+    LockoutPolicy,
     Throttle,
     address_key,
     after_failure,
     is_locked,
 )
 
-POLICY = Policy(max_failures=5, window=900, lockout=900, max_lockout=3600, forget_after=86400)
+POLICY = LockoutPolicy(max_failures=5, window=900, lockout=900, max_lockout=3600, forget_after=86400)
 
 
 class Clock:
@@ -94,9 +94,9 @@ def test_address_keys(address, key):
 
 def test_policy_rejects_nonsense():
     with pytest.raises(ValueError, match="max_failures"):
-        Policy(max_failures=0)
+        LockoutPolicy(max_failures=0)
     with pytest.raises(ValueError, match="lockout"):
-        Policy(lockout=0)
+        LockoutPolicy(lockout=0)
 
 
 @pytest.fixture

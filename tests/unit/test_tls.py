@@ -1,4 +1,4 @@
-"""gpulab.tls: which certificate HTTPS serves, decided from what is in secrets/tls/."""
+"""gpulab.login.tls: which certificate HTTPS serves, decided from what is in secrets/tls/."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gpulab import tls
+from gpulab.login import tls
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 HOST = "gpu.lab.example"
@@ -105,18 +105,18 @@ def test_covers_reads_the_subject_alt_names(ca, names, name, covered):
 
 def test_decide_makes_what_is_missing_and_keeps_what_serves(ca):
     cert, _ = server(ca)
-    assert tls.decide(HOST, NOW, None, None) == tls.Plan(True, True, "no local CA yet")
-    assert tls.decide(HOST, NOW, ca[0], None).new_server
-    assert tls.decide(HOST, NOW, ca[0], cert) == tls.Plan(
+    assert tls.certificate_plan(HOST, NOW, None, None) == tls.CertificatePlan(True, True, "no local CA yet")
+    assert tls.certificate_plan(HOST, NOW, ca[0], None).new_server
+    assert tls.certificate_plan(HOST, NOW, ca[0], cert) == tls.CertificatePlan(
         False, False, "valid, and it names gpu.lab.example")
-    renamed = tls.decide("hub.gpu.lab.example", NOW, ca[0], cert)  # within the CA's names
+    renamed = tls.certificate_plan("hub.gpu.lab.example", NOW, ca[0], cert)  # within the CA's names
     assert (renamed.new_ca, renamed.new_server) == (False, True)
     later = NOW + dt.timedelta(days=tls.SERVER_DAYS - tls.RENEW_DAYS + 1)
-    assert tls.decide(HOST, later, ca[0], cert).new_server
+    assert tls.certificate_plan(HOST, later, ca[0], cert).new_server
     other_ca = tls.make_ca(HOST, NOW)
-    assert tls.decide(HOST, NOW, other_ca[0], cert).new_server
+    assert tls.certificate_plan(HOST, NOW, other_ca[0], cert).new_server
     expired = NOW + dt.timedelta(days=tls.CA_DAYS + 1)
-    assert tls.decide(HOST, expired, ca[0], cert).new_ca
+    assert tls.certificate_plan(HOST, expired, ca[0], cert).new_ca
 
 
 # (a) the CA vouches for the lab's name only
@@ -207,8 +207,8 @@ def old_lab(directory, hostname=HOST):
 
 def test_decide_says_an_unconstrained_ca_must_be_replaced():
     old = unconstrained_ca()
-    plan = tls.decide(HOST, NOW, old[0], leaf(old, HOST))
-    assert plan == tls.Plan(True, True, "the local CA has no name constraints: it can vouch "
+    plan = tls.certificate_plan(HOST, NOW, old[0], leaf(old, HOST))
+    assert plan == tls.CertificatePlan(True, True, "the local CA has no name constraints: it can vouch "
                                         "for any web site", replaces_ca=True)
 
 
@@ -281,8 +281,8 @@ def test_the_server_certificate_names_the_host_and_its_subdomains(ca):
 
 
 def test_a_server_certificate_without_the_wildcard_is_made_again(ca):
-    plan = tls.decide(HOST, NOW, ca[0], leaf(ca, HOST))
-    assert plan == tls.Plan(False, True, "the certificate does not name *.gpu.lab.example")
+    plan = tls.certificate_plan(HOST, NOW, ca[0], leaf(ca, HOST))
+    assert plan == tls.CertificatePlan(False, True, "the certificate does not name *.gpu.lab.example")
 
 
 def test_ensure_makes_a_ca_once_and_keeps_it(tmp_path):
@@ -355,7 +355,7 @@ def test_a_labs_certificate_without_the_wildcard_is_refused_for_per_server_origi
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from gpulab.tls import TlsError, ensure
+    from gpulab.login.tls import TlsError, ensure
 
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())

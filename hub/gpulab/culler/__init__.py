@@ -8,7 +8,8 @@ left open on a GPU nobody uses is what it is for. Who is culled when comes from
 exporter's series), never from Docker.
 
 * :mod:`.decide`: pure decisions (idle since when, keep / warn / stop), tested by tables.
-* :mod:`.notices`: the warnings and stop notices the culler leaves for members, the one
-  file the culler writes and the hub's home page reads.
+* :mod:`gpulab.notices` (beside the culler, shared with the spawners and the dashboard):
+  the warnings and stop notices it leaves for members, the one file the culler writes and
+  the hub's home page reads.
 * :mod:`.service`: the thin shell: hub API, Prometheus, the loop.
 """

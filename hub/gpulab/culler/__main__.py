@@ -9,8 +9,9 @@ import asyncio
 import logging
 import os
 
-from ..prometheus_api import DEFAULT_URL, Prometheus
-from .service import GpuCuller, Hub
+from gpulab.culler.service import GpuCuller
+from gpulab.hubapi import HubApi
+from gpulab.prometheus_api import DEFAULT_URL, Prometheus
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO,
                         format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
     try:
-        hub = Hub(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
+        hub = HubApi(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
     except KeyError as e:
         raise SystemExit(f"gpulab.culler: {e.args[0]} is not set: JupyterHub sets it for "
                          f"the services it starts (hub config: services)") from None

@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..contract import DEFAULT_SCRAPE_SECONDS
-from ..gpus_config import Culling, Policy
+from gpulab.contract import DEFAULT_SCRAPE_SECONDS
+from gpulab.gpus.config import Culling
+from gpulab.gpus.policy import Policy
+from gpulab.notices import CullWarning
+from gpulab.settings import duration_text
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
 IDLE, AGE = "idle", "age"
@@ -42,21 +45,9 @@ class Server:
         return self.user, self.name
 
 
-@dataclass(frozen=True)
-class CullWarning:
-    """A warning standing for one server (what the member sees on their home page)."""
-
-    user: str
-    server: str
-    started: float  # which run of the server it is about
-    reason: str  # IDLE or AGE
-    warned_at: float
-    stop_at: float
-    message: str
-
 
 @dataclass(frozen=True)
-class Decision:
+class CullDecision:
     server: Server
     action: str  # KEEP, WARN or STOP
     warning: CullWarning | None = None  # the standing warning (WARN), or the one acted on (STOP)
@@ -84,22 +75,22 @@ def idle_since(samples: Sequence[tuple[float, float]], *, below: float, step: fl
     return since
 
 
-def decide(server: Server, policy: Policy, culling: Culling,
-           gpus_idle_since: Mapping[str, float | None], standing: CullWarning | None,
-           now: float) -> Decision:
+def cull_decision(server: Server, policy: Policy, culling: Culling,
+                  gpus_idle_since: Mapping[str, float | None], standing: CullWarning | None,
+                  now: float) -> CullDecision:
     """Keep, warn or stop one *server*; *standing* is the warning it already has, if any
     (from an earlier check of the same run of the server)."""
     if standing is not None and standing.started != server.started:
         standing = None  # a warning for an earlier run of this server
     due = _due(server, policy, culling, gpus_idle_since)
     if due is None or now < due[0] - culling.warn_before:
-        return Decision(server, KEEP)
+        return CullDecision(server, KEEP)
     at, reason, why = due
     warned_at = standing.warned_at if standing is not None else now
     stop_at = max(at, warned_at + culling.warn_before)
     warning = CullWarning(server.user, server.name, server.started, reason, warned_at,
                        stop_at, why)
-    return Decision(server, STOP if now >= stop_at else WARN, warning)
+    return CullDecision(server, STOP if now >= stop_at else WARN, warning)
 
 
 def _due(server: Server, policy: Policy, culling: Culling,
@@ -124,10 +115,10 @@ def _due(server: Server, policy: Policy, culling: Culling,
 
 def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
          culling: Culling, gpus_idle_since: Mapping[str, float | None],
-         standing: Mapping[tuple[str, str], CullWarning], now: float) -> list[Decision]:
-    """:func:`decide` for every server (policies and warnings by ``(user, server)``)."""
-    return [decide(s, policies[s.key], culling, gpus_idle_since, standing.get(s.key), now)
-            for s in servers]
+         standing: Mapping[tuple[str, str], CullWarning], now: float) -> list[CullDecision]:
+    """:func:`cull_decision` for every server (policies and warnings by ``(user, server)``)."""
+    return [cull_decision(s, policies[s.key], culling, gpus_idle_since, standing.get(s.key),
+                          now) for s in servers]
 
 
 def longest_idle_window(policies: Sequence[Policy]) -> int:
@@ -141,32 +132,3 @@ def query_step(window: float, scrape_interval: float = DEFAULT_SCRAPE_SECONDS,
     """The step of the utilization range query: the scrape interval, or coarser so that
     a long window stays under *max_points* points (Prometheus refuses over 11 000)."""
     return int(max(scrape_interval, -(-window // max_points)))
-
-
-def duration_text(seconds: float) -> str:
-    """3600 -> '1 h', 5400 -> '1 h 30 min', 90 -> '1 min 30 s', 172800 -> '2 days'."""
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{days} day{'s' if days != 1 else ''}" if days else "",
-             f"{hours} h" if hours else "", f"{minutes} min" if minutes else "",
-             f"{secs} s" if secs and not days and not hours else ""]
-    return " ".join(p for p in parts if p) or "0 s"
-
-
-def policy_note(policy: Policy, culling: Culling) -> str:
-    """What a member is told on the spawn form about when their GPUs come back ("" when
-    neither clock runs for them)."""
-    rules = []
-    if policy.gpu_idle_timeout:
-        rules.append(f"when its GPUs stay under {culling.idle_below:.0%} utilization for "
-                     f"{duration_text(policy.gpu_idle_timeout)}")
-    if policy.max_server_age:
-        rules.append(f"{duration_text(policy.max_server_age)} after it starts")
-    if not rules:
-        return ""
-    warning = (f", after a warning {duration_text(culling.warn_before)} ahead on your hub "
-               f"home page" if culling.warn_before else "")
-    return (f"A server holding GPUs is stopped {' or '.join(rules)}{warning}. "
-            f"Your files stay in your home.")

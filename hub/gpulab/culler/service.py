@@ -1,5 +1,6 @@
 """The GPU culler's shell: reads the hub and Prometheus, applies :mod:`.decide`, stops
-servers through the hub's API and leaves notices (:mod:`.notices`).
+servers through the hub's API (:class:`gpulab.hubapi.HubApi`) and leaves notices
+(:mod:`gpulab.notices`).
 
 What it may do is what its service role allows (``hubconfig.GPU_CULLER_SCOPES``): list
 users with their groups and servers, and stop servers. It reads no Docker and touches
@@ -11,7 +12,6 @@ not answer nothing is culled that round, and the log says why.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -20,25 +20,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-from .. import live_config
-from ..contract import METRIC_LEASE, METRIC_UTILIZATION, scrape_seconds
-from ..prometheus_api import Prometheus, PrometheusUnavailable
-from ..yamlfile import ConfigError
-from . import notices as notes
-from .decide import (
+from gpulab import live_config
+from gpulab import notices as notes
+from gpulab.contract import METRIC_LEASE, METRIC_UTILIZATION, scrape_seconds
+from gpulab.culler.decide import (
     STOP,
     WARN,
     Server,
-    duration_text,
     idle_since,
     longest_idle_window,
     plan,
     query_step,
 )
+from gpulab.gpus.policy import policy_for
+from gpulab.hubapi import HubApi, HubApiError
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab.settings import duration_text
+from gpulab.yamlfile import ConfigError
 
 log = logging.getLogger("gpulab.culler")
 
@@ -56,10 +55,6 @@ class HubServer:
     name: str
     started: float
     groups: tuple[str, ...]
-
-
-class HubUnavailable(Exception):
-    pass
 
 
 # ---------------------------------------------------------------- pure conversions
@@ -101,55 +96,11 @@ def samples_by_uuid(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple
             for series in matrix}
 
 
-# ---------------------------------------------------------------- the hub
-
-
-class Hub:
-    """The hub's REST API with the culler's own token."""
-
-    def __init__(self, api_url: str, token: str, timeout: float = 20.0):
-        self.api_url = api_url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-
-    async def _fetch(self, path: str, method: str = "GET") -> Any:
-        request = HTTPRequest(f"{self.api_url}{path}", method=method,
-                              headers={"Authorization": f"token {self.token}",
-                                       "Accept": "application/jupyterhub-pagination+json"},
-                              request_timeout=self.timeout, connect_timeout=self.timeout)
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            body = e.response.body.decode(errors="replace")[:200] if e.response else ""
-            raise HubUnavailable(f"{method} {path} answered {e.code} {body}") from None
-        except OSError as e:
-            raise HubUnavailable(f"{method} {path}: {e}") from None
-        return json.loads(response.body) if response.body else None
-
-    async def ready_users(self) -> list[dict[str, Any]]:
-        users: list[dict[str, Any]] = []
-        offset = 0
-        while True:
-            page = await self._fetch("/users?" + urlencode({"state": "ready",
-                                                           "offset": offset, "limit": 200}))
-            items = page["items"] if isinstance(page, dict) else page
-            users.extend(items)
-            nxt = (page.get("_pagination") or {}).get("next") if isinstance(page, dict) else None
-            if not nxt or not items:
-                return users
-            offset = nxt["offset"]
-
-    async def stop(self, user: str, server: str) -> None:
-        path = (f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}" if server
-                else f"/users/{quote(user, safe='')}/server")
-        await self._fetch(path, method="DELETE")
-
-
 # ---------------------------------------------------------------- the culler
 
 
 class GpuCuller:
-    def __init__(self, hub: Hub, prometheus: Prometheus, gpus_file: str | Path,
+    def __init__(self, hub: HubApi, prometheus: Prometheus, gpus_file: str | Path,
                  notices_file: str | Path):
         self.hub = hub
         self.prometheus = prometheus
@@ -164,14 +115,14 @@ class GpuCuller:
         now = time.time() if now is None else now
         config = self.config()
         try:
-            ready = hub_servers(await self.hub.ready_users())
-        except HubUnavailable as e:
+            ready = hub_servers(await self.hub.users(state="ready"))
+        except HubApiError as e:
             log.warning("GPU culler: the hub did not list its servers (%s); nothing culled "
                         "this round", e)
             return []
         try:
             servers = servers_holding_gpus(ready, await self.prometheus.query(LEASES))
-            policies = {s.key: config.policy_for(s.user, s.groups) for s in servers}
+            policies = {s.key: policy_for(config, s.user, s.groups) for s in servers}
             idle = await self.idle_since(now, longest_idle_window(list(policies.values())),
                                          config.culling.idle_below)
         except PrometheusUnavailable as e:
@@ -189,10 +140,14 @@ class GpuCuller:
                             w.message)
             elif d.action == STOP:
                 try:
-                    await self.hub.stop(w.user, w.server)
-                except HubUnavailable as e:
+                    stopped_now = await self.hub.stop_server(w.user, w.server)
+                except HubApiError as e:
                     log.error("GPU culler: could not stop %s's %s: %s", w.user,
                               notes.server_label(w.server), e)
+                    continue
+                if not stopped_now:
+                    log.info("GPU culler: %s's %s had stopped already", w.user,
+                             notes.server_label(w.server))
                     continue
                 log.warning("GPU culler: stopped %s's %s, warned %s ago: %s", w.user,
                             notes.server_label(w.server), duration_text(now - w.warned_at),

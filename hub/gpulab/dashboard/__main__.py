@@ -24,7 +24,6 @@ from gpulab.dashboard.app import DashboardConfig, make_app
 from gpulab.dashboard.history import PrometheusHistory
 from gpulab.dashboard.leases import (
     DockerContainers,
-    HubServers,
     LeaseAdmin,
     SwarmServices,
     default_gpus_path,
@@ -41,6 +40,7 @@ from gpulab.dashboard.sources import (
     SnapshotReader,
 )
 from gpulab.dashboard.usage import PrometheusUsage
+from gpulab.hubapi import HubApi
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -134,7 +134,7 @@ async def serve(args: argparse.Namespace) -> None:
     leases = None
     if not args.no_leases:
         store = SwarmServices() if args.swarm else DockerContainers()
-        leases = LeaseAdmin(store, HubServers(hub_auth.api_url, hub_auth.api_token),
+        leases = LeaseAdmin(store, HubApi(hub_auth.api_url, hub_auth.api_token, timeout=5),
                             args.gpus_file, settings_path=args.settings_file)
     usage = history = None
     if args.prometheus_url.lower() != "none":
@@ -143,7 +143,8 @@ async def serve(args: argparse.Namespace) -> None:
         history = PrometheusHistory(args.prometheus_url, usage=usage,
                                     timeout=max(args.timeout, 5.0))
     app = make_app(hub_auth, reader, DashboardConfig(refresh_seconds=args.refresh_seconds),
-                   leases=leases, members=HubMembers(hub_auth.api_url), usage=usage,
+                   leases=leases, members=HubMembers(HubApi(hub_auth.api_url, timeout=10)),
+                   usage=usage,
                    history=history)
     server = app.listen(args.port, address=args.ip, xheaders=True)
     log.info("gpulab GPU dashboard on http://%s:%s%s (sources: %s)", args.ip, args.port,

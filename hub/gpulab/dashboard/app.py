@@ -57,7 +57,7 @@ from jupyterhub.services.auth import (
 )
 from jupyterhub.utils import url_path_join
 from markupsafe import Markup
-from tornado import web
+from tornado import httputil, web
 
 from gpulab.contract import DASHBOARD_SERVICE
 from gpulab.dashboard.charts import gpu_chart
@@ -80,6 +80,7 @@ from gpulab.dashboard.usage import (
     usage_model,
 )
 from gpulab.dashboard.view import build_view, format_duration
+from gpulab.hubapi import HubApi
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -95,6 +96,11 @@ class DashboardConfig:
 def make_templates() -> Environment:
     """Jinja2 over the package's templates, every value escaped."""
     return Environment(loader=PackageLoader("gpulab.dashboard", "templates"), autoescape=True)
+
+
+def _phrase(status: int) -> str:
+    """The status's standard reason (tornado's, since no handler here gives its own)."""
+    return httputil.responses.get(status, "Unknown")
 
 
 def _clock(ts: float | None) -> str:
@@ -141,7 +147,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
     and remembers whether someone known was refused, to tell 401 from 403."""
 
     def initialize(self, hub_auth: HubOAuth, reader: SnapshotReader, config: DashboardConfig,
-                   templates: Environment, access_scopes: frozenset[str],
+                   templates: Environment, access_scopes: frozenset[str], hub: HubApi,
                    leases: LeaseAdmin | None = None,
                    members: HubMembers | None = None,
                    usage: PrometheusUsage | None = None,
@@ -151,6 +157,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
         self.config = config
         self.templates = templates
         self.access_scopes = access_scopes
+        self.hub = hub  # the hub's API with the service's own token
         self.leases = leases
         self.members = members
         self.usage = usage
@@ -234,7 +241,7 @@ class _Handler(HubOAuthenticated, web.RequestHandler):
             return ("Not signed in. Open this page in a browser signed in to the hub, or "
                     "send 'Authorization: token <token>' with a token that has the scope "
                     f"{scope}.", None)
-        return (self._reason, None)
+        return (_phrase(status), None)
 
 
 class _History:
@@ -283,7 +290,7 @@ class PageHandler(_History, _Handler):
             message, hint = "The dashboard failed; the service's log says why.", None
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(self.templates.get_template("error.html").render(
-            status=status_code, reason=self._reason, message=message, hint=hint,
+            status=status_code, reason=_phrase(status_code), message=message, hint=hint,
             hub_home=url_path_join(self.hub_auth.hub_prefix, "home")))
 
 
@@ -340,7 +347,7 @@ class _Usage:
         try:
             per_day, groups = await asyncio.gather(
                 self.usage.month(month, now),
-                hub_groups(self.hub_auth.api_url, self.hub_auth.api_token))
+                hub_groups(self.hub))
         except UsageUnavailable as e:
             self.page_error = (f"No usage figures: {e}", "Prometheus keeps them "
                                "(gpulab-prometheus); its log says why it is down.")
@@ -544,7 +551,8 @@ def make_app(hub_auth: HubOAuth, reader: SnapshotReader,
     scopes = frozenset(hub_auth.access_scopes) or frozenset(
         {f"access:services!service={config.service_name}"})
     args = {"hub_auth": hub_auth, "reader": reader, "config": config,
-            "templates": make_templates(), "access_scopes": scopes, "leases": leases,
+            "templates": make_templates(), "access_scopes": scopes,
+            "hub": HubApi(hub_auth.api_url, hub_auth.api_token), "leases": leases,
             "members": members, "usage": usage, "history": history}
     routes = [
         (prefix.rstrip("/") or "/", web.RedirectHandler, {"url": prefix}),

@@ -1,6 +1,6 @@
 """The admins' lease page: who holds which GPU since when, and releasing a stuck lease.
 
-The table is the hub's own (:class:`gpulab.leases.LeaseBook` over the containers'
+The table is the hub's own (:class:`gpulab.gpus.leases.LeaseBook` over the containers'
 labels, read here through the same Docker socket), with two limits: leases still
 *pending* in the hub process (a spawn whose container does not exist yet) are not
 visible to this service, and gpus.yaml is read through :mod:`gpulab.live_config`
@@ -14,13 +14,12 @@ lease (the labels are the lease). :func:`release_decision` is the rule, pure;
 
     ContainerStore     list / remove gpulab containers (DockerContainers: docker-py;
                        SwarmServices: members' services on a Swarm)
-    HubServers         "is this server active?" from the hub's REST API
+    server_active      "is this server active?", asked of the hub's REST API
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -28,20 +27,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
-
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab import live_config
-from gpulab.allocator import Gpu
-from gpulab.containers import label_claims
-from gpulab.gpus_config import GpusConfig
-from gpulab.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
+from gpulab.contract import label_claims
+from gpulab.gpus.allocator import Gpu
+from gpulab.gpus.config import GpusConfig
+from gpulab.gpus.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
+from gpulab.hubapi import HubApi, HubApiError, user_path
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.dashboard")
 
-# The scope the service's own token needs for HubServers (GET /hub/api/users/NAME).
+# The scope the service's own token needs for server_active (GET /hub/api/users/NAME).
 HUB_SCOPE = "read:servers"
 
 # Docker states in which a container may be removed whatever the hub says: it runs
@@ -51,13 +48,13 @@ NOT_RUNNING = frozenset({"exited", "dead"})
 
 # -- pure ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Decision:
+class ReleaseDecision:
     remove: bool
     why: str
 
 
 def release_decision(container_state: str, hub_active: bool,
-                     holder: str = "container") -> Decision:
+                     holder: str = "container") -> ReleaseDecision:
     """Whether to remove one container of the server whose lease an admin releases.
 
     *hub_active*: the hub lists that server as running or starting/stopping. Then only
@@ -68,10 +65,10 @@ def release_decision(container_state: str, hub_active: bool,
     """
     state = (container_state or "running").lower()
     if not hub_active:
-        return Decision(True, f"the hub does not run this server; {holder} {state}")
+        return ReleaseDecision(True, f"the hub does not run this server; {holder} {state}")
     if state in NOT_RUNNING:
-        return Decision(True, f"{holder} {state}")
-    return Decision(False, f"the hub runs this server; {holder} {state}")
+        return ReleaseDecision(True, f"{holder} {state}")
+    return ReleaseDecision(False, f"the hub runs this server; {holder} {state}")
 
 
 def server_containers(containers: Sequence[dict[str, Any]], gpu_uuid: str, user: str,
@@ -184,7 +181,7 @@ class DockerContainers(ContainerStore):
 class SwarmServices(ContainerStore):
     """On a Swarm: members' services hold the leases (through the Docker proxy in front
     of the manager). ``list()`` gives each in a container's shape
-    (:func:`gpulab.swarm_services.lease_holder`); ``remove(id)``
+    (:func:`gpulab.gpus.swarm_nodes.lease_holder`); ``remove(id)``
     removes the service, which stops its server on whatever machine it runs."""
 
     holder = "service"
@@ -229,47 +226,28 @@ class HubUnavailable(Exception):
     """The hub's API could not say whether a server runs; ``str(e)`` says why."""
 
 
-class HubServers:
-    """Asks the hub which of a user's servers are active, with the service's own token
-    (scope ``read:servers``)."""
-
-    def __init__(self, api_url: str, api_token: str, timeout: float = 5.0):
-        self.api_url = api_url.rstrip("/")
-        self.api_token = api_token
-        self.timeout = timeout
-
-    async def server_active(self, user: str, server: str) -> bool:
-        """True when the hub lists *user*'s *server* ("" = default) as running, starting
-        or stopping; False when it does not (or does not know the user)."""
-        url = f"{self.api_url}/users/{quote(user, safe='')}"
-        request = HTTPRequest(url, headers={"Authorization": f"token {self.api_token}",
-                                            "Accept": "application/json"},
-                              request_timeout=self.timeout, connect_timeout=self.timeout)
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            if e.code == 404:
-                return False
-            if e.code == 403:
-                raise HubUnavailable(
-                    f"the hub refused GET {url} (403: {_hub_message(e)}): the service "
-                    f"'gpus' needs its JUPYTERHUB_API_TOKEN and the scope {HUB_SCOPE} "
-                    f"(load_roles in hubconfig)") from e
-            raise HubUnavailable(f"GET {url} answered {e.code}") from e
-        except OSError as e:
-            raise HubUnavailable(f"GET {url} failed: {e}") from e
-        servers = json.loads(response.body).get("servers")
-        if servers is None:
-            raise HubUnavailable(
-                f"GET {url} listed no 'servers': the service 'gpus' needs the scope {HUB_SCOPE}")
-        return server in servers
-
-
-def _hub_message(e: HTTPClientError) -> str:
+async def server_active(hub: HubApi, user: str, server: str) -> bool:
+    """True when the hub lists *user*'s *server* ("" = default) as running, starting or
+    stopping; False when it does not (or does not know the user). Asked with the
+    service's own token (scope ``read:servers``)."""
     try:
-        return str(json.loads(e.response.body)["message"])
-    except (AttributeError, TypeError, ValueError, KeyError):
-        return e.message or "no reason given"
+        model = await hub.user(user)
+    except HubApiError as e:
+        if e.status == 403:
+            raise HubUnavailable(
+                f"the hub refused GET {e.url} (403: {e.message}): the service "
+                f"'gpus' needs its JUPYTERHUB_API_TOKEN and the scope {HUB_SCOPE} "
+                f"(load_roles in hubconfig)") from e
+        if e.status:
+            raise HubUnavailable(f"GET {e.url} answered {e.status}") from e
+        raise HubUnavailable(f"GET {e.url} failed: {e.message}") from e
+    if model is None:
+        return False
+    servers = model.get("servers")
+    if servers is None:
+        raise HubUnavailable(f"GET {hub.url}{user_path(user)} listed no 'servers': the "
+                             f"service 'gpus' needs the scope {HUB_SCOPE}")
+    return server in servers
 
 
 class ReleaseRefused(Exception):
@@ -295,7 +273,7 @@ def default_settings_path(environ: Mapping[str, str] | None = None) -> Path:
 class LeaseAdmin:
     """The lease table and the release action, over a container store and the hub."""
 
-    def __init__(self, store: ContainerStore, hub: HubServers, gpus_path: str | Path,
+    def __init__(self, store: ContainerStore, hub: HubApi, gpus_path: str | Path,
                  book: LeaseBook | None = None, now=lambda: datetime.now(UTC),
                  settings_path: str | Path | None = None):
         self.store = store
@@ -341,7 +319,7 @@ class LeaseAdmin:
             raise ReleaseRefused(404, f"No gpulab {self.holder} of {who} holds GPU {gpu_uuid}: "
                                       f"the lease is already released.")
         try:
-            active = await self.hub.server_active(user, server)
+            active = await server_active(self.hub, user, server)
         except HubUnavailable as e:
             raise ReleaseRefused(503, f"Nothing removed: cannot ask the hub whether {who} "
                                       f"runs ({e}).") from e

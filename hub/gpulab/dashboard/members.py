@@ -4,24 +4,23 @@ Every call goes to the hub's REST API *as the signed-in admin*: with the OAuth t
 hub gave this service for them, which carries ``admin:users`` only for hub admins (the
 service's ``oauth_client_allowed_scopes``; the hub drops scopes a user lacks). The hub
 then checks and records each action under the admin's own name, exactly as
-``gpulab token issue`` does through gpulab.login_tokens; the service holds no admin
+``gpulab token issue`` does through gpulab.login.tokens; the service holds no admin
 token of its own.
 
 `parse_issue`/`parse_revoke`/`parse_end_access` (what an admin's form sent) and
-`members_model` (what the page shows) are pure; `HubMembers` is the thin I/O.
+`members_model` (what the page shows) are pure; `HubMembers` is the thin I/O, over
+:class:`gpulab.hubapi.HubApi`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
+from gpulab.hubapi import HubApi, HubApiError
 from gpulab.settings import parse_duration
 
 # JupyterHub accepts more; a lab's member names are kept to what works everywhere
@@ -124,66 +123,47 @@ def members_model(users: list[dict], tokens: dict[str, list[dict]]) -> dict[str,
 class HubMembers:
     """The hub's user and login-token APIs, called with the signed-in admin's token."""
 
-    def __init__(self, api_url: str, timeout: float = 10.0):
-        self.api_url = api_url.rstrip("/")
-        self.timeout = timeout
-
-    async def _call(self, token: str, method: str, path: str, body: Any = None) -> Any:
-        request = HTTPRequest(
-            f"{self.api_url}{path}", method=method,
-            headers={"Authorization": f"token {token}", "Accept": "application/json",
-                     "Content-Type": "application/json"},
-            body=None if body is None and method in ("GET", "DELETE") else json.dumps(body or {}),
-            allow_nonstandard_methods=True,  # DELETE with a body (/gpulab/access)
-            request_timeout=self.timeout, connect_timeout=self.timeout)
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            raise MemberError(e.code if e.code < 500 else 502,
-                              f"the hub answered {e.code} to {method} {path}: {_message(e)}") \
-                from None
-        except OSError as e:
-            raise MemberError(503, f"the hub's API did not answer: {e}") from None
-        return json.loads(response.body) if response.body else None
+    def __init__(self, hub: HubApi):
+        self.hub = hub
 
     async def model(self, token: str) -> dict[str, Any]:
-        users = await self._call(token, "GET", "/users?limit=1000")
-        users = users.get("items", users) if isinstance(users, dict) else users
-        tokens = {u["name"]: (await self._call(token, "GET", _tokens_path(u["name"])))
-                  ["login_tokens"] for u in users}
+        async with _refusals():
+            users = await self.hub.users(token=token)
+            tokens = {u["name"]: await self.hub.login_tokens(u["name"], token=token)
+                      for u in users}
         return members_model(users, tokens)
 
     async def issue(self, token: str, issue: Issue) -> dict[str, Any]:
         """Creates the member when the hub does not know them yet; the new token's model,
         with the token itself (shown once)."""
-        created = False
-        try:
-            await self._call(token, "GET", f"/users/{quote(issue.name, safe='')}")
-        except MemberError as e:
-            if e.status != 404:
-                raise
-            await self._call(token, "POST", f"/users/{quote(issue.name, safe='')}", {})
-            created = True
-        model = await self._call(token, "POST", _tokens_path(issue.name),
-                                 {"expires_in": issue.expires_in})
+        async with _refusals():
+            created = await self.hub.user(issue.name, token=token) is None
+            if created:
+                await self.hub.create_user(issue.name, token=token)
+            model = await self.hub.issue_login_token(issue.name, issue.expires_in,
+                                                     token=token)
         return {**model, "created_user": created}
 
     async def revoke(self, token: str, user: str, token_id: str) -> None:
-        await self._call(token, "DELETE", f"{_tokens_path(user)}/{quote(token_id, safe='')}")
+        async with _refusals():
+            await self.hub.revoke_login_token(user, token_id, token=token)
 
     async def end_access(self, token: str, user: str, stop_server: bool) -> dict[str, Any]:
         """Every credential an admin issued to *user* revoked, everything opened with them
-        ended, and with *stop_server* her servers stopped (gpulab.login_tokens)."""
-        return await self._call(token, "DELETE", f"/gpulab/access/{quote(user, safe='')}",
-                                {"stop_servers": stop_server})
+        ended, and with *stop_server* her servers stopped (gpulab.login.tokens)."""
+        async with _refusals():
+            return await self.hub.end_access(user, stop_server, token=token)
 
 
-def _tokens_path(user: str) -> str:
-    return f"/gpulab/login-tokens/{quote(user, safe='')}"
-
-
-def _message(e: HTTPClientError) -> str:
+@contextlib.asynccontextmanager
+async def _refusals():
+    """The hub's refusals as :class:`MemberError`: its 4xx passed on with its message,
+    anything worse a 502, no answer a 503."""
     try:
-        return str(json.loads(e.response.body)["message"])
-    except (AttributeError, TypeError, ValueError, KeyError):
-        return e.message or "no reason given"
+        yield
+    except HubApiError as e:
+        if not e.status:
+            raise MemberError(503, f"the hub's API did not answer: {e.message}") from None
+        raise MemberError(e.status if e.status < 500 else 502,
+                          f"the hub answered {e.status} to {e.method} {e.path}: "
+                          f"{e.message}") from None

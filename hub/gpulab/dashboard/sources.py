@@ -27,9 +27,14 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..contract import METRIC_LEASE, METRIC_MEMORY_TOTAL, METRIC_MEMORY_USED, METRIC_UTILIZATION
-from ..culler import notices
-from ..prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab import notices
+from gpulab.contract import (
+    METRIC_LEASE,
+    METRIC_MEMORY_TOTAL,
+    METRIC_MEMORY_USED,
+    METRIC_UTILIZATION,
+)
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
 DEFAULT_PROMETHEUS_URL = "http://prometheus:9090"

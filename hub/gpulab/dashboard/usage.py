@@ -16,14 +16,12 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import json
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-from ..contract import scrape_seconds
-from ..prometheus_api import Prometheus, PrometheusUnavailable
+from gpulab.contract import scrape_seconds
+from gpulab.hubapi import HubApi, HubApiError
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 RECORD = "gpulab:user_gpus_held"
 # The recording rule's interval (usage.yml: one scrape, GPULAB_SCRAPE_SECONDS).
@@ -128,16 +126,10 @@ class PrometheusUsage:
         return {day: h for (day, _, _), h in zip(days, hours, strict=True)}
 
 
-async def hub_groups(api_url: str, token: str, timeout: float = 10.0) -> dict[str, list[str]]:
+async def hub_groups(hub: HubApi) -> dict[str, list[str]]:
     """The hub's groups and their members (the service's scope ``read:groups``)."""
-    request = HTTPRequest(f"{api_url.rstrip('/')}/groups",
-                          headers={"Authorization": f"token {token}",
-                                   "Accept": "application/json"},
-                          request_timeout=timeout, connect_timeout=timeout)
     try:
-        response = await AsyncHTTPClient().fetch(request)
-    except (HTTPClientError, OSError) as e:
+        groups = await hub.groups()
+    except HubApiError as e:
         raise UsageUnavailable(f"the hub did not list its groups: {e}") from None
-    groups = json.loads(response.body)
-    groups = groups.get("items", groups) if isinstance(groups, dict) else groups
     return {g["name"]: list(g.get("users") or []) for g in groups}

@@ -15,6 +15,6 @@ and can reach nothing the token cannot: not another member's server, not Docker.
   ports (``ssh host CMD``, sftp, scp, ``-L``/``-D``, VS Code's Remote-SSH), through the
   single-user image's gpulab_channels extension.
 * :mod:`gpulab.ssh.hostkey`: the host key, made once and kept.
-* :mod:`gpulab.ssh.gateway`: the asyncssh server, the throttle (:mod:`gpulab.throttle`)
+* :mod:`gpulab.ssh.gateway`: the asyncssh server, the throttle (:mod:`gpulab.login.throttle`)
   and the ``gpulab-ssh`` command.
 """

@@ -1,3 +1,3 @@
-from .gateway import main
+from gpulab.ssh.gateway import main
 
 main()

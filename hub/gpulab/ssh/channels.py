@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 
 import asyncssh
-from tornado.httpclient import HTTPClientError, HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import WebSocketClientConnection
 
-from .terminal import TIMEOUT, HubError, tls_context
+from gpulab.hubapi import HubApiError
+from gpulab.ssh.terminal import TIMEOUT, HubError, hub_api
 
 STDOUT, STDERR = 1, 2
 CHUNK = 32 * 1024
@@ -37,22 +37,17 @@ class Unavailable(HubError):
 
 async def _connect(hub_url: str, server_path: str, token: str, tls_trust: Path | None,
                    endpoint: str) -> WebSocketClientConnection:
-    base = hub_url.rstrip("/") + server_path
-    ws_url = "ws" + base[len("http"):] if base.startswith("http") else base
-    req = HTTPRequest(f"{ws_url}gpulab/{endpoint}",
-                      headers={"Authorization": f"token {token}"},
-                      connect_timeout=TIMEOUT, request_timeout=TIMEOUT,
-                      ssl_options=tls_context(tls_trust))
+    server = hub_api(hub_url, tls_trust, server_path)
     try:
         # no pings: flow control may hold either side back as long as the member's SSH
         # client is slow or paused, and an unanswered ping would end the session
-        return await websocket_connect(req, max_message_size=4 * CHUNK)
-    except HTTPClientError as e:
-        if e.code == 404:
+        return await server.websocket(f"gpulab/{endpoint}", token=token,
+                                      max_message_size=4 * CHUNK)
+    except HubApiError as e:
+        if e.status == 404:
             raise Unavailable(OLD_IMAGE) from None
-        raise HubError(f"could not open gpulab/{endpoint} in {base}: {e}") from None
-    except OSError as e:
-        raise HubError(f"could not open gpulab/{endpoint} in {base}: {e}") from None
+        raise HubError(f"could not open gpulab/{endpoint} in {server.url}/: "
+                       f"{e.message}") from None
 
 
 def _control(message: str) -> dict:

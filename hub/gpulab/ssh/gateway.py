@@ -3,7 +3,7 @@
 One connection, step by step:
 
 1. Password authentication (keyboard-interactive asks for the same password). The
-   throttle (:mod:`gpulab.throttle`, its own sqlite file on the gateway's volume) is
+   throttle (:mod:`gpulab.login.throttle`, its own sqlite file on the gateway's volume) is
    asked first: a locked username or client address is refused without asking the hub,
    with an SSH banner saying when to try again. Public keys, agent, X11 and remote
    (-R) forwarding are refused.
@@ -46,17 +46,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
-from asyncssh.constants import EXTENDED_DATA_STDERR
-from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
+from asyncssh.stream import SSHServerStreamSession
 from tornado.websocket import WebSocketClosedError
 
-from ..throttle import Policy, Throttle
-from . import channels, execwrap, hostkey, policy
-from .terminal import HubClient, HubError, Terminal, resolve_below_the_hub
+from gpulab import compat
+from gpulab.hubapi import HubApiError
+from gpulab.login.throttle import LockoutPolicy, Throttle
+from gpulab.ssh import channels, execwrap, hostkey, policy
+from gpulab.ssh.terminal import HubError, Terminal, hub_api, resolve_below_the_hub
 
 log = logging.getLogger("gpulab.ssh")
 
-MAX_TOKEN_LENGTH = 256  # as gpulab.auth: longer is no JupyterHub token
+MAX_TOKEN_LENGTH = 256  # as gpulab.login.auth: longer is no JupyterHub token
 PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
 # Seconds between the hub's checks of a signed-in connection's token: a revoked token (an
 # admin ended the member's access) closes her connection, sessions and forwards within it.
@@ -76,7 +77,7 @@ class Settings:
 class Member:
     name: str
     token: str  # her login token: asks the hub, never travels into her server
-    server_token: str = ""  # reaches her own server only (HubClient.server_token)
+    server_token: str = ""  # reaches her own server only (Gateway.server_token)
     server_token_id: str = ""
 
     def __repr__(self) -> str:  # never a token, whatever logs it
@@ -89,8 +90,32 @@ class Gateway:
     def __init__(self, settings: Settings, throttle: Throttle):
         self.settings = settings
         self.throttle = throttle
-        self.hub = HubClient(settings.hub_url, settings.tls_trust)
+        self.hub = hub_api(settings.hub_url, settings.tls_trust)
         self.cleanups: set[asyncio.Task] = set()
+
+    async def whoami(self, token: str) -> tuple[int, dict | None]:
+        """``(HTTP status, model)`` of ``GET /hub/api/user`` with *token*; status 0
+        when the hub could not be reached."""
+        try:
+            return 200, await self.hub.whoami(token)
+        except HubApiError as e:
+            return e.status, None
+
+    async def server_token(self, name: str, token: str) -> tuple[str, str]:
+        """A new token of *name*'s, made with her *token*, that may only reach her own
+        default server (``access:servers!server=NAME/``): what the gateway hands her
+        server instead of her login token, which may carry an admin's scopes. Made by
+        her, it ends with her login token. ``(token, id)``; HubError if refused."""
+        try:
+            model = await self.hub.new_token(
+                name, [f"access:servers!server={name}/"],
+                "gpulab-ssh: this SSH connection's way into your server", token=token)
+        except HubApiError as e:
+            if e.status:
+                raise HubError(f"the hub answered {e.status} to making a server token") \
+                    from None
+            raise HubError(f"could not make a server token: {e.message}") from None
+        return model["token"], model["id"]
 
     async def sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
                       raw_username: str, token: str) -> Member | None:
@@ -110,12 +135,12 @@ class Gateway:
         if not token or len(token) > MAX_TOKEN_LENGTH or not token.isprintable():
             verdict = policy.Verdict(policy.FAILED, "malformed token")
         else:
-            status, model = await self.hub.whoami(token)
+            status, model = await self.whoami(token)
             verdict = policy.judge(name, status, model)
         if verdict.outcome == policy.OK:
             self.throttle.record_success(name)
             try:
-                scoped, scoped_id = await self.hub.server_token(name, token)
+                scoped, scoped_id = await self.server_token(name, token)
             except HubError as e:
                 log.warning("ssh sign-in of %s from %s: %s", name, address, e)
                 _banner(conn, "The hub is not answering; try again in a minute.")
@@ -162,13 +187,17 @@ class Gateway:
         """The connection ended: its server token goes (it would end with her login
         token anyway)."""
         if member.server_token_id:
-            await self.hub.delete_token(member.name, member.server_token_id, member.token)
+            try:  # ignored: the token ends with her login token anyway
+                await self.hub.delete_token(member.name, member.server_token_id,
+                                            token=member.token)
+            except HubApiError:
+                pass
 
     async def still_valid(self, member: Member) -> bool:
         """Does the hub still accept the member's token? True when the hub does not
         answer (a hub restart must not cut every SSH session)."""
         try:
-            code, model = await self.hub.whoami(member.token)
+            code, model = await self.whoami(member.token)
         except HubError as e:
             log.warning("ssh: could not recheck %s's token with the hub: %s", member.name, e)
             return True
@@ -194,7 +223,7 @@ class Gateway:
         """Where the member's running server is, ``(origin, path)``, asking the hub again
         (a token revoked meanwhile stops new sessions and forwards); None, with *say*
         told why, if none."""
-        code, model = await self.hub.whoami(member.token)
+        code, model = await self.whoami(member.token)
         if code != 200 or policy.judge(member.name, code, model).outcome != policy.OK:
             say("Your token no longer works here (revoked or expired?); ask the lab admin "
                 "for a new one.\r\n" if code in (401, 403) else
@@ -354,16 +383,13 @@ class _StreamSession(SSHServerStreamSession):
     """asyncssh's stream session, except that every subsystem, sftp included, goes to
     the gateway's handler (which runs the member's own sftp-server in her server)
     instead of asyncssh's built-in SFTP server, which would serve the gateway's files.
-    Its session_started without that built-in branch (asyncssh 2.x internals)."""
+    Its session_started without that built-in branch (asyncssh's internals: gpulab.compat)."""
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return True  # the handler refuses, with a message, what it does not offer
 
     def session_started(self) -> None:
-        stdin = SSHReader(self, self._chan)
-        stdout = SSHWriter(self, self._chan)
-        stderr = SSHWriter(self, self._chan, EXTENDED_DATA_STDERR)
-        self._conn.create_task(self._session_factory(stdin, stdout, stderr), stdin.logger)
+        compat.start_stream_session(self)
 
 
 class _Connection(asyncssh.SSHServer):
@@ -517,12 +543,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.host_key.exists():
         sys.exit(f"gpulab-ssh: no host key at {args.host_key}; make one with "
                  f"`gpulab-ssh keygen --dir {args.host_key.parent}` (`make up` does)")
-    user_policy = Policy(max_failures=args.max_failures, window=args.window,
-                         lockout=args.lockout, max_lockout=args.max_lockout,
-                         forget_after=args.max_lockout)
-    address_policy = Policy(max_failures=args.max_failures_per_address, window=args.window,
-                            lockout=args.lockout, max_lockout=args.max_lockout,
-                            forget_after=args.max_lockout)
+    user_policy = LockoutPolicy(max_failures=args.max_failures, window=args.window,
+                                lockout=args.lockout, max_lockout=args.max_lockout,
+                                forget_after=args.max_lockout)
+    address_policy = LockoutPolicy(max_failures=args.max_failures_per_address,
+                                   window=args.window, lockout=args.lockout,
+                                   max_lockout=args.max_lockout, forget_after=args.max_lockout)
     throttle = Throttle(args.throttle_db, user_policy=user_policy,
                         address_policy=address_policy)
     # Members' servers on names of their own (alice.gpu.lab.example) are all behind the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..usernames import is_valid, normalize
+from gpulab.login.usernames import is_valid, normalize
 
 # Outcomes of a sign-in. FAILED counts in the throttle (a wrong, revoked or another
 # member's token); REFUSED does not (the member's own token that cannot open servers,

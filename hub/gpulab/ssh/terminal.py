@@ -1,8 +1,9 @@
 """The hub and a member's Jupyter terminal, reached through the hub's proxy (I/O only).
 
-:class:`HubClient` asks the hub who a token belongs to (``GET /hub/api/user``).
-:class:`Terminal` opens a terminal in the member's server with her token
-(``POST /user/<name>/api/terminals``), talks terminado's websocket protocol to it
+:func:`hub_api` is the hub's REST API as the gateway reaches it (who a token belongs to,
+the connection's server token: a :class:`gpulab.hubapi.HubApi`). :class:`Terminal` opens
+a terminal in the member's server with her token (``POST /user/<name>/api/terminals``),
+talks terminado's websocket protocol to it
 (``/user/<name>/terminals/websocket/<term>``: ``["stdin", text]``,
 ``["set_size", rows, cols]`` out; ``["stdout", text]``, ``["disconnect", ...]`` in) and
 deletes it afterwards. jupyterhub-singleuser checks the token's
@@ -18,9 +19,10 @@ import ssl
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.netutil import DefaultLoopResolver, Resolver
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import WebSocketClientConnection
+
+from gpulab.hubapi import HubApi, HubApiError
 
 TIMEOUT = 15.0  # seconds for any one request to the hub or the member's server
 
@@ -62,62 +64,11 @@ class HubError(Exception):
     """The hub or the member's server did not answer as expected (not a policy refusal)."""
 
 
-class HubClient:
-    def __init__(self, hub_url: str, tls_trust: Path | None = None):
-        self.hub_url = hub_url.rstrip("/")
-        self.tls_trust = tls_trust
-        self.http = AsyncHTTPClient()
-
-    async def whoami(self, token: str) -> tuple[int, dict | None]:
-        """``(HTTP status, model)`` of ``GET /hub/api/user`` with *token*; status 0
-        when the hub could not be reached."""
-        try:
-            req = HTTPRequest(f"{self.hub_url}/hub/api/user", headers=_auth(token),
-                              request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
-                              ssl_options=tls_context(self.tls_trust))
-            resp = await self.http.fetch(req, raise_error=False)
-        except (OSError, HTTPClientError):  # ssl.SSLError, a missing trust file; a
-            return 0, None  # timeout or a closed stream is raised even without raise_error
-        if resp.code != 200:
-            return resp.code, None
-        try:
-            return 200, json.loads(resp.body)
-        except ValueError:
-            return 502, None
-
-
-    async def server_token(self, name: str, token: str) -> tuple[str, str]:
-        """A new token of *name*'s, made with her *token*, that may only reach her own
-        default server (``access:servers!server=NAME/``): what the gateway hands her
-        server instead of her login token, which may carry an admin's scopes. Made by
-        her, it ends with her login token. ``(token, id)``; HubError if refused."""
-        body = {"scopes": [f"access:servers!server={name}/"],
-                "note": "gpulab-ssh: this SSH connection's way into your server"}
-        req = HTTPRequest(f"{self.hub_url}/hub/api/users/{quote(name, safe='')}/tokens",
-                          method="POST", body=json.dumps(body),
-                          headers={**_auth(token), "Content-Type": "application/json"},
-                          request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
-                          ssl_options=tls_context(self.tls_trust))
-        try:
-            resp = await self.http.fetch(req, raise_error=False)
-        except (OSError, HTTPClientError) as e:
-            raise HubError(f"could not make a server token: {e}") from None
-        if resp.code != 201:
-            raise HubError(f"the hub answered {resp.code} to making a server token")
-        model = json.loads(resp.body)
-        return model["token"], model["id"]
-
-    async def delete_token(self, name: str, token_id: str, token: str) -> None:
-        """Delete *name*'s token *token_id* (with her *token*); errors are ignored: the
-        token ends with her login token anyway."""
-        req = HTTPRequest(f"{self.hub_url}/hub/api/users/{quote(name, safe='')}/tokens/"
-                          f"{quote(token_id, safe='')}", method="DELETE", headers=_auth(token),
-                          request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
-                          ssl_options=tls_context(self.tls_trust))
-        try:
-            await self.http.fetch(req, raise_error=False)
-        except (OSError, HTTPClientError):
-            pass
+def hub_api(hub_url: str, tls_trust: Path | None = None, path: str = "/hub/api") -> HubApi:
+    """The hub's REST API (or, with *path* ``/user/NAME/``, a member's server) through the
+    proxy at *hub_url*, trusting *tls_trust* over HTTPS; tokens are given per call."""
+    return HubApi(hub_url.rstrip("/") + path, timeout=TIMEOUT,
+                  tls=lambda: tls_context(tls_trust))
 
 
 class Terminal:
@@ -125,30 +76,22 @@ class Terminal:
 
     def __init__(self, hub_url: str, server_path: str, token: str,
                  tls_trust: Path | None = None):
-        self.base = hub_url.rstrip("/") + server_path  # server_path: /user/alice/
+        self.server = hub_api(hub_url, tls_trust, server_path)  # server_path: /user/alice/
         self.token = token
-        self.tls = tls_context(tls_trust)
         self.name: str | None = None
         self.ws: WebSocketClientConnection | None = None
-        self.http = AsyncHTTPClient()
 
     async def __aenter__(self) -> Terminal:
-        req = HTTPRequest(f"{self.base}api/terminals", method="POST", body="{}",
-                          headers={**_auth(self.token), "Content-Type": "application/json"},
-                          request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
-                          ssl_options=self.tls)
         try:
-            resp = await self.http.fetch(req)
-            self.name = json.loads(resp.body)["name"]
-        except (HTTPClientError, OSError, ValueError, KeyError) as e:
-            raise HubError(f"could not open a terminal in {self.base}: {e}") from None
-        ws_url = ("ws" + self.base[len("http"):] if self.base.startswith("http") else self.base)
-        req = HTTPRequest(f"{ws_url}terminals/websocket/{quote(self.name)}",
-                          headers=_auth(self.token), connect_timeout=TIMEOUT,
-                          request_timeout=TIMEOUT, ssl_options=self.tls)
+            _, model = await self.server.request("POST", "api/terminals", {},
+                                                 token=self.token)
+            self.name = model["name"]
+        except (HubApiError, TypeError, KeyError) as e:
+            raise HubError(f"could not open a terminal in {self.server.url}/: {e}") from None
         try:
-            self.ws = await websocket_connect(req, ping_interval=30)
-        except (HTTPClientError, OSError) as e:
+            self.ws = await self.server.websocket(
+                f"terminals/websocket/{quote(self.name)}", token=self.token, ping_interval=30)
+        except HubApiError as e:
             await self._delete()
             raise HubError(f"could not attach to terminal {self.name}: {e}") from None
         return self
@@ -161,12 +104,10 @@ class Terminal:
     async def _delete(self) -> None:
         if self.name is None:
             return
-        req = HTTPRequest(f"{self.base}api/terminals/{quote(self.name)}", method="DELETE",
-                          headers=_auth(self.token), request_timeout=TIMEOUT,
-                          connect_timeout=TIMEOUT, ssl_options=self.tls)
-        try:
-            await self.http.fetch(req, raise_error=False)  # 404: it ended with its shell
-        except (OSError, HTTPClientError):
+        try:  # 404: it ended with its shell
+            await self.server.request("DELETE", f"api/terminals/{quote(self.name)}",
+                                      token=self.token, ok=(404,))
+        except HubApiError:
             pass
 
     async def send_stdin(self, text: str) -> None:
@@ -191,7 +132,3 @@ class Terminal:
         if kind == "disconnect":
             return None
         return ""  # "setup" and anything newer
-
-
-def _auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"token {token}"}

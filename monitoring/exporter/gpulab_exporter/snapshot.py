@@ -399,10 +399,6 @@ class Poller:
             self._ready = False
             self.nvml.shutdown()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def _run(self) -> None:
         while not self._stop.is_set():
             began = self.monotonic()

@@ -11,18 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
-from .naming import volume_name
+from gpulab.contract import lease_labels
+from gpulab.spawn.naming import volume_name
 
 CONTAINER_UID = 1000  # jovyan in images/singleuser
-
-
-def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
-    """(user, server, GPU UUIDs) a container's labels claim; the inverse of the labels
-    :func:`container_options` writes. Takes docker's ``containers()`` dicts."""
-    labels = container.get("Labels") or {}
-    gpus = [u.strip() for u in (labels.get(LABEL_GPUS) or "").split(",") if u.strip()]
-    return labels.get(LABEL_USER) or "", labels.get(LABEL_SERVER) or "", gpus
 
 
 @dataclass(frozen=True)
@@ -80,12 +72,7 @@ def container_options(
             }
         ]
 
-    labels = {
-        LABEL_MANAGED: "true",
-        LABEL_USER: username,
-        LABEL_SERVER: servername,
-        LABEL_GPUS: ",".join(gpu_uuids),
-    }
+    labels = lease_labels(username, servername, gpu_uuids)
     environment = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else "void",
         "GPULAB_GPUS": ",".join(gpu_uuids),

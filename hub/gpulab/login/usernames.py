@@ -1,7 +1,7 @@
 """Lab usernames: what a valid one looks like and how a typed one is normalised.
 
 Standard library only, so that processes outside the hub (the SSH gateway,
-:mod:`gpulab.ssh`) normalise exactly as the hub's login does (:mod:`gpulab.auth`).
+:mod:`gpulab.ssh`) normalise exactly as the hub's login does (:mod:`gpulab.login.auth`).
 """
 
 from __future__ import annotations

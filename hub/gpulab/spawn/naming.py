@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .contract import USER_CONTAINER_PREFIX
+from gpulab.contract import USER_CONTAINER_PREFIX
 
 _PLAIN = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-))*")
 MAX_SLUG = 48  # leaves room for prefixes/suffixes within docker's and DNS's limits

@@ -19,8 +19,8 @@ gpulab, with no constraints, or one whose constraints do not permit a new host n
 refused with what to do, or replaced when ``ensure`` is told to (``replace_ca``): members
 must import the new one and remove the old one either way.
 
-`decide` is pure (what to do with what is there); `ensure` does the file work. Run as
-``gpulab tls --hostname NAME --dir DIR`` (the Makefile does, in the hub image).
+`certificate_plan` is pure (what to do with what is there); `ensure` does the file work.
+Run as ``gpulab tls --hostname NAME --dir DIR`` (the Makefile does, in the hub image).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class TlsError(ValueError):
 
 
 @dataclass(frozen=True)
-class Plan:
+class CertificatePlan:
     new_ca: bool
     new_server: bool
     reason: str
@@ -171,28 +171,28 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return True
 
 
-def decide(hostname: str, now: dt.datetime, ca: x509.Certificate | None,
-           server: x509.Certificate | None) -> Plan:
+def certificate_plan(hostname: str, now: dt.datetime, ca: x509.Certificate | None,
+                     server: x509.Certificate | None) -> CertificatePlan:
     """What a local CA setup needs: a CA when there is none, it expired, or it cannot
     vouch for *hostname* alone (`ca_problem`: then ``replaces_ca``); and a server
     certificate when there is none, it was not signed by this CA, it does not name
     *hostname* (and ``*.hostname``), or it ends within RENEW_DAYS."""
     if ca is None or ca.not_valid_after_utc <= now:
-        return Plan(True, True, "no local CA yet" if ca is None else "the local CA expired")
+        return CertificatePlan(True, True,
+                               "no local CA yet" if ca is None else "the local CA expired")
     problem = ca_problem(ca, hostname)
     if problem:
-        return Plan(True, True, f"the local CA {problem}", replaces_ca=True)
+        return CertificatePlan(True, True, f"the local CA {problem}", replaces_ca=True)
     if server is None:
-        return Plan(False, True, f"no certificate for {hostname} yet")
+        return CertificatePlan(False, True, f"no certificate for {hostname} yet")
     if not _signed_by(server, ca):
-        return Plan(False, True, "the certificate was not signed by the local CA")
+        return CertificatePlan(False, True, "the certificate was not signed by the local CA")
     for name in alt_names(hostname):
         if not covers(server, str(name.value)):
-            return Plan(False, True, f"the certificate does not name {name.value}")
+            return CertificatePlan(False, True, f"the certificate does not name {name.value}")
     if server.not_valid_after_utc - now < dt.timedelta(days=RENEW_DAYS):
-        return Plan(False, True, "the certificate ends within "
-                                 f"{RENEW_DAYS} days")
-    return Plan(False, False, f"valid, and it names {hostname}")
+        return CertificatePlan(False, True, f"the certificate ends within {RENEW_DAYS} days")
+    return CertificatePlan(False, False, f"valid, and it names {hostname}")
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -334,8 +334,8 @@ def ensure(directory: Path, hostname: str, cert: Path | None = None, key: Path |
            subdomains: bool = False) -> str:
     """Put usable server.crt/server.key in *directory*; a line saying what was done.
 
-    A local CA that cannot stay (`decide`: ``replaces_ca``) is refused with what to do,
-    unless *replace_ca*: then its certificate is kept beside as ``ca.crt.replaced-DATE``
+    A local CA that cannot stay (`certificate_plan`: ``replaces_ca``) is refused with what
+    to do, unless *replace_ca*: then its certificate is kept beside as ``ca.crt.replaced-DATE``
     (members need its fingerprint to remove it), its key is deleted, and a new CA made."""
     now = now or dt.datetime.now(dt.UTC)
     directory.mkdir(parents=True, exist_ok=True)
@@ -356,7 +356,7 @@ def ensure(directory: Path, hostname: str, cert: Path | None = None, key: Path |
         (directory / SERVER_CERT).unlink(missing_ok=True)
     ca = _load_cert(directory / CA_CERT)
     server = _load_cert(directory / SERVER_CERT)
-    plan = decide(hostname, now, ca, server)
+    plan = certificate_plan(hostname, now, ca, server)
     replaced = ""
     if plan.replaces_ca:
         if not replace_ca:

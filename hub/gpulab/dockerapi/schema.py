@@ -1,5 +1,5 @@
 """Docker API bodies read the way dockerd reads them: the pieces the Docker proxy's
-policies share (:mod:`gpulab.docker_policy` for containers, :mod:`gpulab.swarm_policy`
+policies share (:mod:`gpulab.dockerapi.policy` for containers, :mod:`gpulab.dockerapi.swarm_policy`
 for Swarm services). Pure: no I/O.
 
 dockerd decodes bodies with Go's ``encoding/json``, which merges duplicated objects and

@@ -1,14 +1,14 @@
 """What the Docker proxy lets through: the policy, as pure functions (no I/O).
 
 Whoever can create containers through the Docker API is root on the host, so the hub's
-only way to Docker (:mod:`gpulab.docker_proxy`) lets through exactly the calls the hub
+only way to Docker (:mod:`gpulab.dockerapi.proxy`) lets through exactly the calls the hub
 makes, and a container create only when it describes a hardened gpulab user container.
 
 The policy decides on exactly what dockerd will act on. dockerd decodes a create body
 with Go's ``encoding/json``, which merges duplicated objects, matches field names
 case-insensitively (with Unicode folding: ``ſ`` matches ``s``, ``K`` matches ``k``),
 ignores unknown keys, and reads a deprecated HostConfig at the top level of the body.
-So :func:`decide` refuses (and says why):
+So :func:`proxy_verdict` refuses (and says why):
 
 * a body that is not strict JSON: a duplicate key at any depth, NaN or Infinity, a lone
   surrogate, anything but UTF-8, anything but an object;
@@ -30,14 +30,14 @@ So :func:`decide` refuses (and says why):
 * query parameters that are not on the route's allow-list, and request bodies outside
   a create.
 
-What is forwarded is the checked object re-serialized (:attr:`Decision.body`), never the
+What is forwarded is the checked object re-serialized (:attr:`ProxyVerdict.body`), never the
 client's bytes, so dockerd acts on what was checked. A per-container call is allowed
-here only provisionally: the proxy resolves :attr:`Decision.container` to a full ID,
-checks that container's managed label and forwards :meth:`Decision.target` with that ID.
+here only provisionally: the proxy resolves :attr:`ProxyVerdict.container` to a full ID,
+checks that container's managed label and forwards :meth:`ProxyVerdict.target` with that ID.
 
 With ``swarm=True`` (the proxy in front of a Swarm manager) the service, task and node
-calls of :mod:`gpulab.swarm_policy` are allowed too, and a per-service call (or a task
-list, which names one service) is provisional in the same way: :attr:`Decision.service`.
+calls of :mod:`gpulab.dockerapi.swarm_policy` are allowed too, and a per-service call (or a task
+list, which names one service) is provisional in the same way: :attr:`ProxyVerdict.service`.
 """
 
 from __future__ import annotations
@@ -49,9 +49,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from . import swarm_policy
-from .contract import INFRA_VOLUMES, LABEL_GPUS, LABEL_MANAGED, LABEL_USER, USER_CONTAINER_PREFIX
-from .docker_schema import (
+from gpulab.contract import (
+    INFRA_VOLUMES,
+    LABEL_GPUS,
+    LABEL_MANAGED,
+    LABEL_USER,
+    USER_CONTAINER_PREFIX,
+)
+from gpulab.dockerapi import swarm_policy
+from gpulab.dockerapi.schema import (
     BIND,
     COUNT,
     GPU_UUID,
@@ -77,7 +83,7 @@ from .docker_schema import (
     text,
     user,
 )
-from .settings import defaults
+from gpulab.settings import defaults
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
 # checked one; DeviceRequests need 1.40. Older clients are refused.
@@ -96,7 +102,7 @@ NO_NEW_PRIVILEGES = ("no-new-privileges", "no-new-privileges:true", "no-new-priv
 
 
 @dataclass(frozen=True)
-class Decision:
+class ProxyVerdict:
     allowed: bool
     reasons: tuple[str, ...] = ()
     status: int = 403  # for a refusal: 400 unreadable body, 403 policy
@@ -121,8 +127,8 @@ class Decision:
         return f"{path}?{query}" if query else path
 
 
-def _refused(*reasons: str, status: int = 403) -> Decision:
-    return Decision(False, tuple(reasons), status=status)
+def _refused(*reasons: str, status: int = 403) -> ProxyVerdict:
+    return ProxyVerdict(False, tuple(reasons), status=status)
 
 
 
@@ -273,7 +279,7 @@ class Route:
     path: re.Pattern  # a per-container path names its container in the group "ref"
     params: Mapping[str, re.Pattern]  # allowed query parameters -> their values
     read_only: bool = False  # also open to read-only clients (the exporter)
-    swarm: bool = False  # only in front of a Swarm manager (gpulab.swarm_policy)
+    swarm: bool = False  # only in front of a Swarm manager (gpulab.dockerapi.swarm_policy)
 
 
 def _route(method: str, path: str, read_only: bool = False, swarm: bool = False,
@@ -332,21 +338,21 @@ def _split_version(raw_path: str) -> tuple[str, str]:
 
 
 def is_create(method: str, target: str) -> bool:
-    """Will :func:`decide` need the lab's settings for this call (a container or service
+    """Will :func:`proxy_verdict` need the lab's settings for this call (a container or service
     create)?"""
     return method == "POST" and _split_version(target.split("?", 1)[0])[1] in (
         "/containers/create", "/services/create")
 
 
 def is_service_create(method: str, target: str) -> bool:
-    """Will :func:`decide` need ``spawn.image``'s ID on the manager (a service create)?"""
+    """Will :func:`proxy_verdict` need ``spawn.image``'s ID on the manager (a service create)?"""
     return method == "POST" and _split_version(target.split("?", 1)[0])[1] == (
         "/services/create")
 
 
-def decide(method: str, target: str, body: bytes = b"", *,
-           settings: Mapping[str, Any] | None = None, read_only: bool = False,
-           swarm: bool = False, image_id: str | None = None) -> Decision:
+def proxy_verdict(method: str, target: str, body: bytes = b"", *,
+                  settings: Mapping[str, Any] | None = None, read_only: bool = False,
+                  swarm: bool = False, image_id: str | None = None) -> ProxyVerdict:
     """May the hub make this Docker API call (method, request target, body)?
 
     *settings* are the lab's (``spawn.image``, ``spawn.network``,
@@ -416,12 +422,12 @@ def decide(method: str, target: str, body: bytes = b"", *,
             body, defaults() if settings is None else settings, image_id)
         if reasons:
             return _refused(*reasons, status=status)
-        return Decision(True, path=forward_path, query=query,
-                        body=json.dumps(spec, allow_nan=False).encode())
+        return ProxyVerdict(True, path=forward_path, query=query,
+                            body=json.dumps(spec, allow_nan=False).encode())
     if not (method == "POST" and path == "/containers/create"):
         if body:
             return _refused(f"{method} {path} takes no request body")
-        return Decision(True, path=forward_path, query=query, container=ref, service=service)
+        return ProxyVerdict(True, path=forward_path, query=query, container=ref, service=service)
 
     try:
         spec = strict_json(body)
@@ -433,5 +439,5 @@ def decide(method: str, target: str, body: bytes = b"", *,
                                 defaults() if settings is None else settings)
     if reasons:
         return _refused(*reasons)
-    return Decision(True, path=forward_path, query=query,
-                    body=json.dumps(spec, allow_nan=False).encode())
+    return ProxyVerdict(True, path=forward_path, query=query,
+                        body=json.dumps(spec, allow_nan=False).encode())

@@ -1,11 +1,11 @@
 """A member's server on a Swarm, as pure functions: the service the hub asks for, and
-the GPUs and leases it reads back from the Swarm's own objects (no I/O).
+whether it runs, from the Swarm's own objects (no I/O).
 
-On a single host the spawner creates a container (:mod:`gpulab.containers`); on a Swarm
+On a single host the spawner creates a container (:mod:`gpulab.spawn.containers`); on a Swarm
 it creates a service of one task, placed on the node whose GPUs it leased. The service
 is the same server: :func:`service_spec` starts from
-:func:`gpulab.containers.container_options` and says it in a Swarm service spec, the
-shape :mod:`gpulab.swarm_policy` (the Docker proxy in front of the manager) lets
+:func:`gpulab.spawn.containers.container_options` and says it in a Swarm service spec, the
+shape :mod:`gpulab.dockerapi.swarm_policy` (the Docker proxy in front of the manager) lets
 through. Where a service cannot say what a container says, it says the nearest thing:
 
 * GPUs: no DeviceRequest (Swarm has none); ``NVIDIA_VISIBLE_DEVICES`` set to exactly the
@@ -19,10 +19,8 @@ through. Where a service cannot say what a container says, it says the nearest t
   ``"no-new-privileges": true`` (the README's multi-node setup).
 
 Leases live in the service's labels (:data:`~gpulab.contract.LABEL_GPUS`,
-:data:`~gpulab.contract.LABEL_NODE`), so the hub rebuilds them after a restart from the
-services the manager lists (:func:`leases_from_services`), and each node's GPUs come
-from its engine label :data:`~gpulab.contract.ENGINE_LABEL_GPUS`
-(:func:`inventory_from_nodes`). :func:`server_state` says whether a member's server is
+:data:`~gpulab.contract.LABEL_NODE`), read back with the nodes' GPUs by
+:mod:`gpulab.gpus.swarm_nodes`. :func:`server_state` says whether a member's server is
 running, starting or stopped (and why: its machine went down or was drained, or its
 task ended), from its service, tasks and node: a stopped server's service is then
 removed by the hub, which releases its lease.
@@ -32,13 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from .allocator import Gpu, Lease, leases_from_labels
-from .containers import CONTAINER_UID, container_options
-from .contract import ENGINE_LABEL_GPUS, LABEL_NODE
-from .naming import container_name
+from gpulab.contract import LABEL_NODE
+from gpulab.gpus.swarm_nodes import node_name, node_usable
+from gpulab.spawn.containers import CONTAINER_UID, container_options
+from gpulab.spawn.naming import container_name
 
 DEV_SHM = "/dev/shm"
 
@@ -94,50 +91,9 @@ def service_spec(
     }
 
 
-def node_gpus(node: Mapping[str, Any]) -> list[str]:
-    """The GPU UUIDs a node's engine label lists (the Docker API's node object)."""
-    labels = ((node.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
-    return [u.strip() for u in (labels.get(ENGINE_LABEL_GPUS) or "").split(",") if u.strip()]
 
 
-def node_usable(node: Mapping[str, Any]) -> bool:
-    """Ready and active: a node that is down, or drained or paused by an admin, gets no
-    new server."""
-    state = (node.get("Status") or {}).get("State")
-    availability = (node.get("Spec") or {}).get("Availability")
-    return state == "ready" and availability == "active"
 
-
-def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]], model: str = "") -> list[Gpu]:
-    """Every GPU of every usable node (:func:`node_usable`), with ``node`` its node ID
-    and ``index`` its place in the node's label. A UUID listed by two nodes is a
-    mislabelled node: it is left out of both, so it is never leased twice."""
-    seen: dict[str, int] = {}
-    listed = [(n, node_gpus(n)) for n in nodes]
-    for _, uuids in listed:
-        for u in uuids:
-            seen[u] = seen.get(u, 0) + 1
-    return [Gpu(i, u, model, node=str(n.get("ID") or ""), machine=node_name(n))
-            for n, uuids in listed if node_usable(n)
-            for i, u in enumerate(uuids) if seen[u] == 1]
-
-
-def lease_holder(service: Mapping[str, Any]) -> dict[str, Any]:
-    """A member's service (the Docker API's service object) in the shape the lease
-    table reads a container in: its ID, labels, creation time and state."""
-    return {"Id": service.get("ID", ""),
-            "Names": [f"/{(service.get('Spec') or {}).get('Name', '')}"],
-            "Labels": (service.get("Spec") or {}).get("Labels") or {},
-            "Created": _epoch(service.get("CreatedAt")),
-            "State": "running"}  # it holds its GPUs until the hub removes it
-
-
-def leases_from_services(services: Iterable[Mapping[str, Any]]) -> list[Lease]:
-    """The leases members' services hold, from the labels the hub gave them; since
-    when: the service's creation. A service whose task has ended still holds its GPUs
-    until the hub removes it (its server is then reported stopped), so that no GPU is
-    given twice meanwhile."""
-    return leases_from_labels(lease_holder(s) for s in services)
 
 
 def node_for_cpu_server(nodes: Iterable[Mapping[str, Any]],
@@ -177,10 +133,6 @@ def landing_note(homes: str, home_machine: str, landings: Mapping[int, str],
                 f"and your server goes back to it every time.")
     return f"Your server would start {now}. Your files are on the lab's shared storage."
 
-
-def node_name(node: Mapping[str, Any]) -> str:
-    """A node's hostname, as members and admins know the machine (its ID otherwise)."""
-    return ((node.get("Description") or {}).get("Hostname")) or str(node.get("ID") or "")
 
 
 def task_address(task: Mapping[str, Any], network: str) -> str:
@@ -246,16 +198,3 @@ def ran_a_container(tasks: Iterable[Mapping[str, Any]]) -> bool:
     rejected before, for want of the image, never held its GPUs there)."""
     return any(((t.get("Status") or {}).get("ContainerStatus") or {}).get("ContainerID")
                for t in tasks)
-
-
-def _epoch(stamp: Any) -> float:
-    """Docker's RFC 3339 time with nanoseconds -> seconds since the epoch (0 if none)."""
-    if not isinstance(stamp, str) or not stamp:
-        return 0.0
-    text = stamp.rstrip("Z")
-    whole, _, fraction = text.partition(".")
-    try:
-        at = datetime.fromisoformat(whole).replace(tzinfo=UTC)
-    except ValueError:
-        return 0.0
-    return at.timestamp() + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)

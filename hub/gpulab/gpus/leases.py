@@ -1,12 +1,12 @@
 """The hub's lease table: who holds which GPU, never double-booked, restart-safe.
 
 Docker is the ground truth. Every gpulab container carries its user, server and GPU
-UUIDs in labels (:mod:`gpulab.containers`), so the table is rebuilt from the
+UUIDs in labels (:mod:`gpulab.spawn.containers`), so the table is rebuilt from the
 containers at every allocation: a hub restart, a container that died on its own, a
 server removed behind the hub's back are all seen as they are. The only state kept in
 memory is the *pending* leases of spawns whose container does not exist yet; they and
 the allocation itself sit under one lock, so two concurrent spawns can never take the
-same GPU. The decisions are :mod:`gpulab.allocator`'s pure functions; this module
+same GPU. The decisions are :mod:`gpulab.gpus.allocator`'s pure functions; this module
 only does the I/O around them.
 """
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .allocator import (
+from gpulab.contract import LABEL_MANAGED, label_claims
+from gpulab.gpus.allocator import (
     AllocationError,
     Gpu,
     Lease,
@@ -31,10 +32,8 @@ from .allocator import (
     reconcile,
     resolve_inventory,
 )
-from .containers import label_claims
-from .contract import LABEL_MANAGED
-from .gpus_config import GpusConfig
-from .nvml_discovery import discover_gpus
+from gpulab.gpus.config import GpusConfig
+from gpulab.gpus.discovery import discover_gpus
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, st
 class LeaseBook:
     """*list_containers* lists whatever holds leases in its labels (containers on one
     host, services on a Swarm). *node_gpus*, on a Swarm, lists the GPUs of the usable
-    nodes (:func:`gpulab.swarm_services.inventory_from_nodes`); it is asked again before
+    nodes (:func:`gpulab.gpus.swarm_nodes.inventory_from_nodes`); it is asked again before
     every allocation, since machines come and go. Without it, NVML is asked once."""
 
     def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow,
@@ -256,7 +255,7 @@ def lease_book() -> LeaseBook:
 def swarm_listers(client=None) -> tuple[ListContainers, ListNodes]:
     """On a Swarm (through the Docker proxy in front of the manager): members' services
     as lease holders, and the GPUs of the usable nodes, off the event loop."""
-    from .swarm_services import inventory_from_nodes, lease_holder
+    from gpulab.gpus.swarm_nodes import inventory_from_nodes, lease_holder
 
     if client is None:
         import docker

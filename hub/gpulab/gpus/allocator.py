@@ -34,15 +34,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .containers import label_claims
-from .gpus_config import (
-    DEFAULT_POOL,
-    EXCLUSIVE,
-    MAX_GPUS_LIMIT,
-    GpusConfig,
-    Pin,
-    Policy,
-)
+from gpulab.contract import label_claims
+from gpulab.gpus.config import DEFAULT_POOL, EXCLUSIVE, MAX_GPUS_LIMIT, GpusConfig, Pin
+from gpulab.gpus.policy import Policy, all_pins, pin_matches, policy_for, user_override
 
 __all__ = [
     "AllocationError",
@@ -192,7 +186,7 @@ def resolve_inventory(
 ) -> tuple[list[Gpu], list[str]]:
     """The GPUs that can be leased, and warnings for the admin (the hub logs them).
 
-    *discovered* is what NVML sees: :class:`gpulab.nvml_discovery.DiscoveredGpu`
+    *discovered* is what NVML sees: :class:`gpulab.gpus.discovery.DiscoveredGpu`
     objects or (index, uuid, model) tuples; None = not looked (trust the file).
     With ``inventory: auto``
     every discovered GPU goes to pool ``default``. With an explicit inventory the file
@@ -245,14 +239,14 @@ def resolve_inventory(
                     f"inventory; it will not be given out"
                 )
         gpus.sort(key=lambda g: (g.node, g.index))
-    for pin in config.all_pins():
+    for pin in all_pins(config):
         if isinstance(pin.ref, int) and not pin.machine and any(g.node for g in gpus):
             warnings.append(
                 f"{config.filename}:{pin.line}: pinned GPU {pin}: every machine has a GPU "
                 f"{pin.ref}, so on several machines a pin names a GPU by UUID or as "
                 f"MACHINE:{pin.ref}; this one is ignored"
             )
-        elif not any(pin.matches(g.index, g.uuid, g.machine) for g in gpus):
+        elif not any(pin_matches(pin, g.index, g.uuid, g.machine) for g in gpus):
             warnings.append(
                 f"{config.filename}:{pin.line}: pinned GPU {pin} is not available on this "
                 f"host; users pinned to it get other GPUs"
@@ -294,7 +288,7 @@ def allocate(
     records the result with :func:`add_leases`, under the same lock it read *leases*
     with.
     """
-    policy = config.policy_for(request.user, request.groups)
+    policy = policy_for(config, request.user, request.groups)
     asked = _count_of(request.count)
     if request.machine:
         inventory = [g for g in inventory if g.node == request.machine]
@@ -329,7 +323,7 @@ def allocate(
     node_load = Counter(node_of.get(le.gpu_uuid) for le in others)
     mine_elsewhere = {le.gpu_uuid for le in elsewhere}
     pinned_uuids = _pinned(policy.pinned, inventory)
-    pinned_by_anyone = _pinned(config.all_pins(), inventory)
+    pinned_by_anyone = _pinned(all_pins(config), inventory)
     by_uuid = {g.uuid: g for g in inventory}
 
     def eligible(g: Gpu) -> bool:
@@ -371,7 +365,7 @@ def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
             # resolve_inventory's warning).
             if isinstance(pin.ref, int) and not pin.machine and g.node:
                 continue
-            if pin.matches(g.index, g.uuid, g.machine) and g.uuid not in out:
+            if pin_matches(pin, g.index, g.uuid, g.machine) and g.uuid not in out:
                 out.append(g.uuid)
     return out
 
@@ -467,7 +461,7 @@ def reconcile(
         gpu = by_uuid.get(le.gpu_uuid)
         ok = gpu is not None
         if gpu is not None and gpu.reserved and gpu.uuid not in group_pins:
-            own = config.user_override(le.user)
+            own = user_override(config, le.user)
             ok = own is not None and gpu.uuid in _pinned(own.pinned or (), inventory)
         (kept if ok else orphaned).append(le)
     return kept, orphaned

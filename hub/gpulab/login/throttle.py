@@ -1,13 +1,13 @@
 """Failed-login throttling that survives a hub restart.
 
 A failed sign-in from a browser that has no *device cookie* for the username tried
-(see :mod:`gpulab.auth`) counts twice: against the (normalised) username and against
+(see :mod:`gpulab.login.auth`) counts twice: against the (normalised) username and against
 the client address. A failed sign-in that carries a valid device cookie for that
 username counts against that one device only, and only its own lockout stops it: so
 whoever locks alice's name or a shared address cannot lock out the browser alice
 signed in with before (OWASP's "device cookies").
 
-Each counter follows a :class:`Policy`: after ``max_failures`` failures within
+Each counter follows a :class:`LockoutPolicy`: after ``max_failures`` failures within
 ``window`` seconds the key is locked for ``lockout`` seconds, and every further
 lockout of the same key doubles that, up to ``max_lockout``. A key with no failure for
 ``forget_after`` seconds starts from nothing again. A successful sign-in clears the
@@ -38,7 +38,7 @@ DEVICE = "device"  # a device cookie's random id; follows the username policy
 
 
 @dataclass(frozen=True)
-class Policy:
+class LockoutPolicy:
     """How many failures lock a key, and for how long (all durations in seconds)."""
 
     max_failures: int = 5
@@ -75,7 +75,7 @@ def is_locked(entry: Entry, now: float) -> bool:
     return entry.locked_until > now
 
 
-def after_failure(entry: Entry, now: float, policy: Policy) -> Entry:
+def after_failure(entry: Entry, now: float, policy: LockoutPolicy) -> Entry:
     """The entry after one more failed sign-in at *now*."""
     if is_locked(entry, now):
         # Callers do not try a locked key; if one does, the lock is not extended,
@@ -99,11 +99,6 @@ def after_failure(entry: Entry, now: float, policy: Policy) -> Entry:
     return entry
 
 
-def is_stale(entry: Entry, now: float, policy: Policy) -> bool:
-    """True when the entry no longer matters and may be deleted."""
-    return not is_locked(entry, now) and now - entry.last_failure > policy.forget_after
-
-
 def address_key(address: str) -> str:
     """The throttling key for a client address.
 
@@ -123,7 +118,7 @@ def address_key(address: str) -> str:
 
 
 @dataclass(frozen=True)
-class Decision:
+class LockoutDecision:
     """Whether a sign-in may be attempted now, and if not, until when."""
 
     locked: bool
@@ -180,15 +175,15 @@ class Throttle:
         self,
         path: str | os.PathLike,
         *,
-        user_policy: Policy | None = None,
-        address_policy: Policy | None = None,
+        user_policy: LockoutPolicy | None = None,
+        address_policy: LockoutPolicy | None = None,
         now: Callable[[], float] = time.time,
     ):
         self.path = Path(path)
-        user_policy = user_policy or Policy()
+        user_policy = user_policy or LockoutPolicy()
         self.policies = {
             USER: user_policy,
-            ADDRESS: address_policy or Policy(max_failures=20),
+            ADDRESS: address_policy or LockoutPolicy(max_failures=20),
             DEVICE: user_policy,
         }
         self.now = now
@@ -226,13 +221,13 @@ class Throttle:
         ).fetchone()
         return Entry(*row) if row else Entry()
 
-    def _decide(self, entries: list[Entry], now: float) -> Decision:
+    def _decide(self, entries: list[Entry], now: float) -> LockoutDecision:
         locked_until = max((e.locked_until for e in entries if is_locked(e, now)), default=0.0)
-        return Decision(locked=bool(locked_until), retry_at=locked_until, now=now)
+        return LockoutDecision(locked=bool(locked_until), retry_at=locked_until, now=now)
 
     def check(
         self, username: str | None, address: str | None, device: str | None = None
-    ) -> Decision:
+    ) -> LockoutDecision:
         """May *username* try to sign in from *address* now? Changes nothing.
 
         With *device* (the id in a valid device cookie for *username*) only that
@@ -246,7 +241,7 @@ class Throttle:
 
     def record_failure(
         self, username: str | None, address: str | None, device: str | None = None
-    ) -> Decision:
+    ) -> LockoutDecision:
         """Count one failed sign-in; the decision says whether that caused a lockout.
 
         Pass ``username=None`` for a name that is not even valid: only the address is

@@ -1,19 +1,19 @@
 """GpulabSwarmSpawner: a member's server as a Swarm service on the machine whose GPUs it
 leased (``hub.swarm: true``; README "Several GPU servers").
 
-Everything a member and an admin see stays :class:`~gpulab.spawner.GpulabSpawner`'s: the
+Everything a member and an admin see stays :class:`~gpulab.spawn.spawner.GpulabSpawner`'s: the
 spawn form, user options validation, the lease taken before anything is created, the
 progress bar, the ready check, the messages. What changes is where the server runs:
 
-* the lease table (:func:`gpulab.leases.swarm_lease_book`) reads the GPUs from the
+* the lease table (:func:`gpulab.gpus.leases.swarm_lease_book`) reads the GPUs from the
   nodes' engine labels before every allocation (a machine that is down or drained gives
   out nothing) and the leases from the services' labels, so a hub restart loses nothing;
 * the allocator picks the machine with the GPUs (a server with no GPU goes to the least
-  busy machine, :func:`~gpulab.swarm_services.node_for_cpu_server`);
-* the service is :func:`~gpulab.swarm_services.service_spec`, created as built, through
+  busy machine, :func:`~gpulab.spawn.swarm_services.node_for_cpu_server`);
+* the service is :func:`~gpulab.spawn.swarm_services.service_spec`, created as built, through
   the Docker proxy in front of the manager (``gpulab-docker-proxy --swarm``), which
   checks it as strictly as a container create;
-* whether the server runs is :func:`~gpulab.swarm_services.server_state`: a server whose
+* whether the server runs is :func:`~gpulab.spawn.swarm_services.server_state`: a server whose
   machine went down or was drained, or whose task ended, is reported stopped, with the
   reason in the hub's log, and its service is removed, which releases its GPUs.
 
@@ -26,26 +26,25 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from html import escape
 
 import docker.errors
 from tornado import web
 from traitlets import Unicode, default
 
-from . import live_config
-from .allocator import AllocationError, NotEnoughGpus
-from .contract import LABEL_MANAGED, LABEL_NODE
-from .culler import notices
-from .leases import LeaseBook, swarm_lease_book
-from .settings import Settings
-from .spawner import GpulabSpawner, SpawnFailed, _http_error
-from .swarm_services import (
+from gpulab import live_config, notices
+from gpulab.contract import LABEL_MANAGED, LABEL_NODE
+from gpulab.gpus.allocator import AllocationError, NotEnoughGpus
+from gpulab.gpus.leases import LeaseBook, swarm_lease_book
+from gpulab.gpus.policy import policy_for
+from gpulab.gpus.swarm_nodes import node_name, node_usable
+from gpulab.settings import Settings
+from gpulab.spawn.form import SpawnForm
+from gpulab.spawn.spawner import GpulabSpawner, SpawnFailed, _http_error
+from gpulab.spawn.swarm_services import (
     RUNNING,
     STARTING,
     landing_note,
     node_for_cpu_server,
-    node_name,
-    node_usable,
     ran_a_container,
     server_state,
     service_spec,
@@ -70,7 +69,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         config=True,
         help="""Where the hub notes servers it found stopped (their machine went down,
         was drained, or their task ended), for their members' home pages
-        (gpulab.culler.notices' format). Empty: the hub's log only.""",
+        (gpulab.notices' format). Empty: the hub's log only.""",
     )
     image_id = Unicode("", help="spawn.image's ID on the manager, for the start in progress")
     ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task
@@ -139,18 +138,18 @@ class GpulabSwarmSpawner(GpulabSpawner):
 
     # ------------------------------------------------------------- the spawn form
 
-    async def _gpu_options_form(self, spawner=None) -> str:
+    async def _spawn_form(self) -> SpawnForm | None:
         """The spawn form, which also says on which machine the server would start."""
-        form = await super()._gpu_options_form(spawner)
-        if not form:  # no GPU to choose: the progress bar names the machine
+        form = await super()._spawn_form()
+        if form is None:  # no GPU to choose: the progress bar names the machine
             return form
         try:
             note = await asyncio.wait_for(self._landing_note(), LANDING_NOTE_TIMEOUT)
         except Exception as e:  # the form never fails for want of this line
             self.log.warning("Could not tell %s where a server would start: %s",
-                             self._log_name, e)
+                             self.log_name, e)
             return form
-        return f'{form}\n<p class="form-text" id="gpulab-machine">{escape(note)}</p>'
+        return replace(form, landing=note)
 
     async def _landing_note(self) -> str:
         settings = live_config.settings_file.load(self.settings_file)
@@ -161,7 +160,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         home_name = (self.home_machine or names.get(home, home)) if home else ""
         landings: dict[int, str] = {}
         if not home_name:
-            policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+            policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
             services = await self.docker("services",
                                          filters={"label": f"{LABEL_MANAGED}=true"})
             landings[0] = names.get(node_for_cpu_server(nodes, services), "")
@@ -241,7 +240,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             if state.state == RUNNING:
                 return
             if state.state != STARTING:
-                self.log.warning("Start of %s failed: %s", self._log_name, state.reason)
+                self.log.warning("Start of %s failed: %s", self.log_name, state.reason)
                 if not ran_a_container(tasks):  # no log, and no GPU held on the machine
                     await self.remove_object(cool=False)
                     raise SpawnFailed(f"Your server could not start: {state.reason}.")
@@ -338,14 +337,14 @@ class GpulabSwarmSpawner(GpulabSpawner):
         if state.state in (RUNNING, STARTING):
             return None
         self.log.warning("%s stopped: %s; removing its service, which releases its GPUs",
-                         self._log_name, state.reason)
+                         self.log_name, state.reason)
         await self.remove_object()
         if self.notices_file:
             try:
                 notices.record_stopped(self.notices_file, notices.Stopped(
                     self.user.name, self.name, time.time(), notices.MACHINE, state.reason))
             except OSError as e:
-                self.log.warning("Could not tell %s why: %s", self._log_name, e)
+                self.log.warning("Could not tell %s why: %s", self.log_name, e)
         self.lease_book.settle(self.user.name, self.name)
         return state.reason
 

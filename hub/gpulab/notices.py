@@ -1,10 +1,16 @@
-"""What the GPU culler tells members: standing warnings and notices of stopped servers.
+"""What members are told about their servers stopping: warnings and stop notices.
 
-The culler (a hub service) writes them to one JSON file in the hub's data folder
-(:data:`gpulab.contract.CULLER_NOTICES_FILE`), replaced atomically at each check; the
-hub's home page reads it for the member who opens it (``template_vars``, see
-:func:`notices_for`). A warning lasts while it stands; a stop notice until the member
-starts that server again, or for :data:`STOPPED_KEPT` seconds.
+The GPU culler (a hub service) writes its warnings and the servers it stopped to one
+JSON file in the hub's data folder (:data:`gpulab.contract.CULLER_NOTICES_FILE`),
+replaced atomically at each check; on a Swarm the hub's spawner writes the servers it
+found stopped (their machine went down) to another, in the same format
+(:data:`gpulab.contract.SERVER_NOTICES_FILE`). The hub's home page reads both for the
+member who opens it (``template_vars``, see :func:`home_page_notices`), and the GPU
+dashboard shows the standing warnings. A warning lasts while it stands; a stop notice
+until the member starts that server again, or for :data:`STOPPED_KEPT` seconds.
+
+Shared by the culler, the spawners, the dashboard and the hub's config, so it sits
+beside them and imports none of them.
 """
 
 from __future__ import annotations
@@ -20,8 +26,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .decide import CullWarning
-
 log = logging.getLogger(__name__)
 
 STOPPED_KEPT = 3 * 86400
@@ -29,8 +33,22 @@ MACHINE = "machine"  # Stopped.reason of a server whose Swarm machine went down 
 
 
 @dataclass(frozen=True)
+class CullWarning:
+    """A warning standing for one server (what the member sees on their home page)."""
+
+    user: str
+    server: str
+    started: float  # which run of the server it is about
+    reason: str  # IDLE or AGE
+    warned_at: float
+    stop_at: float
+    message: str
+
+
+@dataclass(frozen=True)
 class Stopped:
-    """A server the culler stopped, for its member to read when they come back."""
+    """A server the culler (or, on a Swarm, the hub) stopped, for its member to read
+    when they come back."""
 
     user: str
     server: str
@@ -133,7 +151,7 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
     for s in notices.stopped:
         if s.user != user:
             continue
-        if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.swarm_spawner)
+        if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.spawn.swarm_spawner)
             after = ("Your files are kept. Start it again when you need it; if they are on "
                      "that machine, it can start once the machine is back.")
         else:

@@ -1,7 +1,7 @@
 """Token login: lab members sign in with their username and a personal access token.
 
 Tokens are JupyterHub API tokens that an admin issued for the member through the
-admin-only REST API of :mod:`gpulab.login_tokens` (``gpulab token issue alice``), so
+admin-only REST API of :mod:`gpulab.login.tokens` (``gpulab token issue alice``), so
 they are stored only as salted hashes in the hub's database, can expire, and stop
 working the moment they are revoked. Only tokens recorded there as login tokens sign
 in: a token a member made for a script, whatever its note says, cannot be turned into
@@ -12,14 +12,14 @@ Around that check, :class:`GpulabLoginHandler` (served at ``/hub/login``):
 
 * normalises the username (``"Alice "`` is ``alice``) and refuses invalid ones with a
   message that says what a username may contain;
-* throttles failed sign-ins per username and per client address (:mod:`gpulab.throttle`),
+* throttles failed sign-ins per username and per client address (:mod:`gpulab.login.throttle`),
   answering HTTP 429 with the time to try again; the lockouts are kept in a sqlite
   file, so a hub restart does not lift them. The client address is the TCP peer, or,
   when the peer is a trusted proxy, the right-most untrusted ``X-Forwarded-For`` hop
   (:func:`client_address`). A browser that signed in as a user before carries a
   signed *device cookie* for that user: its attempts count against that device only,
   so nobody can lock a member out of the browser they use;
-* sends the user after sign-in only to a path on this hub (:mod:`gpulab.redirects`);
+* sends the user after sign-in only to a path on this hub (:mod:`gpulab.login.redirects`);
 * refuses credentials in the URL (``?password=``/``?token=``) and keeps them out of
   the access log.
 
@@ -44,12 +44,14 @@ from sqlalchemy import inspect
 from tornado import web
 from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
-from . import login_tokens as lt
-from .forwarded import TrustedProxies, client_address
-from .login_tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
-from .redirects import safe_next_url
-from .throttle import Decision, Policy, Throttle
-from .usernames import USERNAME_PATTERN, USERNAME_RULES, fold
+from gpulab import compat
+from gpulab.contract import PROXY_IP
+from gpulab.login import tokens as lt
+from gpulab.login.forwarded import TrustedProxies, client_address
+from gpulab.login.redirects import safe_next_url
+from gpulab.login.throttle import LockoutDecision, LockoutPolicy, Throttle
+from gpulab.login.tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
+from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
 __all__ = ["LOGIN_TOKEN_NOTE", "GpulabLoginHandler", "TokenAuthenticator", "TrustedProxies",
            "client_address", "configure_login"]
@@ -63,7 +65,6 @@ DEVICE_COOKIE_PREFIX = "gpulab-device-"
 _DEVICE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}\Z")
 THROTTLE_FILE = "gpulab-login-throttle.sqlite"
 LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
-DEFAULT_PROXY_IP = "172.30.0.3"  # docker-compose.yml: the proxy's fixed address
 
 
 def credentials_in_query(query: str) -> list[str]:
@@ -140,16 +141,16 @@ class GpulabLoginHandler(LoginHandler):
 
     def set_device_cookie(self, username: str) -> None:
         # JupyterHub's cookie helper: httponly, secure on https, c.JupyterHub.cookie_options
-        self._set_cookie(DEVICE_COOKIE_PREFIX + username, secrets.token_urlsafe(24),
-                         encrypted=True, path=self.hub.base_url,
-                         expires_days=self.authenticator.device_cookie_max_age_days)
+        compat.set_hub_cookie(self, DEVICE_COOKIE_PREFIX + username, secrets.token_urlsafe(24),
+                              path=self.hub.base_url,
+                              expires_days=self.authenticator.device_cookie_max_age_days)
 
     # ---------------------------------------------------------------- pages
 
-    async def _finish_locked(self, decision: Decision, username: str = ""):
+    async def _finish_locked(self, decision: LockoutDecision, username: str = ""):
         self.set_status(decision.status)
         self.set_header("Retry-After", str(decision.retry_after))
-        html = await self._render(login_error=decision.message(), username=username)
+        html = await compat.render_login(self, decision.message(), username)
         self.finish(html)
 
     async def get(self):
@@ -187,10 +188,9 @@ class GpulabLoginHandler(LoginHandler):
             self.log.warning("Sign-in with invalid username %r from %s",
                              _display_name(raw_username), address)
             self.set_status(403)
-            html = await self._render(
-                login_error=self.authenticator.invalid_username_message,
-                username=_display_name(raw_username),
-            )
+            html = await compat.render_login(
+                self, self.authenticator.invalid_username_message,
+                _display_name(raw_username))
             self.finish(html)
             return
 
@@ -198,7 +198,7 @@ class GpulabLoginHandler(LoginHandler):
         if user:
             self.throttle.record_success(username, device)
             self.set_device_cookie(username)
-            self._jupyterhub_user = user
+            compat.set_current_user(self, user)
             self.redirect(self.get_next_url(user))
             return
 
@@ -210,13 +210,13 @@ class GpulabLoginHandler(LoginHandler):
             await self._finish_locked(decision, username)
             return
         self.set_status(403)
-        html = await self._render(login_error="Invalid username or token.", username=username)
+        html = await compat.render_login(self, "Invalid username or token.", username)
         self.finish(html)
 
 
 class TokenAuthenticator(Authenticator):
     """Username + login token, checked against the hub's hashed token table and the
-    record of login tokens (:mod:`gpulab.login_tokens`)."""
+    record of login tokens (:mod:`gpulab.login.tokens`)."""
 
     device_cookie_max_age_days = Float(
         90,
@@ -321,7 +321,7 @@ class TokenAuthenticator(Authenticator):
         the header is ignored and the peer is the client. configure_login() puts
         gpulab's own proxy and settings hub.trusted_proxies here.
 
-        Example: c.TokenAuthenticator.trusted_proxies = ["172.30.0.3", "10.0.0.0/24"]
+        Example: c.TokenAuthenticator.trusted_proxies = ["10.0.0.5", "10.0.0.0/24"]
         """,
     ).tag(config=True)
 
@@ -342,14 +342,14 @@ class TokenAuthenticator(Authenticator):
         forget = self.max_lockout_seconds
         return Throttle(
             self.throttle_db_path,
-            user_policy=Policy(
+            user_policy=LockoutPolicy(
                 max_failures=self.max_failed_logins,
                 window=self.failed_login_window,
                 lockout=self.lockout_seconds,
                 max_lockout=self.max_lockout_seconds,
                 forget_after=forget,
             ),
-            address_policy=Policy(
+            address_policy=LockoutPolicy(
                 max_failures=self.max_failed_logins_per_address,
                 window=self.failed_login_window,
                 lockout=self.lockout_seconds,
@@ -420,7 +420,7 @@ class TokenAuthenticator(Authenticator):
 
     async def refresh_user(self, user, handler=None):
         """True while the user has a valid login token. Otherwise end their access
-        (:func:`gpulab.login_tokens.end_access`) and return False: JupyterHub then
+        (:func:`gpulab.login.tokens.end_access`) and return False: JupyterHub then
         asks a cookie session to sign in again and, with auth_refresh_strict, refuses
         token-authenticated requests. API tokens an admin made for the user through
         JupyterHub's REST API are the exception: they are kept, and a request made with
@@ -449,11 +449,11 @@ class TokenAuthenticator(Authenticator):
                 ", ".join(ended.api_tokens) or "(none)", ended.oauth_tokens)
         else:
             self.log.debug("User %s has no valid login token: sign-in required", orm_user.name)
-        if handler is not None and not hasattr(handler, "_token_authenticated"):
-            # JupyterHub 6.1.1 sets it only on token-authenticated requests, and its
-            # refresh_auth reads it after a failed refresh: a cookie request would end
-            # in an AttributeError (signed out all the same, with a traceback).
-            handler._token_authenticated = False
+        if handler is not None:
+            # JupyterHub 6.1.1 marks only token-authenticated requests, and its
+            # refresh_auth reads the mark after a failed refresh: a cookie request would
+            # end in an AttributeError (signed out all the same, with a traceback).
+            compat.mark_cookie_request(handler)
         return False
 
 
@@ -462,20 +462,14 @@ class TokenAuthenticator(Authenticator):
 
 def default_trusted_proxies(settings: Mapping, environ: Mapping[str, str] = os.environ
                             ) -> list[str]:
-    """gpulab's own proxy (env GPULAB_PROXY_IP, default 172.30.0.3) and the
+    """gpulab's own proxy (env GPULAB_PROXY_IP, default :data:`gpulab.contract.PROXY_IP`) and the
     reverse proxies in settings ``hub.trusted_proxies``."""
-    proxy_ip = environ.get("GPULAB_PROXY_IP", "").strip() or DEFAULT_PROXY_IP
+    proxy_ip = environ.get("GPULAB_PROXY_IP", "").strip() or PROXY_IP
     return [proxy_ip, *settings["hub.trusted_proxies"]]
 
 
 def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Sequence[str]) -> None:
-    """Everything token login needs, on JupyterHub config object *c*.
-
-    Call it after ``c.JupyterHub.db_url`` is set: it records, once, the login tokens
-    made before login tokens were recorded (:func:`gpulab.login_tokens.migrate_hub_db`).
-    """
-    from traitlets.log import get_logger
-
+    """Everything token login needs, on JupyterHub config object *c*."""
     data_dir = Path(data_dir)
     trusted = TrustedProxies(trusted_proxies)  # refuses a bad entry before anything is set
     c.JupyterHub.authenticator_class = "gpulab-token"
@@ -494,5 +488,3 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     # Without a login token, token-authenticated requests are refused too: JupyterHub's
     # default lets them through on stale auth.
     c.Authenticator.auth_refresh_strict = True
-    db_url = c.JupyterHub.get("db_url") or f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
-    lt.migrate_hub_db(db_url, data_dir / LOGIN_TOKENS_FILE, get_logger())

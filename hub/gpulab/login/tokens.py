@@ -13,7 +13,7 @@ When a member has no valid login token left (revoked, expired, deleted),
 :func:`end_access` deletes their other API tokens and their OAuth tokens (the sessions
 of their servers and of services) and rotates their hub cookie id, so neither scripts
 nor open browser tabs outlive the token the admin gave them; the authenticator
-(:class:`gpulab.auth.TokenAuthenticator`) does that at the member's next request too.
+(:class:`gpulab.login.auth.TokenAuthenticator`) does that at the member's next request too.
 
 REST API (inside the hub, served under ``/hub/api/gpulab/``), for callers holding the
 *unfiltered* ``admin:users`` and ``tokens`` scopes (admins and the ``gpulab-admin``
@@ -26,11 +26,6 @@ never pass, not even for herself):
   (id, created, expires_at, last_activity, expired, note; never the token);
 * ``DELETE /hub/api/gpulab/login-tokens/{user}/{token_id}``: 200,
   ``{"revoked": id, "login_tokens_left": n, "ended_access": {...}|null}``.
-
-Tokens made before login tokens were recorded (their note was the only mark) are
-recorded once, at the first start with this module (:func:`migrate_hub_db`): those
-whose note is exactly the one ``gpulab token issue`` wrote, each logged with a warning
-to review.
 """
 
 from __future__ import annotations
@@ -38,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -51,14 +45,13 @@ from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
+from gpulab import compat
+
 LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
-# The note `gpulab token issue` wrote before login tokens were recorded.
-LEGACY_CLI_NOTE = f"{LOGIN_TOKEN_NOTE}: issued by gpulab token issue"
 JUPYTERHUB_CLIENT = "jupyterhub"  # client_id of API tokens; anything else is an OAuth token
 # Unfiltered scopes a caller of the REST API must hold (the admin role and the
 # gpulab-admin service do).
 ADMIN_SCOPES = ("admin:users", "tokens")
-MIGRATION_KEY = "legacy_note_migration"
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +71,6 @@ _SCHEMA = (
         kind TEXT NOT NULL DEFAULT 'login'
     )""",
     "CREATE INDEX IF NOT EXISTS login_tokens_user ON login_tokens (username)",
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
 
 
@@ -149,14 +141,6 @@ class LoginTokenStore:
             db.execute("DELETE FROM login_tokens WHERE username = ? AND kind = ?",
                        (username, KIND_LOGIN))
 
-    def get_meta(self, key: str) -> str | None:
-        with self._connect() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self._connect() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
 
 # ------------------------------------------------------------------ on the hub's ORM
@@ -260,73 +244,6 @@ def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int],
     db.expire(orm_user, ["api_tokens"])  # reload the collection at its next use
     store.forget_login_tokens(orm_user.name)
     return Ended(sorted(api_ids), oauth, len(keep))
-
-
-# ------------------------------------------------------------------ migration
-
-
-def migrate_legacy_tokens(db, store: LoginTokenStore, logger: logging.Logger = log) -> list[str]:
-    """Record, once, the tokens that were login tokens by their note alone.
-
-    Only unexpired API tokens of users whose note is exactly :data:`LEGACY_CLI_NOTE`
-    (what ``gpulab token issue`` and ``make up`` wrote) count; each one is logged, since
-    before this change a member could have written that note too. Returns their ids;
-    an empty list when the migration ran before.
-    """
-    if store.get_meta(MIGRATION_KEY) is not None:
-        return []
-    query = db.query(orm.APIToken).filter(
-        orm.APIToken.note == LEGACY_CLI_NOTE,
-        orm.APIToken.user_id.isnot(None),
-        orm.APIToken.client_id == JUPYTERHUB_CLIENT,
-    )
-    migrated = []
-    for token in query.order_by(orm.APIToken.id):
-        if token.expired:
-            continue
-        store.record(token, "gpulab token issue (before login tokens were recorded)")
-        migrated.append(token.api_id)
-        logger.warning(
-            "gpulab: token %s of %s (created %s, expires %s) was issued before login "
-            "tokens were recorded; it stays a login token. Members could write that note "
-            "themselves then: review with `gpulab token list %s` and revoke what no admin "
-            "issued.",
-            token.api_id, token.user.name, isoformat(token.created),
-            isoformat(token.expires_at) or "never", token.user.name,
-        )
-    store.set_meta(MIGRATION_KEY, json.dumps({"at": store.now(), "recorded": migrated}))
-    return migrated
-
-
-def migrate_hub_db(db_url: str, store_path: str | os.PathLike,
-                   logger: logging.Logger = log) -> list[str]:
-    """:func:`migrate_legacy_tokens` on the hub database, before the hub opens it.
-
-    A sqlite database that does not exist yet (a new install) has nothing to migrate:
-    the migration is marked done, so tokens made later never qualify. A database that
-    needs ``jupyterhub upgrade-db`` is left for the next start (JupyterHub refuses to
-    start with the same advice).
-    """
-    store = LoginTokenStore(store_path)
-    if store.get_meta(MIGRATION_KEY) is not None:
-        return []
-    match = re.match(r"sqlite:///(.+)", db_url)
-    if match and match.group(1) != ":memory:" and not Path(match.group(1)).exists():
-        store.set_meta(MIGRATION_KEY, json.dumps({"at": store.now(), "recorded": [],
-                                                  "new_install": True}))
-        return []
-    try:
-        session_factory = orm.new_session_factory(db_url)
-    except orm.DatabaseSchemaMismatch as e:
-        logger.warning("gpulab: login tokens not migrated yet, the hub database needs "
-                       "upgrading: %s", e)
-        return []
-    db = session_factory()
-    try:
-        return migrate_legacy_tokens(db, store, logger)
-    finally:
-        db.close()
-        db.get_bind().dispose()
 
 
 # ------------------------------------------------------------------ REST API
@@ -436,7 +353,7 @@ class LoginTokenAPIHandler(_AdminOnly):
                                running_server_tokens(self.db, user),
                                {t.id for t in scripts})
             # refresh at this user's next request, whatever auth_refresh_age says
-            user._auth_refreshed = None
+            compat.expire_auth(user)
         self.log.info("%s revoked login token %s of %s%s", self.requester, token_id,
                       user.name, "; no login token left: access ended" if ended else "")
         self.write(json.dumps({
@@ -508,7 +425,7 @@ class AccessAPIHandler(_AdminOnly):
         keep = set() if stop else running_server_tokens(self.db, user)
         ended = end_access(self.db, self.store, orm_user, keep)
         self.store.forget_user(orm_user.name)
-        user._auth_refreshed = None
+        compat.expire_auth(user)
         stopped = []
         if stop:
             for name, spawner in list(user.spawners.items()):

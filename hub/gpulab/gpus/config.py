@@ -2,8 +2,9 @@
 
 Parsed once into frozen dataclasses by :func:`gpus_config_from_yaml`; anything wrong is
 a :class:`~gpulab.yamlfile.ConfigError` naming the file, line and field and saying what
-is allowed. The decisions made with it (which GPU a user gets) live in
-:mod:`gpulab.allocator`; this module only reads and checks the file.
+is allowed. This module only reads and checks the file, and its dataclasses are data:
+what one user may have (the precedence below) is :mod:`gpulab.gpus.policy`'s, which GPU
+they get :mod:`gpulab.gpus.allocator`'s.
 
 Schema (every key optional; an empty or missing file means the defaults)::
 
@@ -31,12 +32,8 @@ reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU lef
 of the list is never given to anyone; ``reserved: true`` keeps a GPU for the users and
 groups that pin it.
 
-Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
-``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
-never, is the longest), except that ``no_gpu: true`` in any of them wins; then every
-field set under ``users:`` replaces the combined value (``no_gpu: false`` there lifts a
-group's ``no_gpu``). Pinned GPUs always fit in the quota (the effective ``max_gpus`` is
-at least the number of pins) and are kept for the users and groups that pin them.
+How ``defaults:``, a user's ``groups:`` and their own ``users:`` entry combine is
+:mod:`gpulab.gpus.policy`'s (its docstring: precedence).
 """
 
 from __future__ import annotations
@@ -48,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import parse_duration
-from .yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
+from gpulab.settings import parse_duration
+from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
     "ConfigError",
@@ -58,10 +55,12 @@ __all__ = [
     "EXCLUSIVE",
     "GpuEntry",
     "GpusConfig",
+    "DEFAULT_GPU_IDLE_TIMEOUT",
+    "DEFAULT_MAX_SERVER_AGE",
     "MAX_GPUS_LIMIT",
+    "LIMIT_KEYS",
     "Override",
     "Pin",
-    "Policy",
     "Pool",
     "SHARED",
     "gpus_config_from_yaml",
@@ -87,9 +86,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling")
 _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
-_LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
-_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *_LIMIT_KEYS)
-_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *_LIMIT_KEYS)
+# Per-user time limits, set in defaults:, groups: and users: alike.
+LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
+_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS)
+_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS)
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
 
 # Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
@@ -127,16 +127,12 @@ class GpuEntry:
 
 @dataclass(frozen=True)
 class Pin:
-    """A pinned GPU: its uuid or its NVML index, and where the file says so."""
+    """A pinned GPU: its uuid or its NVML index, and where the file says so (which GPU
+    of an inventory it names: :func:`gpulab.gpus.policy.pin_matches`)."""
 
     ref: int | str
     line: int | None = None
     machine: str = ""  # "gpu-server-2:0": index 0 of that machine (a Swarm)
-
-    def matches(self, index: int, uuid: str, machine: str = "") -> bool:
-        if isinstance(self.ref, str):
-            return self.ref == uuid
-        return self.ref == index and self.machine == machine
 
     def __str__(self) -> str:
         if self.machine:
@@ -159,25 +155,11 @@ class Override:
     line: int | None = None
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What one user may have, after defaults, groups and the user's own entry."""
-
-    gpus: int  # default count when the user does not choose (already within max_gpus)
-    max_gpus: int  # most GPUs over all of the user's servers (>= len(pinned))
-    pools: tuple[str, ...]  # pools the user may draw from
-    pinned: tuple[Pin, ...] = ()
-    no_gpu: bool = False
-    # Seconds a server's GPUs may sit idle / a server holding GPUs may run before the
-    # culler stops it; 0 = never.
-    gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
-    max_server_age: int = DEFAULT_MAX_SERVER_AGE
-
 
 @dataclass(frozen=True)
 class Culling:
     """How the GPU culler finds idle GPUs (``culling:``); who is culled when is in
-    each user's :class:`Policy`."""
+    each user's :class:`gpulab.gpus.policy.Policy`."""
 
     idle_below: float = 0.05  # utilization ratio (the file says percent) under which a GPU is idle
     warn_before: int = 15 * 60  # seconds between the warning and the stop
@@ -199,66 +181,9 @@ class GpusConfig:
     default_max_server_age: int = DEFAULT_MAX_SERVER_AGE
     culling: Culling = field(default_factory=Culling)
 
-    def user_override(self, user: str) -> Override | None:
-        key = user.lower()
-        return next((u for u in self.users if u.name == key), None)
-
-    def all_pins(self) -> tuple[Pin, ...]:
-        """Every pin in the file (users' and groups'), in file order."""
-        return tuple(p for o in (*self.groups, *self.users) for p in (o.pinned or ()))
-
-    def policy_for(self, user: str, groups: Iterable[str] = ()) -> Policy:
-        """The effective policy of *user*, member of *groups* (see the module docstring)."""
-        member = set(groups)
-        mine = [g for g in self.groups if g.name in member]
-        gpus, max_gpus = self.default_gpus, self.default_max_gpus
-        pools = self.default_pools
-        pinned: list[Pin] = []
-        no_gpu = any(g.no_gpu for g in mine)
-        if any(g.gpus is not None for g in mine):
-            gpus = max(g.gpus for g in mine if g.gpus is not None)
-        if any(g.max_gpus is not None for g in mine):
-            max_gpus = max(g.max_gpus for g in mine if g.max_gpus is not None)
-        if any(g.pools is not None for g in mine):
-            pools = _union(p for g in mine for p in (g.pools or ()))
-        for g in mine:
-            seen = {(q.ref, q.machine) for q in pinned}
-            pinned.extend(p for p in (g.pinned or ()) if (p.ref, p.machine) not in seen)
-        limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
-                                getattr(self, f"default_{key}"))
-                  for key in _LIMIT_KEYS}
-        own = self.user_override(user)
-        if own is not None:
-            gpus = own.gpus if own.gpus is not None else gpus
-            max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
-            pools = own.pools if own.pools is not None else pools
-            pinned = list(own.pinned) if own.pinned is not None else pinned
-            no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
-            limits.update({k: getattr(own, k) for k in _LIMIT_KEYS
-                           if getattr(own, k) is not None})
-        if no_gpu:
-            return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True, **limits)
-        max_gpus = max(max_gpus, len(pinned))
-        gpus = min(max(gpus, len(pinned)), max_gpus)
-        return Policy(
-            gpus=gpus,
-            max_gpus=max_gpus,
-            pools=tuple(self.pools) if pools is None else pools,
-            pinned=tuple(pinned),
-            **limits,
-        )
-
 
 def _union(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
-
-
-def _longest(limits: Sequence[int], default: int) -> int:
-    """The most generous of the groups' time limits (0 = never, the most generous of
-    all); *default* when no group sets one."""
-    if not limits:
-        return default
-    return 0 if 0 in limits else max(limits)
 
 
 # ---------------------------------------------------------------- value checks
@@ -631,7 +556,7 @@ def _overrides(
             if "pools" in body else None,
             no_gpu=r.check(path + ("no_gpu",), _bool, body["no_gpu"]) if "no_gpu" in body else None,
             **{key: r.check(path + (key,), _seconds, body[key])
-               for key in _LIMIT_KEYS if key in body},
+               for key in LIMIT_KEYS if key in body},
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:
@@ -668,7 +593,8 @@ def _pins(
         else:
             ref = r.check(p, _uuid, ref) if isinstance(ref, str) else r.check(p, _index, ref)
             pin = Pin(ref, doc.line_of(p))
-            if not auto and not any(pin.matches(g.index, g.uuid) for g in gpus):
+            listed_refs = {g.uuid if isinstance(ref, str) else g.index for g in gpus}
+            if not auto and ref not in listed_refs:
                 listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
                 raise doc.error(p, f"pinned GPU {ref!r} is not listed under inventory; GPUs "
                                    f"listed there: {listed}")

@@ -7,11 +7,14 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
   invalid edit is refused and the last good file stays in force).
 * ``user_options`` (from the spawn form or straight from the REST API) are validated
   before anything is created: anything but ``{"gpus": 0..quota}`` is a 400.
-* GPUs are leased (:mod:`gpulab.leases`) before the container is created; no free GPU
+* GPUs are leased (:mod:`gpulab.gpus.leases`) before the container is created; no free GPU
   or an exceeded quota is a 4xx with a message that says what to do.
-  :func:`gpulab.containers.container_options` then decides image, volumes, limits,
+  :func:`gpulab.spawn.containers.container_options` then decides image, volumes, limits,
   hardening and the DeviceRequest for exactly the leased GPUs.
-* Container names come from :mod:`gpulab.naming` (collision-free for any username).
+* Container names come from :mod:`gpulab.spawn.naming` (collision-free for any username).
+* The DockerSpawner traits gpulab sets come from gpulab.yaml, unless the hub's config
+  file sets them itself: then the config file wins, or the spawn is refused when the
+  trait carries the lease or the Docker proxy's rules (:mod:`gpulab.spawn.traits`).
 * ``progress()`` reports each step to the spawn page's progress bar.
 * ``start()`` returns only once the server answers HTTP, polling every 0.1 s, so the
   hub's own readiness check (exponential backoff up to 5 s) passes at its first try,
@@ -23,21 +26,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from html import escape
 
 import docker.errors
 from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
+from traitlets.config import Configurable
 
-from . import live_config
-from .allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
-from .containers import container_options
-from .culler.decide import policy_note
-from .leases import LeaseBook, lease_book
-from .naming import container_name
-from .settings import ConfigError, Settings
+from gpulab import compat, live_config
+from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
+from gpulab.gpus.leases import LeaseBook, lease_book
+from gpulab.gpus.policy import policy_for, policy_note
+from gpulab.settings import ConfigError, Settings
+from gpulab.spawn.containers import container_options
+from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
+from gpulab.spawn.naming import container_name
+from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
 
 
 class SpawnFailed(web.HTTPError):
@@ -61,6 +66,16 @@ def policy_refusal(error: docker.errors.APIError) -> str | None:
     if error.status_code in (400, 403, 503) and explanation.startswith(prefix):
         return explanation[len(prefix):]
     return None
+
+
+_logged: set[str] = set()
+
+
+def _log_once(log, line: str) -> None:
+    """Say *line* the first time in this hub process (it holds at every spawn)."""
+    if line not in _logged:
+        _logged.add(line)
+        log(line)
 
 
 def _http_error(status: int, message: str) -> web.HTTPError:
@@ -98,6 +113,16 @@ class GpulabSpawner(DockerSpawner):
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Said when the hub starts (it makes a spawner per server it knows), not only at
+        # the first spawn, which refuses or honours each of them again.
+        if self.admin_traits:
+            try:
+                self._admin_traits_applied(live_config.settings_file.load(self.settings_file))
+            except (ConfigError, web.HTTPError):
+                pass  # said at the spawn, which is refused
+
     @default("prefix")
     def _default_prefix(self):
         return "gpulab"
@@ -121,12 +146,17 @@ class GpulabSpawner(DockerSpawner):
     def _default_options_from_form(self):
         # Only unwrap the form's one-element lists; start() validates whatever arrives,
         # from the form or straight from the REST API.
-        return self._simple_options_from_form
+        return compat.simple_options_from_form(self)
 
     @property
     def lease_book(self) -> LeaseBook:
         """The hub's one lease table, shared by every spawner."""
         return lease_book()
+
+    @property
+    def log_name(self) -> str:
+        """This server as JupyterHub's log names it (``alice``, ``alice:train``)."""
+        return compat.spawner_log_name(self)
 
     # ------------------------------------------------------------- options
 
@@ -134,56 +164,30 @@ class GpulabSpawner(DockerSpawner):
         return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count)
 
     async def _gpu_options_form(self, spawner=None) -> str:
-        """The spawn form: how many GPUs, and which are free. Empty (no form) when the
-        user can have no GPU or the host has none."""
+        """The spawn form (:mod:`gpulab.spawn.form`); empty (no form) when the user can
+        have no GPU or the host has none."""
+        form = await self._spawn_form()
+        return render_spawn_form(form) if form else ""
+
+    async def _spawn_form(self) -> SpawnForm | None:
+        """What the spawn form shows: how many GPUs, and which are free."""
         config = live_config.gpus_file.load(self.gpus_file)
-        policy = config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
-            return ""
+            return None
         holders = await self.lease_book.holders([g.uuid for g in inventory])
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
-        machines = any(g.machine for g in inventory)  # on a Swarm: which server it is in
-        rows = []
-        for g in inventory:
-            held = holders.get(g.uuid, [])
-            if not held:
-                status = "free"
-            elif is_admin:
-                status = "held by " + ", ".join(
-                    f"{le.user}{'/' + le.server if le.server else ''}" for le in held)
-            else:
-                status = ("in use" if len(held) >= g.capacity
-                          else f"shared ({len(held)}/{g.capacity})")
-            machine = f"<td>{escape(g.machine)}</td>" if machines else ""
-            rows.append(
-                f"<tr>{machine}<td>{g.index}</td><td>{escape(g.model)}</td>"
-                f"<td>{escape(g.pool)}</td><td>{escape(status)}</td></tr>"
-            )
-        head = "<th>Machine</th>" if machines else ""
-        choices = "".join(
-            f'<option value="{n}"{" selected" if n == policy.gpus else ""}>{n}</option>'
-            for n in range(policy.max_gpus + 1)
-        )
-        return f"""
-<div class="form-group">
-  <label for="gpulab-gpus">GPUs for this server (you may use up to {policy.max_gpus})</label>
-  <select class="form-control" id="gpulab-gpus" name="gpus">{choices}</select>
-</div>
-<table class="table table-condensed" id="gpulab-gpu-table">
-  <thead><tr>{head}<th>GPU</th><th>Model</th><th>Pool</th><th>Status</th></tr></thead>
-  <tbody>{''.join(rows)}</tbody>
-</table>
-<p class="form-text" id="gpulab-culling">{escape(policy_note(policy, config.culling))}</p>"""
-
+        return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
+                         policy_note(policy, config.culling))
 
     # ------------------------------------------------------------- progress
 
     def _report(self, progress: int, message: str) -> None:
-        self.log.info("%s: %s", self._log_name, message)
+        self.log.info("%s: %s", self.log_name, message)
         self._progress_events.append({"progress": progress, "message": message})
 
     async def progress(self):
@@ -192,22 +196,16 @@ class GpulabSpawner(DockerSpawner):
             while sent < len(self._progress_events):
                 yield self._progress_events[sent]
                 sent += 1
-            if self._spawn_future is not None and self._spawn_future.done():
-                return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # JupyterHub stops reading when the spawn ends
 
     # ------------------------------------------------------------- start / stop
 
     def apply_settings(self, settings: Settings, gpu_uuids=()) -> None:
-        """Copy gpulab's decisions onto DockerSpawner's traits."""
+        """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
+        admin's own config-file traits are already in *settings*, or refused)."""
         opts = container_options(settings, self.user.name, self.name, gpu_uuids)
-        self.image = opts.image
-        self.volumes = opts.volumes
-        self.extra_host_config = opts.host_config
-        self.extra_create_kwargs = opts.create_kwargs
-        self.mem_limit = opts.mem_limit
-        self.cpu_limit = opts.cpu_limit
-        self.network_name = settings["spawn.network"]
+        for name, value in trait_values(settings, opts).items():
+            setattr(self, name, value)
         self._gpulab_env = opts.environment
 
     def get_env(self):
@@ -217,25 +215,46 @@ class GpulabSpawner(DockerSpawner):
 
     def _read_lab_config(self):
         try:
-            return (live_config.settings_file.load(self.settings_file),
-                    live_config.gpus_file.load(self.gpus_file))
+            settings = live_config.settings_file.load(self.settings_file)
+            gpus_config = live_config.gpus_file.load(self.gpus_file)
         except ConfigError as e:
-            self.log.error("Cannot spawn %s: %s", self._log_name, e)
+            self.log.error("Cannot spawn %s: %s", self.log_name, e)
             raise _http_error(
                 503, f"The lab's configuration is invalid, so servers cannot start; "
                      f"an admin must fix it: {e}") from None
+        return self._admin_traits_applied(settings), gpus_config
+
+    def _admin_traits_applied(self, settings: Settings) -> Settings:
+        """*settings* with the admin's honoured config-file traits in place (each said
+        once in the hub's log); a 503 for an admin when one is refused."""
+        settings, honoured, refused = apply_admin_traits(settings, self.admin_traits)
+        for line in honoured:
+            _log_once(self.log.warning, line)
+        for line in refused:
+            _log_once(self.log.error, f"Servers cannot start: {line}")
+        if refused:
+            raise _http_error(
+                503, f"The hub's configuration sets a spawner option gpulab decides, so "
+                     f"servers cannot start; an admin must fix it: {'; '.join(refused)}.")
+        return settings
+
+    @property
+    def admin_traits(self) -> tuple[AdminTrait, ...]:
+        """The traits gpulab sets at each spawn that the hub's config file sets too."""
+        classes = [c.__name__ for c in type(self).mro() if issubclass(c, Configurable)]
+        return admin_traits(self.config, classes)
 
     async def _lease(self, gpus_config) -> list:
-        policy = gpus_config.policy_for(self.user.name, [g.name for g in self.user.groups])
+        policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
             return await self.lease_book.acquire(gpus_config, self._request(count))
         except NotEnoughGpus as e:
             message = e.detailed_message if self.user.admin else str(e)
-            self.log.info("Spawn of %s refused: %s", self._log_name, e.detailed_message)
+            self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
             raise _http_error(e.status, message) from None
         except AllocationError as e:
-            self.log.info("Spawn of %s refused: %s", self._log_name, e)
+            self.log.info("Spawn of %s refused: %s", self.log_name, e)
             raise _http_error(e.status, str(e)) from None
 
     async def _preflight(self, settings: Settings) -> None:
@@ -244,7 +263,7 @@ class GpulabSpawner(DockerSpawner):
         try:
             await self.docker("ping")
         except Exception as e:
-            self.log.error("Docker engine unreachable while spawning %s: %s", self._log_name, e)
+            self.log.error("Docker engine unreachable while spawning %s: %s", self.log_name, e)
             raise _http_error(503, "The Docker engine on this host is not answering, so "
                                    "servers cannot start right now. Try again in a minute; "
                                    "if it persists, tell an admin.") from None
@@ -307,7 +326,7 @@ class GpulabSpawner(DockerSpawner):
                     if refusal is None:
                         raise
                     self.log.error("Docker proxy refused %s's container: %s",
-                                   self._log_name, refusal)
+                                   self.log_name, refusal)
                     raise SpawnFailed(
                         f"The lab's Docker policy refused to create your server ({refusal}). "
                         f"This is a configuration problem: tell an admin.") from None
@@ -395,7 +414,7 @@ class GpulabSpawner(DockerSpawner):
             if time.monotonic() > deadline:
                 log_tail = await self._log_tail()
                 self.log.warning("%s did not answer within %ss; stopping it",
-                                 self._log_name, self.start_timeout)
+                                 self.log_name, self.start_timeout)
                 await self.stop_object()  # JupyterHub won't stop() a failed start
                 await self.remove_object()
                 raise SpawnFailed(

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from .contract import DASHBOARD_SERVICE
+from gpulab.contract import DASHBOARD_SERVICE
 
 OPERATORS_GROUP = "operators"
 OPERATORS_ROLE = "gpulab-operators"

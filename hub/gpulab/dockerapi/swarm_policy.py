@@ -1,5 +1,5 @@
 """What the Docker proxy lets through to a Swarm manager: services, tasks and nodes, as
-pure functions (no I/O). :mod:`gpulab.docker_policy` routes the calls here when the proxy
+pure functions (no I/O). :mod:`gpulab.dockerapi.policy` routes the calls here when the proxy
 runs with ``--swarm``.
 
 A service create on a manager is a container create on any node, so it gets the same
@@ -42,7 +42,7 @@ Service, task and node calls need API 1.41 (or an unversioned path): dockerd dro
 ``CapabilityDrop`` and the pids limit from a spec sent to an older version. List calls
 reveal whole specs (environment included), so a service list must filter on
 ``org.gpulab.managed=true`` and a task list on exactly one service, which the proxy
-resolves and checks as it does per-service calls (:attr:`Decision.service`).
+resolves and checks as it does per-service calls (:attr:`ProxyVerdict.service`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .contract import (
+from gpulab.contract import (
     INFRA_VOLUMES,
     LABEL_GPUS,
     LABEL_MANAGED,
@@ -60,7 +60,7 @@ from .contract import (
     LABEL_USER,
     USER_CONTAINER_PREFIX,
 )
-from .docker_schema import (
+from gpulab.dockerapi.schema import (
     COUNT,
     GPU_UUID,
     HEALTHCHECK,
@@ -84,7 +84,6 @@ from .docker_schema import (
 )
 
 MIN_API_VERSION = (1, 41)  # CapabilityDrop, Pids in service specs
-SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
 _CONSTRAINT = re.compile(r"node\.id==([0-9a-z]{25})")
 # Stands for the resolved service ID in a task list's forwarded query (never a real ID:
 # those are lowercase).

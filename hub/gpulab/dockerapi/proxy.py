@@ -4,7 +4,7 @@ Whoever holds the Docker socket is root on the host. The hub needs only a handfu
 Docker API calls (create, start, inspect, stop, remove and list its user containers;
 inspect images and volumes; read a crashed container's log), so it talks to this proxy
 instead (``DOCKER_HOST=tcp://docker-proxy:2375`` on an internal network) and the proxy
-alone mounts the socket. What may pass is decided by :mod:`gpulab.docker_policy` (a
+alone mounts the socket. What may pass is decided by :mod:`gpulab.dockerapi.policy` (a
 hardened user container of this lab, and nothing else); this module is the I/O around
 it, and refuses on its own account:
 
@@ -27,7 +27,7 @@ With ``--exit-when-socket-gone`` the proxy exits (status 1) when the socket has 
 connections for 3 s: a restarted dockerd makes a new socket, and a socket file mounted
 into this container stays the old, dead one until Docker's restart policy restarts it.
 With ``--read-only`` only ping, version and the container list pass (the exporter). With
-``--swarm`` the service, task and node calls of :mod:`gpulab.swarm_policy` pass too.
+``--swarm`` the service, task and node calls of :mod:`gpulab.dockerapi.swarm_policy` pass too.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from . import docker_policy
-from .contract import LABEL_MANAGED
-from .docker_policy import Decision
-from .docker_schema import IMAGE_ID
+from gpulab.contract import LABEL_MANAGED
+from gpulab.dockerapi import policy as docker_policy
+from gpulab.dockerapi.policy import ProxyVerdict
+from gpulab.dockerapi.schema import IMAGE_ID
 
-log = logging.getLogger("gpulab.docker_proxy")
+log = logging.getLogger("gpulab.dockerapi.proxy")
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024
@@ -58,7 +58,7 @@ HEAD_TIMEOUT = 30.0  # seconds for a client to send its request
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.[01]")
 _HEADER = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
-_SERVICE_ID = re.compile(r"[0-9a-z]{25}")
+_SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 411: "Length Required",
             413: "Payload Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
 
@@ -161,9 +161,9 @@ class Proxy:
         """The lab's settings, read again at every create (an admin's edit applies; an
         invalid edit keeps the last good version, see :mod:`gpulab.live_config`)."""
         if not self.settings_path:
-            from .settings import defaults
+            from gpulab.settings import defaults
             return defaults()
-        from .live_config import settings_file
+        from gpulab.live_config import settings_file
         return settings_file.load(self.settings_path)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
@@ -206,9 +206,9 @@ class Proxy:
         if self.swarm and settings is not None and docker_policy.is_service_create(
                 method, target):
             image_id = await self._image_id(settings["spawn.image"])
-        decision: Decision = docker_policy.decide(method, target, body, settings=settings,
-                                                  read_only=self.read_only, swarm=self.swarm,
-                                                  image_id=image_id)
+        decision: ProxyVerdict = docker_policy.proxy_verdict(
+            method, target, body, settings=settings, read_only=self.read_only,
+            swarm=self.swarm, image_id=image_id)
         if not decision.allowed:
             raise Refusal(decision.status, decision.reason)
         if decision.container:
@@ -235,7 +235,7 @@ class Proxy:
 
     async def _image_id(self, image: str) -> str | None:
         """The ID of *image* on this engine (a Swarm's manager), None when it has none:
-        a member's service must name exactly that ID (gpulab.swarm_policy)."""
+        a member's service must name exactly that ID (gpulab.dockerapi.swarm_policy)."""
         try:
             status, payload = await self._call("GET", f"/images/{quote(image, safe='/:@')}/json")
         except (OSError, ValueError) as e:

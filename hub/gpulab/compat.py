@@ -1,0 +1,199 @@
+"""Upstream private names gpulab uses or patches, in one guarded place.
+
+gpulab's hub code reaches the private names below only through this module. Each
+entry in :data:`PRIVATE_NAMES` says where the name lives upstream, the version it was
+checked against, why gpulab needs it, and the upstream issue or pull request that would
+make it unnecessary. ``tests/unit/test_compat.py`` checks every entry against the
+installed packages and fails when an upgrade changes one: read the entry, check the
+upstream code again, adjust here, then raise ``checked``.
+
+Three more live in the single-user image, which cannot import gpulab: they are listed
+here (and in :data:`IMAGE_NAMES`), their code stays in the image, and the same test
+checks them from ``tests/unit``:
+
+* ``jupyterhub.services.auth.HubAuth._get_token_url`` is replaced in
+  ``images/singleuser/jupyter_server_config.py`` so that a member's server never takes a
+  token from a URL (JupyterHub still does for any request that says
+  ``Sec-Fetch-Mode: websocket``). Checked against jupyterhub 6.1.1. Upstream:
+  jupyterhub/jupyterhub#4945; jupyter/enhancement-proposals#121 (websockets without a
+  token in the URL) would remove the exception itself.
+* ``tornado.websocket.WebSocketHandler.get`` (public, but patched on the class) is
+  wrapped in ``images/singleuser/gpulab_access.py`` to note each open websocket, since
+  tornado keeps no list of them. Checked against tornado 6.6.1. Upstream: none found.
+* ``asyncio.subprocess.Process._transport`` is read in
+  ``images/singleuser/gpulab_channels.py`` to close a command's stdout and stderr pipes
+  when its SSH client goes away. Checked against CPython 3.11. Upstream:
+  python/cpython#130929 (gh-130925: ``StreamReader.close()``) would do it publicly.
+
+No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
+``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,
+``jupyterhub.utils.iterate_until``) and tornado's ``RequestHandler._reason`` (the
+dashboard's error pages take the status's standard reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "IMAGE_NAMES",
+    "PRIVATE_NAMES",
+    "PrivateName",
+    "expire_auth",
+    "mark_cookie_request",
+    "render_login",
+    "set_current_user",
+    "set_hub_cookie",
+    "simple_options_from_form",
+    "spawner_log_name",
+    "start_stream_session",
+]
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    name: str  # where it lives upstream
+    package: str  # the distribution it comes with
+    checked: str  # the version it was checked against
+    used_by: str  # gpulab's code that needs it (through the function here)
+    why: str
+    upstream: str  # what would make it unnecessary ("none found": nothing filed yet)
+
+
+PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "jupyterhub.handlers.base.BaseHandler._jupyterhub_user", "jupyterhub", "6.1.1",
+        "gpulab.login.auth.GpulabLoginHandler.post (set_current_user)",
+        "the login page's own post() signs a member in as LoginHandler.post does: the "
+        "request's current user is set before redirecting",
+        "none found (a hook around LoginHandler.post's checks would let gpulab call it)"),
+    PrivateName(
+        "jupyterhub.handlers.base.BaseHandler._token_authenticated", "jupyterhub", "6.1.1",
+        "gpulab.login.auth.TokenAuthenticator.refresh_user (mark_cookie_request)",
+        "refresh_auth reads it after a failed refresh, but it is set only on "
+        "token-authenticated requests: a cookie request would end in an AttributeError",
+        "none found (BaseHandler could set it to False at start; it is read since "
+        "jupyterhub/jupyterhub#5500, auth_refresh_strict)"),
+    PrivateName(
+        "jupyterhub.user.User._auth_refreshed", "jupyterhub", "6.1.1",
+        "gpulab.login.tokens (expire_auth)",
+        "a revoked last login token ends the member's access at her next request, "
+        "whatever auth_refresh_age says",
+        "none found (no public way to expire a user's auth; it came with "
+        "jupyterhub/jupyterhub#2342)"),
+    PrivateName(
+        "jupyterhub.handlers.base.BaseHandler._set_cookie", "jupyterhub", "6.1.1",
+        "gpulab.login.auth.GpulabLoginHandler.set_device_cookie (set_hub_cookie)",
+        "the device cookie gets JupyterHub's cookie options (httponly, secure behind "
+        "HTTPS, c.JupyterHub.cookie_options) like the hub's own cookies",
+        "none found"),
+    PrivateName(
+        "jupyterhub.handlers.login.LoginHandler._render", "jupyterhub", "6.1.1",
+        "gpulab.login.auth.GpulabLoginHandler (render_login)",
+        "the login page is rendered again with an error (locked, invalid username)",
+        "none found (authenticators override it too: "
+        "jupyterhub/firstuseauthenticator#30)"),
+    PrivateName(
+        "jupyterhub.spawner.Spawner._log_name", "jupyterhub", "6.1.1",
+        "gpulab.spawn.spawner.GpulabSpawner.log_name (spawner_log_name)",
+        "gpulab's log lines name a server as JupyterHub's own do (alice, alice:train)",
+        "none found"),
+    PrivateName(
+        "jupyterhub.spawner.Spawner._simple_options_from_form", "jupyterhub", "6.1.1",
+        "gpulab.spawn.spawner.GpulabSpawner's options_from_form default "
+        "(simple_options_from_form)",
+        "the documented value 'simple' is turned into this function only when "
+        "options_from_form is set, not when a subclass's default returns it",
+        "none found (a public staticmethod, or 'simple' coerced in defaults too)"),
+    PrivateName(
+        "asyncssh.stream.SSHServerStreamSession._chan, ._conn, ._session_factory",
+        "asyncssh", "2.24.1",
+        "gpulab.ssh.gateway._StreamSession.session_started (start_stream_session)",
+        "every subsystem, sftp included, goes to the gateway's handler (the member's own "
+        "sftp-server in her server) instead of asyncssh's built-in SFTP server, which "
+        "would serve the gateway's files",
+        "none found (subsystem_requested could route sftp to the session factory when "
+        "no sftp_factory is given; ronf/asyncssh#707 describes the factories)"),
+)
+
+
+# In the single-user image (images/singleuser/), which cannot import gpulab; see above.
+IMAGE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "jupyterhub.services.auth.HubAuth._get_token_url", "jupyterhub", "6.1.1",
+        "images/singleuser/jupyter_server_config.py",
+        "a member's server never takes a token from a URL, websocket or not",
+        "jupyterhub/jupyterhub#4945; jupyter/enhancement-proposals#121"),
+    PrivateName(
+        "tornado.websocket.WebSocketHandler.get (wrapped)", "tornado", "6.6.1",
+        "images/singleuser/gpulab_access.py",
+        "each open websocket is noted, to close those whose token the hub no longer "
+        "accepts", "none found"),
+    PrivateName(
+        "asyncio.subprocess.Process._transport", "python", "3.11",
+        "images/singleuser/gpulab_channels.py",
+        "a command's stdout and stderr pipes close when its SSH client goes away",
+        "python/cpython#130929 (gh-130925: StreamReader.close())"),
+)
+
+
+# ---------------------------------------------------------------- JupyterHub's handlers
+
+
+def set_current_user(handler: Any, user: Any) -> None:
+    """The request's signed-in user from now on (``LoginHandler.post`` does the same)."""
+    handler._jupyterhub_user = user
+
+
+def mark_cookie_request(handler: Any) -> None:
+    """A request not authenticated by a token says so, for ``refresh_auth``."""
+    if not hasattr(handler, "_token_authenticated"):
+        handler._token_authenticated = False
+
+
+def set_hub_cookie(handler: Any, name: str, value: str, **options: Any) -> None:
+    """A signed, encrypted cookie with JupyterHub's own cookie options."""
+    handler._set_cookie(name, value, encrypted=True, **options)
+
+
+async def render_login(handler: Any, login_error: str, username: str) -> str:
+    """The login page, with *login_error* above the form and *username* in it."""
+    return await handler._render(login_error=login_error, username=username)
+
+
+def expire_auth(user: Any) -> None:
+    """*user*'s auth is refreshed at their next request (``refresh_user``)."""
+    user._auth_refreshed = None
+
+
+# ---------------------------------------------------------------- the spawner
+
+
+def spawner_log_name(spawner: Any) -> str:
+    """``alice`` or ``alice:train``, as JupyterHub's log names a server."""
+    return spawner._log_name
+
+
+def simple_options_from_form(spawner: Any) -> Callable[[dict], dict]:
+    """What ``options_from_form = "simple"`` stands for: one-element lists of the form's
+    fields unwrapped."""
+    return spawner._simple_options_from_form
+
+
+# ---------------------------------------------------------------- asyncssh
+
+
+def start_stream_session(session: Any) -> None:
+    """asyncssh's ``SSHServerStreamSession.session_started`` without its SFTP and SCP
+    branches: the session factory gets the streams of every session, subsystems
+    included."""
+    # here, not at the top: the hub imports this module and has no use for asyncssh
+    from asyncssh.constants import EXTENDED_DATA_STDERR
+    from asyncssh.stream import SSHReader, SSHWriter
+
+    stdin = SSHReader(session, session._chan)
+    stdout = SSHWriter(session, session._chan)
+    stderr = SSHWriter(session, session._chan, EXTENDED_DATA_STDERR)
+    session._conn.create_task(session._session_factory(stdin, stdout, stderr), stdin.logger)

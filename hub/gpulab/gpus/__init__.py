@@ -1,0 +1,12 @@
+"""GPU allocation: which GPUs there are, who may have which, and who holds which now.
+
+Parsing, policy and allocation are called downward only: allocator -> policy -> config.
+
+    config.py       config/gpus.yaml parsed and checked (file:line errors); data only
+    policy.py       pure: what one user may have (defaults, groups, users; pins)
+    allocator.py    pure: inventory, allocation, release, reconcile, user options
+    leases.py       the hub's lease table over Docker (containers' or services' labels)
+    discovery.py    the host's GPUs from NVML (inventory: auto)
+    swarm_nodes.py  pure: a Swarm's GPUs and leases from its nodes' and services' labels
+    host.py         pure: is this host ready for GPU servers (`gpulab gpu-preflight`)
+"""

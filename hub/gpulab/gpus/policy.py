@@ -1,0 +1,132 @@
+"""What one user may have: the GPU policy of ``config/gpus.yaml``, as pure functions.
+
+The parser (:mod:`gpulab.gpus.config`) reads the file into data; this module decides
+with it, and the allocator (:mod:`gpulab.gpus.allocator`) calls it, never the other way
+round: parsing, policy and allocation are called downward only.
+
+Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
+``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
+never, is the longest), except that ``no_gpu: true`` in any of them wins; then every
+field set under ``users:`` replaces the combined value (``no_gpu: false`` there lifts a
+group's ``no_gpu``). Pinned GPUs always fit in the quota (the effective ``max_gpus`` is
+at least the number of pins) and are kept for the users and groups that pin them.
+Usernames are not case-sensitive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpulab.gpus.config import (
+    DEFAULT_GPU_IDLE_TIMEOUT,
+    DEFAULT_MAX_SERVER_AGE,
+    LIMIT_KEYS,
+    Culling,
+    GpusConfig,
+    Override,
+    Pin,
+)
+from gpulab.settings import duration_text
+
+__all__ = ["Policy", "all_pins", "pin_matches", "policy_for", "policy_note", "user_override"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one user may have, after defaults, groups and the user's own entry."""
+
+    gpus: int  # default count when the user does not choose (already within max_gpus)
+    max_gpus: int  # most GPUs over all of the user's servers (>= len(pinned))
+    pools: tuple[str, ...]  # pools the user may draw from
+    pinned: tuple[Pin, ...] = ()
+    no_gpu: bool = False
+    # Seconds a server's GPUs may sit idle / a server holding GPUs may run before the
+    # culler stops it; 0 = never.
+    gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
+    max_server_age: int = DEFAULT_MAX_SERVER_AGE
+
+
+def pin_matches(pin: Pin, index: int, uuid: str, machine: str = "") -> bool:
+    """Whether *pin* names the GPU *index*/*uuid* of *machine* ("" on a single host): a
+    UUID names one GPU anywhere, an index one GPU of one machine."""
+    if isinstance(pin.ref, str):
+        return pin.ref == uuid
+    return pin.ref == index and pin.machine == machine
+
+
+def user_override(config: GpusConfig, user: str) -> Override | None:
+    """*user*'s own entry under ``users:``, if any."""
+    key = user.lower()
+    return next((u for u in config.users if u.name == key), None)
+
+
+def all_pins(config: GpusConfig) -> tuple[Pin, ...]:
+    """Every pin in the file (users' and groups'), in file order."""
+    return tuple(p for o in (*config.groups, *config.users) for p in (o.pinned or ()))
+
+
+def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Policy:
+    """The effective policy of *user*, member of *groups* (see the module docstring)."""
+    member = set(groups)
+    mine = [g for g in config.groups if g.name in member]
+    gpus, max_gpus = config.default_gpus, config.default_max_gpus
+    pools = config.default_pools
+    pinned: list[Pin] = []
+    no_gpu = any(g.no_gpu for g in mine)
+    if any(g.gpus is not None for g in mine):
+        gpus = max(g.gpus for g in mine if g.gpus is not None)
+    if any(g.max_gpus is not None for g in mine):
+        max_gpus = max(g.max_gpus for g in mine if g.max_gpus is not None)
+    if any(g.pools is not None for g in mine):
+        pools = tuple(dict.fromkeys(p for g in mine for p in (g.pools or ())))
+    for g in mine:
+        seen = {(q.ref, q.machine) for q in pinned}
+        pinned.extend(p for p in (g.pinned or ()) if (p.ref, p.machine) not in seen)
+    limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
+                            getattr(config, f"default_{key}"))
+              for key in LIMIT_KEYS}
+    own = user_override(config, user)
+    if own is not None:
+        gpus = own.gpus if own.gpus is not None else gpus
+        max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
+        pools = own.pools if own.pools is not None else pools
+        pinned = list(own.pinned) if own.pinned is not None else pinned
+        no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
+        limits.update({k: getattr(own, k) for k in LIMIT_KEYS if getattr(own, k) is not None})
+    if no_gpu:
+        return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True, **limits)
+    max_gpus = max(max_gpus, len(pinned))
+    gpus = min(max(gpus, len(pinned)), max_gpus)
+    return Policy(
+        gpus=gpus,
+        max_gpus=max_gpus,
+        pools=tuple(config.pools) if pools is None else pools,
+        pinned=tuple(pinned),
+        **limits,
+    )
+
+
+def _longest(limits: Sequence[int], default: int) -> int:
+    """The most generous of the groups' time limits (0 = never, the most generous of
+    all); *default* when no group sets one."""
+    if not limits:
+        return default
+    return 0 if 0 in limits else max(limits)
+
+
+def policy_note(policy: Policy, culling: Culling) -> str:
+    """What a member is told on the spawn form about when their GPUs come back ("" when
+    neither clock runs for them)."""
+    rules = []
+    if policy.gpu_idle_timeout:
+        rules.append(f"when its GPUs stay under {culling.idle_below:.0%} utilization for "
+                     f"{duration_text(policy.gpu_idle_timeout)}")
+    if policy.max_server_age:
+        rules.append(f"{duration_text(policy.max_server_age)} after it starts")
+    if not rules:
+        return ""
+    warning = (f", after a warning {duration_text(culling.warn_before)} ahead on your hub "
+               f"home page" if culling.warn_before else "")
+    return (f"A server holding GPUs is stopped {' or '.join(rules)}{warning}. "
+            f"Your files stay in your home.")

@@ -1,0 +1,13 @@
+"""Sign-in: who may enter the hub, with what, and who is an admin.
+
+    auth.py        TokenAuthenticator and the login page (the `gpulab-token`
+                   authenticator); configure_login() puts them on the hub's config
+    tokens.py      login tokens: the admin-issued tokens that sign in, their REST API
+                   and what ends when the last one goes
+    throttle.py    failed sign-ins and lockouts, kept across restarts (also gpulab-ssh's)
+    forwarded.py   the client's address behind trusted proxies
+    redirects.py   where a user may be sent after signing in
+    usernames.py   what a valid username is, and how a typed one is normalised
+    roles.py       admins and operators from gpulab.yaml, as JupyterHub roles
+    tls.py         the certificates HTTPS serves (`gpulab tls`)
+"""

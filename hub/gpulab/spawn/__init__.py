@@ -1,0 +1,12 @@
+"""Spawning: a member's server as a container (one host) or a Swarm service.
+
+    spawner.py         GpulabSpawner (the `gpulab` spawner): leases GPUs, then lets
+                       DockerSpawner create the container; progress, ready check
+    swarm_spawner.py   GpulabSwarmSpawner (`gpulab-swarm`): the same, as a Swarm service
+    form.py            pure: the spawn form (templates/spawn_form.html, autoescaped)
+    containers.py      pure: settings + user + GPUs -> Docker create options
+    traits.py          pure: which DockerSpawner traits come from gpulab.yaml, and what
+                       an admin's own c.DockerSpawner.* does (honoured or refused)
+    swarm_services.py  pure: the service spec, and whether a member's service runs
+    naming.py          pure: collision-free container and volume names
+"""

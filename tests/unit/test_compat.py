@@ -1,0 +1,202 @@
+"""Every upstream private name gpulab uses (gpulab.compat), checked against the installed
+packages: a test here fails when an upgrade changes one, or when the installed version
+is not the one the entry was checked against (read the entry, check upstream again,
+adjust gpulab.compat and raise ``checked``)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.handlers.login import LoginHandler
+from jupyterhub.services.auth import HubAuth
+from jupyterhub.spawner import Spawner
+from jupyterhub.user import User
+from tornado.websocket import WebSocketHandler
+from traitlets.config import Config
+
+from gpulab import compat
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
+
+
+def source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+def parameters(function) -> list[tuple[str, object]]:
+    return [(p.name, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+# ---------------------------------------------------------------- one probe per entry
+
+
+def jupyterhub_user():
+    # gpulab's post() does what LoginHandler.post does once the user is signed in
+    assert "self._jupyterhub_user = user" in source(LoginHandler.post)
+    assert "hasattr(self, '_jupyterhub_user')" in source(BaseHandler.get_current_user)
+
+
+def token_authenticated():
+    assert "self._token_authenticated" in source(BaseHandler.refresh_auth)
+    assert "self._token_authenticated = True" in source(BaseHandler.get_current_user_token)
+    # still set only on token requests: once upstream gives it a default, gpulab's
+    # mark_cookie_request can go
+    assert not hasattr(BaseHandler, "_token_authenticated")
+
+
+def auth_refreshed():
+    assert User._auth_refreshed is None
+    assert "user._auth_refreshed" in source(BaseHandler.refresh_auth)
+
+
+def set_cookie():
+    assert parameters(BaseHandler._set_cookie) == [
+        ("self", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
+        ("value", inspect.Parameter.empty), ("encrypted", True),
+        ("overrides", inspect.Parameter.empty)]
+
+
+def render():
+    assert parameters(LoginHandler._render)[:3] == [
+        ("self", inspect.Parameter.empty), ("login_error", None), ("username", None)]
+    assert "login.html" in source(LoginHandler._render)
+
+
+def log_name():
+    assert isinstance(inspect.getattr_static(Spawner, "_log_name"), property)
+    spawner = SimpleNamespace(user=SimpleNamespace(name="alice"), name="train")
+    assert Spawner._log_name.fget(spawner) == "alice:train"
+
+
+def simple_options_from_form():
+    unwrap = compat.simple_options_from_form(Spawner)
+    assert unwrap({"gpus": ["1"], "pick": ["a", "b"], "box": ["on"]}) == {
+        "gpus": "1", "pick": ["a", "b"], "box": True}
+
+
+def asyncssh_stream_session():
+    assert "self._session_factory = session_factory" in source(SSHServerStreamSession.__init__)
+    started = source(SSHServerStreamSession.session_started)
+    assert "self._session_factory(stdin, stdout, stderr)" in started
+    assert "self._conn.create_task(" in started
+    assert "self._chan = chan" in source(SSHServerStreamSession.connection_made)
+    # gpulab's copy hands the session factory the streams asyncssh would have made
+    made = []
+    chan = SimpleNamespace(logger="chan-logger")
+    session = SSHServerStreamSession(lambda i, o, e: (i, o, e))
+    session._chan = chan
+    session._conn = SimpleNamespace(create_task=lambda task, logger: made.append((task, logger)))
+    compat.start_stream_session(session)
+    (stdin, stdout, stderr), logger = made[0]
+    assert isinstance(stdin, SSHReader) and isinstance(stdout, SSHWriter)
+    assert isinstance(stderr, SSHWriter) and logger == "chan-logger"
+
+
+def get_token_url():
+    """The image's jupyter_server_config.py replaces it: upstream still takes a token
+    from the URL of any request that says it is a websocket, gpulab's never does."""
+    original = HubAuth._get_token_url
+    assert parameters(original) == [("self", inspect.Parameter.empty),
+                                    ("handler", inspect.Parameter.empty)]
+    handler = SimpleNamespace(request=SimpleNamespace(headers={"Sec-Fetch-Mode": "websocket"}),
+                              get_argument=lambda name, default: "url-token")
+    assert original(HubAuth(allow_token_in_url=False), handler) == "url-token"
+    config = IMAGE / "jupyter_server_config.py"
+    try:
+        exec(compile(config.read_text(), str(config), "exec"), {"c": Config()})
+        assert HubAuth._get_token_url is not original
+        assert HubAuth(allow_token_in_url=False)._get_token_url(handler) == ""
+    finally:
+        HubAuth._get_token_url = original
+
+
+def websocket_get():
+    original = WebSocketHandler.get
+    assert inspect.iscoroutinefunction(original)
+    assert [(n, p.kind) for n, p in inspect.signature(original).parameters.items()] == [
+        ("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("args", inspect.Parameter.VAR_POSITIONAL), ("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    spec = importlib.util.spec_from_file_location("gpulab_access", IMAGE / "gpulab_access.py")
+    access = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(access)
+        access.track_websockets()
+        assert WebSocketHandler.get is access._noted_get
+    finally:
+        WebSocketHandler.get = original
+
+
+def process_transport():
+    assert "self._transport = transport" in source(asyncio.subprocess.Process.__init__)
+
+    async def pipes():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import sys; sys.stdin.read()", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        found = [proc._transport.get_pipe_transport(fd) is not None for fd in (0, 1, 2)]
+        proc.stdin.close()
+        await proc.wait()
+        return found
+
+    assert asyncio.run(pipes()) == [True, True, True]
+
+
+PROBES = {
+    "jupyterhub.handlers.base.BaseHandler._jupyterhub_user": jupyterhub_user,
+    "jupyterhub.handlers.base.BaseHandler._token_authenticated": token_authenticated,
+    "jupyterhub.user.User._auth_refreshed": auth_refreshed,
+    "jupyterhub.handlers.base.BaseHandler._set_cookie": set_cookie,
+    "jupyterhub.handlers.login.LoginHandler._render": render,
+    "jupyterhub.spawner.Spawner._log_name": log_name,
+    "jupyterhub.spawner.Spawner._simple_options_from_form": simple_options_from_form,
+    "asyncssh.stream.SSHServerStreamSession._chan, ._conn, ._session_factory":
+        asyncssh_stream_session,
+    "jupyterhub.services.auth.HubAuth._get_token_url": get_token_url,
+    "tornado.websocket.WebSocketHandler.get (wrapped)": websocket_get,
+    "asyncio.subprocess.Process._transport": process_transport,
+}
+ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
+
+
+def test_every_entry_has_a_probe_and_says_why_and_what_upstream_could_do():
+    assert sorted(e.name for e in ENTRIES) == sorted(PROBES)
+    for e in ENTRIES:
+        assert e.why and e.used_by and e.upstream, e.name
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_the_private_name_is_still_as_checked(entry):
+    PROBES[entry.name]()
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_the_installed_version_is_the_one_checked(entry):
+    installed = (".".join(map(str, sys.version_info[:2])) if entry.package == "python"
+                 else version(entry.package))
+    assert installed == entry.checked, (
+        f"{entry.name} was checked against {entry.package} {entry.checked}, and "
+        f"{installed} is installed: check it upstream again, then raise checked in "
+        f"gpulab.compat")
+
+
+def test_gpulabs_hub_code_names_no_private_name_of_upstream_but_through_compat():
+    """The names above appear in gpulab's package only in gpulab.compat (asyncssh's
+    _chan and _conn: in the SSH gateway, whose own classes subclass asyncssh's)."""
+    package = Path(compat.__file__).parent
+    names = {"._jupyterhub_user", "._token_authenticated", "._auth_refreshed",
+             "._set_cookie", "._render(", "._log_name", "._simple_options_from_form",
+             "._session_factory", "._spawn_future", "._reason"}
+    found = {(str(p.relative_to(package)), n) for p in package.rglob("*.py")
+             if p.name != "compat.py" for n in names if n in p.read_text()}
+    found |= {(str(p.relative_to(package)), n) for p in (package / "ssh").glob("*.py")
+              for n in ("._chan", "._conn") if n in p.read_text()}
+    assert not found
