@@ -221,12 +221,13 @@ test-unit: venv
 # with two FAKE GPUs (logged and labelled as fake) so that the monitoring path is
 # exercised end to end.
 # The test stack also runs Prometheus at GPULAB_SCRAPE_SECONDS=2 (a lab's: 15) and the
-# exporter's polls at 1 s, so that what waits on samples waits seconds, not minutes.
-test: export GPULAB_EXPORTER_FLAGS := $(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2
-test: export GPULAB_SCRAPE_SECONDS := 2
+# exporter's polls at 1 s, so that what waits on samples waits seconds, not minutes (the
+# unit tests run with neither: they test a lab's values).
+TEST_STACK = GPULAB_EXPORTER_FLAGS="$(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2" \
+  GPULAB_SCRAPE_SECONDS=2
 test: venv lint test-unit
-	@$(MAKE) --no-print-directory test-host up
-	@scripts/test-integration.sh
+	@$(TEST_STACK) $(MAKE) --no-print-directory test-host up
+	@$(TEST_STACK) scripts/test-integration.sh
 
 # Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
 # nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh).

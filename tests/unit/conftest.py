@@ -3,7 +3,13 @@ metric names the exporter really produces."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The unit tests test a lab's values: Prometheus' default 15 s scrape interval, whatever
+# the shell has (make test gives the test stack 2 s). gpulab's modules read it at import.
+os.environ.pop("GPULAB_SCRAPE_SECONDS", None)
 
 from gpulab_exporter.attribution import Container, StaticContainerDirectory
 from gpulab_exporter.collector import build_families
