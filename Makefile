@@ -49,8 +49,7 @@ SSH_PUBLIC_URL := $(if $(filter 0.0.0.0,$(GPULAB_BIND_ADDRESS)),$(if $(GPULAB_HO
 GPULAB_CONFIG ?= $(CURDIR)/config
 # An absolute path: `docker run -v` takes a relative one for a volume's name.
 export GPULAB_CONFIG := $(abspath $(GPULAB_CONFIG))
-# Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; README "Several GPU
-# servers").
+# Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; docs/swarm.md).
 SWARM ?=
 # The users' network: members' servers get addresses from GPULAB_IP_RANGE only, and the
 # hub and the proxy sit above it, where Docker (or a Swarm) never hands out an address.

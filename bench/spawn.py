@@ -23,7 +23,7 @@ example the image before and after a change:
 
 `--swarm` adds gpulab on a simulated Swarm (tests/swarm: a manager and two GPU
 servers, each a dockerd in a network namespace of its own, on this machine), brought up
-with `make up-swarm` as the README says: the same spawns, each landing on a worker,
+with `make up-swarm` as docs/swarm.md says: the same spawns, each landing on a worker,
 against the single-host stack's, in the same run. Its hub is reached through the
 manager's published port (tests/swarm/forward.py); Docker's timestamps are on the
 workers, so it has no phase breakdown.

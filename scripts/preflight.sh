@@ -53,10 +53,10 @@ alertmanager=$(docker run --rm --network none -v "$config:/srv/gpulab/config:ro"
 swarm=$(gpulab config get "${last_good[@]}" hub.swarm /srv/gpulab/config/gpulab.yaml) || die "$swarm"
 if [ "$mode" = single ]; then
   [ "$swarm" = false ] || die "config/gpulab.yaml sets hub.swarm: true: on the Swarm's manager, \
-start gpulab with make up-swarm (README: Several GPU servers); on one host, set it to false."
+start gpulab with make up-swarm (docs/swarm.md); on one host, set it to false."
 else
   [ "$swarm" = true ] || die "make up-swarm runs gpulab across a Swarm's machines: set hub.swarm: true \
-in config/gpulab.yaml first (README: Several GPU servers); on one host, use make up."
+in config/gpulab.yaml first (docs/swarm.md); on one host, use make up."
 fi
 
 # The hub's and the proxy's fixed addresses: in the subnet, outside the range Docker (or the
@@ -98,7 +98,7 @@ fi
 
 [ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
   || die "this Docker engine is not a Swarm manager: run 'docker swarm init' on this machine and \
-'docker swarm join ...' on each GPU server first (README: Several GPU servers)."
+'docker swarm join ...' on each GPU server first (docs/swarm.md)."
 
 driver=$(docker network inspect -f '{{.Driver}}' gpulab 2>/dev/null || true)
 if [ -n "$driver" ] && [ "$driver" != overlay ]; then
@@ -124,7 +124,7 @@ while read -r id; do
 done < <(docker node ls -q)
 if [ "$gpus_total" = 0 ]; then
   say "warning: no machine lists GPUs. On each GPU server, add its GPU UUIDs to the engine's"
-  say "labels in /etc/docker/daemon.json and restart Docker (README: Several GPU servers)."
+  say "labels in /etc/docker/daemon.json and restart Docker (docs/swarm.md)."
 fi
 # Members' services name spawn.image by the ID it has here (a name would make every machine
 # ask a registry first), so each GPU server needs this very build.

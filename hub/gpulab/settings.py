@@ -190,7 +190,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),
     Setting("hub.swarm", _bool, False,
             "Run members' servers across several GPU servers joined in a Docker Swarm "
-            "(README: Several GPU servers): each server is a Swarm service placed on the "
+            "(docs/swarm.md): each server is a Swarm service placed on the "
             "machine whose GPUs it leased, created through the Docker proxy in front of "
             "the Swarm manager. false: one host, one container per server. Read at hub "
             "start. Example: true"),
@@ -220,7 +220,7 @@ SETTINGS: tuple[Setting, ...] = (
             "With hub.swarm: where members' homes live. machine: on the GPU server where "
             "the member's server first ran (a Docker volume there); her server always "
             "goes back to that machine, and cannot start while it is down or full. "
-            "shared: spawn.home_volume is storage every machine mounts (README: Several "
+            "shared: spawn.home_volume is storage every machine mounts (docs/swarm.md"
             "GPU servers, shared homes); servers go wherever GPUs are free."),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),

@@ -1,4 +1,4 @@
-# gpulab: users' servers never take a token from a URL (README, "Security defaults").
+# gpulab: users' servers never take a token from a URL (docs/security.md, "Security defaults").
 #
 # The hub sets JUPYTERHUB_ALLOW_TOKEN_IN_URL=0 for every server, and JupyterHub then
 # ignores ?token= ... except on requests whose Sec-Fetch-Mode header says "websocket"
@@ -28,7 +28,7 @@ if os.environ.get("JUPYTERHUB_PUBLIC_URL", "").startswith("https://"):
     c.ServerApp.tornado_settings = {"xsrf_cookie_kwargs": {"secure": True}}  # noqa: F821
 
 
-# TensorBoard and the GPU panel, as cards in JupyterLab's launcher (README, "What the
+# TensorBoard and the GPU panel, as cards in JupyterLab's launcher (docs/members.md, "What the
 # image carries"). jupyter-server-proxy starts each one when it is first opened and
 # proxies it under the server's URL, behind the hub's sign-in like the rest of it:
 # /user/NAME/tensorboard/ (a browser tab) and /user/NAME/gpus/ (a JupyterLab tab).

@@ -1,5 +1,5 @@
 """gpulab's stack on a simulated Swarm's manager, brought up with ``make up-swarm`` as
-README "Several GPU servers" says (tests/integration/test_swarm_hub.py, bench.spawn
+docs/swarm.md says (tests/integration/test_swarm_hub.py, bench.spawn
 --swarm). The swarm itself is tests/swarm's :class:`~tests.swarm.Swarm`, whose machines
 already have the members' image (SWARM_IMAGES of the test module)."""
 

@@ -2,7 +2,7 @@
 
 `%pip install` in a notebook installs into the member's home (~/.local, on their home
 volume), which survives a restart of their server; a member can also make their own
-environment and register it as a kernel (README, "Lab members and tokens"). The
+environment and register it as a kernel (docs/members.md, "Members' own packages"). The
 package is a small wheel the member uploads to their home, as they would in JupyterLab:
 the test stack's containers have no package index to reach.
 """

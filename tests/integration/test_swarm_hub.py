@@ -1,6 +1,6 @@
 """A real JupyterHub on a real (simulated) Swarm: gpulab's multi-node mode end to end.
 
-The stack comes up as README "Several GPU servers" says: ``make up-swarm`` on the Swarm's
+The stack comes up as docs/swarm.md says: ``make up-swarm`` on the Swarm's
 manager (run here in the manager's network namespace, with its Docker socket), with
 hub.swarm on in its config folder and the images loaded onto the machines (no registry).
 Two workers have two fake GPUs each (engine label ``gpulab.gpus``) and the stand-in

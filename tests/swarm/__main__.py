@@ -1,5 +1,5 @@
 """Try gpulab's multi-node mode on one machine: a simulated Swarm that stays up until
-Ctrl-C (README "Several GPU servers", "Try it on one machine").
+Ctrl-C (docs/swarm.md, "Try it on one machine").
 
     .venv/bin/python -m tests.swarm [--nodes 3] [--gpus-per-worker 2] [IMAGE ...]
 

@@ -153,7 +153,7 @@ def task(state, desired="running", index=1, err=""):
     # as dockerd 20.10 rejects a task whose image (named by ID) the machine lacks
     ([task("rejected", err=f"No such image: {IMAGE_ID}")], [node("a", [G0])], STOPPED,
      f"host-a does not have the lab's server image as the Swarm's manager has it "
-     f"({IMAGE_ID[:19]}); an admin must copy it there (README: Several GPU servers, the "
+     f"({IMAGE_ID[:19]}); an admin must copy it there (docs/swarm.md, the "
      f"images)"),
 ])
 def test_server_state_from_the_swarms_view(tasks, nodes, state, reason):

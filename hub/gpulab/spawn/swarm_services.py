@@ -16,7 +16,7 @@ through. Where a service cannot say what a container says, it says the nearest t
   registry (a service names its image, and each machine looks the name up first).
 * ``no-new-privileges``: API 1.41 has no such setting for services, and dockerd drops
   ``Privileges.NoNewPrivileges``; each node's ``daemon.json`` must set
-  ``"no-new-privileges": true`` (the README's multi-node setup).
+  ``"no-new-privileges": true`` (docs/swarm.md).
 
 Leases live in the service's labels (:data:`~gpulab.contract.LABEL_GPUS`,
 :data:`~gpulab.contract.LABEL_NODE`), read back with the nodes' GPUs by
@@ -189,7 +189,7 @@ def server_state(service: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]],
         image = str(detail)[len(NO_SUCH_IMAGE):].strip(": ")
         return ServerState(STOPPED, f"{where} does not have the lab's server image as the "
                                     f"Swarm's manager has it ({image[:19]}); an admin must "
-                                    f"copy it there (README: Several GPU servers, the images)")
+                                    f"copy it there (docs/swarm.md, the images)")
     return ServerState(STOPPED, f"it ended on {where}: {detail}")
 
 

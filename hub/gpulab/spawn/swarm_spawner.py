@@ -1,5 +1,5 @@
 """GpulabSwarmSpawner: a member's server as a Swarm service on the machine whose GPUs it
-leased (``hub.swarm: true``; README "Several GPU servers").
+leased (``hub.swarm: true``; docs/swarm.md).
 
 Everything a member and an admin see stays :class:`~gpulab.spawn.spawner.GpulabSpawner`'s: the
 spawn form, user options validation, the lease taken before anything is created, the
@@ -119,14 +119,14 @@ class GpulabSwarmSpawner(GpulabSpawner):
     async def _check_host_objects(self, settings: Settings) -> None:
         """``spawn.image`` on the manager: the service runs it by the ID it has there, so
         that no machine asks a registry for it. The machines must hold that same image
-        (README: how images reach them); one that does not fails the task, and the member
+        (docs/swarm.md: how images reach them); one that does not fails the task, and the member
         reads why from :meth:`start_object`. Volumes are on the machines, which the
         manager cannot be asked about."""
         self.image_id = await self._image_id(settings, "the Swarm's manager")
 
     async def pull_image(self, image):
         """Nothing: the hub never pulls. The image is on the manager (checked before) and
-        on the machines (README: how images reach them), by the same ID."""
+        on the machines (docs/swarm.md: how images reach them), by the same ID."""
 
     def _home_machine(self, settings: Settings | None = None) -> str:
         """The node this server must run on ("" = any): where its home volume is."""
