@@ -275,9 +275,15 @@ def exporter_flags() -> str:
 def scrape_seconds() -> int:
     """Prometheus' scrape interval on the running stack (GPULAB_SCRAPE_SECONDS in its
     container: 2 on the stack `make test` starts, 15 on a lab's), which the usage,
-    history and culler tests count with."""
-    environ = json.loads(docker("inspect", "gpulab-prometheus"))[0]["Config"]["Env"]
-    for entry in environ:
+    history and culler tests count with: make test's setting, else what the running
+    Prometheus was given, else 15 (no Prometheus runs, between a make down and up)."""
+    if os.environ.get("GPULAB_SCRAPE_SECONDS", "").isdigit():
+        return int(os.environ["GPULAB_SCRAPE_SECONDS"])
+    found = subprocess.run(["docker", "inspect", "gpulab-prometheus"], capture_output=True,
+                           text=True, timeout=60)
+    if found.returncode != 0:
+        return 15
+    for entry in json.loads(found.stdout)[0]["Config"]["Env"]:
         key, _, value = entry.partition("=")
         if key == "GPULAB_SCRAPE_SECONDS" and value.isdigit():
             return int(value)

@@ -24,11 +24,14 @@ from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 pytestmark = pytest.mark.integration
 
-def timings(scrape: int) -> tuple[int, int, int]:
-    """(idle timeout, warning, a longer warning) in seconds, from the stack's scrape
-    interval: a few scrapes of history, so that the culler judges from samples (45, 20,
-    60 at a lab's 15 s; 20, 10, 30 on the test stack's 2 s)."""
-    return max(20, 3 * scrape), max(10, 4 * scrape // 3), max(30, 4 * scrape)
+def timings(scrape: int) -> tuple[int, int, int, int]:
+    """(idle timeout, warning; then a longer idle timeout and warning) in seconds, from
+    the stack's scrape interval: a few scrapes of history, so that the culler judges from
+    samples (45, 20, 45, 60 at a lab's 15 s; 20, 10, 40, 30 on the test stack's 2 s). The
+    longer pair leaves the next member time to be warned, make her GPU work, and have
+    Prometheus see it before her server's stop time."""
+    return (max(20, 3 * scrape), max(10, 4 * scrape // 3), max(40, 3 * scrape),
+            max(30, 4 * scrape))
 
 
 def culling(idle_timeout: int, warn_before: int) -> str:
@@ -47,7 +50,7 @@ def notices(page, kind: str):
 def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
         hub, lab_user, lab_config, gpus_yaml, fake_control, new_page, hub_admin):
     scrape = scrape_seconds()
-    IDLE_TIMEOUT, WARN_BEFORE, LONG_WARNING = timings(scrape)  # noqa: N806
+    IDLE_TIMEOUT, WARN_BEFORE, LONG_IDLE, LONG_WARNING = timings(scrape)  # noqa: N806
     lab_config.write("gpus.yaml", culling(IDLE_TIMEOUT, WARN_BEFORE))
     fake_control({"utilization": {"0": 0, "1": 80}})
     wait_for(lambda: [g["utilization_ratio"] for g in exporter_snapshot()["gpus"]] == [0.0, 0.8],
@@ -118,6 +121,9 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     # and the GPU it held goes to the next member
     after.start_server({"gpus": 1})
     assert gpus_of(after.container)["label"] == GPU0
+    # (whose GPU 0 stays idle too: from now on a longer timeout and warning, so that she
+    # is warned and can make it work again in time, below)
+    lab_config.write("gpus.yaml", culling(LONG_IDLE, LONG_WARNING))
 
     # the busy member's server, as old as the idle one was when it stopped and more, is
     # never warned
@@ -133,7 +139,6 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
     # the next member leaves GPU 0 idle too and is warned; their GPU then works again
     # (within the warning time, made longer than Prometheus' scrapes need to see it):
     # the warning goes and the server stays
-    lab_config.write("gpus.yaml", culling(IDLE_TIMEOUT, LONG_WARNING))
     page = new_page()
     submit_login(page, after.name, after.token, next_url="/hub/home")
 

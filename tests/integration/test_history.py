@@ -138,6 +138,7 @@ def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_y
     assert page.locator(f'svg.history-chart[data-uuid="{held_uuid}"]').count() == 1
 
 
+@pytest.mark.disruptive  # stops Prometheus, which other lanes read: runs alone
 def test_prometheus_down_leaves_the_table_and_says_so(hub, hub_admin, new_page):
     page = new_page()
     submit_login(page, hub_admin.name, hub_admin.token, next_url="/hub/home")

@@ -370,12 +370,14 @@ async function attempt(what, request) {
 })();
 </script>"""
 
+# The admin's tokens, but those her browser got by letting a server identify her (OAuth
+# tokens of a server's client): opening mallory's server makes one, as it should.
 ADMIN_TOKENS = """
 import json, sys
 from gpulab.cli import hub_from_env
 hub = hub_from_env()
 tokens = hub.request("GET", "/users/" + sys.argv[1] + "/tokens")[1]["api_tokens"]
-print(json.dumps(sorted(t["id"] for t in tokens)))
+print(json.dumps({t["id"]: [t.get("note"), t.get("oauth_client")] for t in tokens}))
 """
 
 
@@ -401,7 +403,7 @@ def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trustin
         tokens[who] = (re.search(r"\b[0-9a-f]{32,}\b", out.stdout).group(0),
                        re.search(r"\(id (\w+),", out.stdout).group(1))
 
-    def admin_tokens() -> list[str]:
+    def admin_tokens() -> dict[str, list]:
         return json.loads(docker("exec", "gpulab-hub", "python3", "-c", ADMIN_TOKENS, admin))
 
     try:
@@ -430,7 +432,17 @@ def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trustin
                 assert page.locator("#member-table").count() == 1, page.content()[:500]
                 link = f"https://{mallory}.{HOST}/user/{mallory}/proxy/8765/"
                 page.goto(link)  # the admin opens the link the member sent her
-                page.wait_for_function("document.title === 'done'", timeout=60_000)
+                # JupyterHub first asks her to let mallory's server identify her (her
+                # server is not the admin's own); she clicks Authorize, as people do.
+                assert "/hub/api/oauth2/authorize" in page.url, page.url
+                with page.expect_navigation():
+                    page.locator("form [type=submit]").first.click()
+                try:
+                    page.wait_for_function("document.title === 'done'", timeout=60_000)
+                except Exception:
+                    screenshot(page, "https-FAILED-member-page-as-admin.png")
+                    print(f"the admin's tab: {page.url}\n{page.content()[:1500]}")
+                    raise
                 results = page.evaluate("window.results")
                 screenshot(page, "https-member-page-as-admin.png")
             finally:
@@ -441,7 +453,12 @@ def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trustin
             assert results[what].startswith("blocked"), (what, results[what])
         for cookie in ("jupyterhub-hub-login", "jupyterhub-session-id", "jupyterhub-services"):
             assert cookie not in results["cookies"], results["cookies"]
-        assert admin_tokens() == before  # no token was made for the admin
+        # No token was made for the admin, but the two her own clicks made: her browser
+        # signing in to the dashboard and to mallory's server (OAuth, seen so).
+        made = {i: t for i, t in admin_tokens().items() if i not in before}
+        print(f"tokens of the admin's made meanwhile: {made}")
+        assert {client for _note, client in made.values()} <= {
+            "JupyterHub service gpus", f"Server at /user/{mallory}/"}, made
         out = subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "token", "list",
                               "mallory-friend"], capture_output=True, text=True, timeout=60)
         assert "mallory-friend" not in out.stdout and "\t" not in out.stdout, out

@@ -129,6 +129,7 @@ def restore_hub_db(hub) -> None:
         wait_for(hub.is_up, 90, what="the hub to come back")
 
 
+@pytest.mark.disruptive  # stops the hub: runs alone (scripts/test-integration.sh)
 def test_admin_releases_a_stuck_lease_and_the_gpu_is_spawnable_again(hub, hub_admin, lab_user,
                                                                     lab_config, gpus_yaml,
                                                                     new_page):
