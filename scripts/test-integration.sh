@@ -5,11 +5,16 @@
 #     gpus     tests that use the stand-in GPUs and the exporter's fake ones (marked from
 #              their fixtures: they edit gpus.yaml and the fake GPUs' control file);
 #     members  the other tests of the stack, whose members' servers hold no GPU;
-#     swarm    the simulated-Swarm modules (engines, a Swarm and a stack of their own in
-#              network namespaces: nothing of the main stack); it goes on beside the rest;
-#   then, alone: the tests marked `disruptive` (they restart the hub, the proxy, dockerd
-#   or the whole stack, or edit gpulab.yaml), the stack restarts last.
+#   then, side by side:
+#     disruptive  the tests that restart the hub, the proxy, dockerd or the whole stack,
+#                 edit gpulab.yaml or hold GPUs behind the hub's back (marked so), one
+#                 after another, the stack restarts last;
+#     swarm       the simulated-Swarm modules: engines, a Swarm and a stack of their own in
+#                 network namespaces, which need nothing of the main stack (they copy its
+#                 images, waiting while a test restarts its engine).
 #
+# On a 2-core host the Swarm modules go beside the disruptive tests, which mostly wait for
+# restarts, rather than beside the first two lanes, which keep the cores busy.
 # Each lane's output is printed whole when it ends, with its slowest tests (--durations);
 # the run fails if any lane failed.
 # Usage: scripts/test-integration.sh [PYTEST ARGS...]   (from the checkout)
@@ -38,10 +43,8 @@ show() {  # show NAME: its output and status, once it has ended
   [ "$status" = 0 ] || failed+=("$name")
 }
 
-echo "[gpulab] integration tests in lanes: gpus, members and swarm side by side, then the" \
-     "disruptive tests alone (each lane's output follows when it ends)"
-lane swarm -m integration "$@" "${swarm[@]}"
-swarm_pid=$!
+echo "[gpulab] integration tests in lanes: gpus beside members, then disruptive beside" \
+     "swarm (each lane's output follows when it ends)"
 lane gpus -m "integration and gpus and not disruptive" "$@" tests/integration "${not_swarm[@]}"
 gpus_pid=$!
 lane members -m "integration and not gpus and not disruptive" "$@" tests/integration \
@@ -50,11 +53,11 @@ members_pid=$!
 wait "$gpus_pid"; show gpus
 wait "$members_pid"; show members
 
-echo
-echo "================ the disruptive tests, alone (from $((SECONDS - started)) s) ================"
-"$pytest" --durations=10 -m "integration and disruptive" "$@" tests/integration "${not_swarm[@]}" \
-  || failed+=(disruptive)
-
+lane swarm -m integration "$@" "${swarm[@]}"
+swarm_pid=$!
+lane disruptive -m "integration and disruptive" "$@" tests/integration "${not_swarm[@]}"
+disruptive_pid=$!
+wait "$disruptive_pid"; show disruptive
 wait "$swarm_pid"; show swarm
 echo
 echo "[gpulab] integration tests took $((SECONDS - started)) s"

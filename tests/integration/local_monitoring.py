@@ -38,14 +38,17 @@ def _answers(url: str) -> bool:
 
 
 @contextmanager
-def exporter(listen: str, uuids: list[str], control: Path, docker_url: str = "none"):
+def exporter(listen: str, uuids: list[str], control: Path, docker_url: str = "none",
+             token_file: Path | None = None):
     """``python -m gpulab_exporter --fake-gpus N --fake-uuids ...`` on *listen*, its fake
     GPUs steered through *control* (its --fake-control file) and the hub's containers
-    (their lease labels) read from *docker_url*; yields its URL."""
+    (their lease labels) read from *docker_url*, answering only *token_file*'s token
+    when given (as on a Swarm's GPU server); yields its URL."""
     cmd = [sys.executable, "-m", "gpulab_exporter", "--listen", listen,
            "--fake-gpus", str(len(uuids)), "--fake-uuids", ",".join(uuids),
            "--fake-control", str(control), "--docker-url", docker_url,
-           "--interval", "0.5", "--process-interval", "0.5"]
+           "--interval", "0.5", "--process-interval", "0.5",
+           *(["--auth-token-file", str(token_file)] if token_file else [])]
     yield from _process(cmd, f"http://{listen}", "/healthz", "gpulab-exporter")
 
 

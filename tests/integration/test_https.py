@@ -423,7 +423,8 @@ def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trustin
             browser = chromium(p, trusting_home)
             try:
                 page = browser.new_page()
-                page.goto(f"{URL}/hub/login")
+                # to her home page, not her lab: the test starts no server of the admin's
+                page.goto(f"{URL}/hub/login?next=%2Fhub%2Fhome")
                 page.fill("#username_input", admin)
                 page.fill("#password_input", tokens[admin][0])
                 with page.expect_navigation():

@@ -23,7 +23,10 @@ port, on two loopback addresses). About 30 seconds.
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -53,6 +56,8 @@ GiB = 1 << 30
 UUIDS = {"gpu-a": [f"GPU-fa4e0a00-0000-4000-8000-00000000000{i}" for i in range(2)],
          "gpu-b": [f"GPU-fa4e0b00-0000-4000-8000-00000000000{i}" for i in range(2)]}
 ADDRESS = {"gpu-a": "127.0.0.2", "gpu-b": "127.0.0.3"}
+# The GPU servers' exporters answer only the manager's token (docker-compose.node.yml).
+EXPORTER_TOKEN = Path(tempfile.gettempdir()) / f"gpulab-test-exporter-token-{os.getpid()}"
 ANN = "a" * 64  # a hub container holding gpu-a's GPU 0
 CONTAINERS = [{"Id": ANN, "Names": ["/gpulab-ann"], "State": "running",
                "Labels": {"org.gpulab.managed": "true", "org.gpulab.user": "ann",
@@ -78,10 +83,11 @@ def docker_api():
 def exporters(tmp_path_factory, docker_api):
     """{node: (exporter URL, its fake-control file)} for gpu-a and gpu-b."""
     d = tmp_path_factory.mktemp("exporters")
+    EXPORTER_TOKEN.write_text("e" * 64 + "\n")  # as make swarm-node's, from the manager
     with exporter(f"{ADDRESS['gpu-a']}:9445", UUIDS["gpu-a"], d / "a.json",
-                  docker_api.url) as a, \
+                  docker_api.url, EXPORTER_TOKEN) as a, \
          exporter(f"{ADDRESS['gpu-b']}:9445", UUIDS["gpu-b"], d / "b.json",
-                  docker_api.url) as b:
+                  docker_api.url, EXPORTER_TOKEN) as b:
         yield {"gpu-a": (a, d / "a.json"), "gpu-b": (b, d / "b.json")}
 
 
@@ -92,6 +98,7 @@ def nodes_and_uuids(result):
 def test_dashboard_shows_both_nodes_from_a_real_prometheus(exporters, tmp_path, new_page):
     config = {"global": FAST, "scrape_configs": [{
         "job_name": "gpulab-exporter",
+        "authorization": {"type": "Bearer", "credentials_file": str(EXPORTER_TOKEN)},
         "static_configs": [{"targets": [f"{ADDRESS[n]}:9445"], "labels": {"node": n}}
                            for n in ("gpu-a", "gpu-b")]}]}
     control_b = exporters["gpu-b"][1]
@@ -165,19 +172,21 @@ def check_dashboard(url, new_page, control_b):
     screenshot(page, "dashboard-nodes.png")
 
 
-def test_one_machine_has_no_node_column(exporters):
-    """Straight from one exporter (no node label): the page it always was."""
-    dashboard = Dashboard([ExporterSource(exporters["gpu-a"][0])])
-    try:
-        r = requests.get(dashboard.url + PREFIX + "api/gpus", headers=token("operator-token"),
-                         timeout=10)
-        assert r.status_code == 200 and r.json()["nodes"] is None
-        assert [g["node"] for g in r.json()["gpus"]] == [None, None]
-        html = requests.get(dashboard.url + PREFIX, headers=token("operator-token"),
-                            timeout=10).text
-        assert '<table id="nodes" hidden>' in html and 'class="node"' not in html
-    finally:
-        dashboard.close()
+def test_one_machine_has_no_node_column(tmp_path):
+    """Straight from one exporter (no node label, no token: on one host it is reached on
+    the stack's internal network only): the page it always was."""
+    with exporter("127.0.0.4:9445", UUIDS["gpu-a"], tmp_path / "c.json") as url:
+        dashboard = Dashboard([ExporterSource(url)])
+        try:
+            r = requests.get(dashboard.url + PREFIX + "api/gpus",
+                             headers=token("operator-token"), timeout=10)
+            assert r.status_code == 200 and r.json()["nodes"] is None
+            assert [g["node"] for g in r.json()["gpus"]] == [None, None]
+            html = requests.get(dashboard.url + PREFIX, headers=token("operator-token"),
+                                timeout=10).text
+            assert '<table id="nodes" hidden>' in html and 'class="node"' not in html
+        finally:
+            dashboard.close()
 
 
 def fetch(source) -> dict:
@@ -198,6 +207,9 @@ def swarm_config(docker_url: str) -> dict:
     [sd] = config["scrape_configs"][0]["dockerswarm_sd_configs"]
     assert sd["host"] == "tcp://docker-proxy-ro:2375"
     sd.update(host=docker_url, refresh_interval="1s")
+    auth = config["scrape_configs"][0]["authorization"]
+    assert auth["credentials_file"] == "/etc/prometheus/secrets/exporter-token"
+    auth["credentials_file"] = str(EXPORTER_TOKEN)  # the same token the exporters hold
     return config
 
 
