@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,18 @@ from gpulab import hubconfig
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def configured(tmp_path, monkeypatch):
+STACK_ENV = {
+    "DOCKER_HOST": "tcp://docker-proxy:2375", "GPULAB_EXPORTER_URL": "http://exporter:9445",
+    "GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
+    "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
+    "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001", "GPULAB_SCRAPE_SECONDS": "15",
+}
+
+
+@contextmanager
+def configured_with(tmp_path, monkeypatch, environ: dict[str, str]):
+    """hubconfig.configure on a copy of the shipped config/, with made-up secrets and
+    *environ* as the hub container's environment; the config object."""
     config_dir, secrets, data = tmp_path / "config", tmp_path / "secrets", tmp_path / "data"
     shutil.copytree(REPO / "config", config_dir)
     secrets.mkdir()
@@ -27,23 +38,25 @@ def configured(tmp_path, monkeypatch):
     monkeypatch.setattr(hubconfig, "CONFIG_DIR", config_dir)
     monkeypatch.setattr(hubconfig, "SECRETS_DIR", secrets)
     monkeypatch.setattr(hubconfig, "DATA_DIR", data)
-    for key, value in {
-        "DOCKER_HOST": "tcp://docker-proxy:2375", "GPULAB_CONFIG_DIR": str(config_dir),
-        "GPULAB_EXPORTER_URL": "http://exporter:9445",
-        "GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
-        "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
-        "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001",
-        "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
-        "GPULAB_SCRAPE_SECONDS": "15",
-    }.items():
+    for key, value in environ.items():
         monkeypatch.setenv(key, value)
     c = Config()
-    hubconfig.configure(c)
-    yield c
-    gpulab_log = logging.getLogger("gpulab")
-    gpulab_log.handlers = [h for h in gpulab_log.handlers
-                           if not isinstance(h, hubconfig._ToHubLog)]
-    gpulab_log.propagate = True
+    try:
+        hubconfig.configure(c)
+        yield c
+    finally:
+        gpulab_log = logging.getLogger("gpulab")
+        gpulab_log.handlers = [h for h in gpulab_log.handlers
+                               if not isinstance(h, hubconfig._ToHubLog)]
+        gpulab_log.propagate = True
+
+
+@pytest.fixture
+def configured(tmp_path, monkeypatch):
+    environ = {**STACK_ENV, "GPULAB_CONFIG_DIR": str(tmp_path / "config"),
+               "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good")}
+    with configured_with(tmp_path, monkeypatch, environ) as c:
+        yield c
 
 
 def test_the_proxy_is_external_and_reached_by_address(configured):
@@ -138,24 +151,9 @@ def test_each_member_gets_an_origin_of_her_own_where_the_hub_has_a_name(
 
 
 def test_with_a_host_name_servers_go_below_it_and_services_stay_on_it(tmp_path, monkeypatch):
-    config_dir, secrets, data = tmp_path / "config", tmp_path / "secrets", tmp_path / "data"
-    shutil.copytree(REPO / "config", config_dir)
-    secrets.mkdir()
-    data.mkdir()
-    for name in ("api-token", "metrics-token", "proxy-token"):
-        (secrets / name).write_text(name[0] * 64)
-    monkeypatch.setattr(hubconfig, "CONFIG_DIR", config_dir)
-    monkeypatch.setattr(hubconfig, "SECRETS_DIR", secrets)
-    monkeypatch.setattr(hubconfig, "DATA_DIR", data)
-    monkeypatch.setenv("GPULAB_PUBLIC_URL", "https://gpu.lab.example:443/")
-    c = Config()
-    try:
-        hubconfig.configure(c)
-    finally:
-        gpulab_log = logging.getLogger("gpulab")
-        gpulab_log.handlers = [h for h in gpulab_log.handlers
-                               if not isinstance(h, hubconfig._ToHubLog)]
-        gpulab_log.propagate = True
+    environ = {"GPULAB_PUBLIC_URL": "https://gpu.lab.example:443/"}
+    with configured_with(tmp_path, monkeypatch, environ) as c:
+        pass
     assert c.JupyterHub.subdomain_host == "https://gpu.lab.example"
     assert c.JupyterHub.cookie_host_prefix_enabled is True
     hook = c.JupyterHub.subdomain_hook

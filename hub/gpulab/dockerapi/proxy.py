@@ -253,32 +253,22 @@ class Proxy:
 
     async def _resolve(self, ref: str) -> str:
         """The full ID of the container *ref* names, when it is gpulab's."""
-        try:
-            status, payload = await self._call("GET", f"/containers/{ref}/json")
-        except (OSError, ValueError) as e:
-            raise Refusal(502, f"Docker engine unreachable: {e}") from None
-        try:
-            info = json.loads(payload)
-        except ValueError:
-            info = {}
-        if status == 404:
-            message = info.get("message") if isinstance(info, dict) else None
-            raise Refusal(404, message or f"No such container: {ref}")
-        if status != 200 or not isinstance(info, dict):
-            raise Refusal(502, f"Docker answered {status} to inspecting container {ref}")
-        full_id = info.get("Id")
-        labels = (info.get("Config") or {}).get("Labels") or {}
-        if not isinstance(full_id, str) or not _FULL_ID.fullmatch(full_id):
-            raise Refusal(502, f"Docker gave no container ID for {ref}")
-        if labels.get(LABEL_MANAGED) != "true":
-            raise Refusal(403, f"container {ref} is not gpulab's")
-        return full_id
+        return await self._inspect_ours("container", f"/containers/{ref}/json", ref,
+                                        "Id", "Config", _FULL_ID, f"No such container: {ref}")
 
     async def _resolve_service(self, ref: str) -> str:
         """The full ID of the Swarm service *ref* names (ID, name or unique ID prefix, as
         dockerd resolves it), when it is gpulab's."""
+        return await self._inspect_ours("service", f"/services/{ref}", ref, "ID", "Spec",
+                                        _SERVICE_ID, f"service {ref} not found")
+
+    async def _inspect_ours(self, kind: str, path: str, ref: str, id_key: str,
+                            labels_key: str, id_pattern, not_found: str) -> str:
+        """Inspect one object at *path*: its full ID (*id_key*, matching *id_pattern*)
+        when its labels (under *labels_key*) say it is gpulab's; else the Refusal Docker's
+        answer calls for (404 as Docker says it, 502, or 403 for anything not ours)."""
         try:
-            status, payload = await self._call("GET", f"/services/{ref}")
+            status, payload = await self._call("GET", path)
         except (OSError, ValueError) as e:
             raise Refusal(502, f"Docker engine unreachable: {e}") from None
         try:
@@ -287,15 +277,15 @@ class Proxy:
             info = {}
         if status == 404:
             message = info.get("message") if isinstance(info, dict) else None
-            raise Refusal(404, message or f"service {ref} not found")
+            raise Refusal(404, message or not_found)
         if status != 200 or not isinstance(info, dict):
-            raise Refusal(502, f"Docker answered {status} to inspecting service {ref}")
-        full_id = info.get("ID")
-        labels = (info.get("Spec") or {}).get("Labels") or {}
-        if not isinstance(full_id, str) or not _SERVICE_ID.fullmatch(full_id):
-            raise Refusal(502, f"Docker gave no service ID for {ref}")
+            raise Refusal(502, f"Docker answered {status} to inspecting {kind} {ref}")
+        full_id = info.get(id_key)
+        labels = (info.get(labels_key) or {}).get("Labels") or {}
+        if not isinstance(full_id, str) or not id_pattern.fullmatch(full_id):
+            raise Refusal(502, f"Docker gave no {kind} ID for {ref}")
         if labels.get(LABEL_MANAGED) != "true":
-            raise Refusal(403, f"service {ref} is not gpulab's")
+            raise Refusal(403, f"{kind} {ref} is not gpulab's")
         return full_id
 
     async def _forward(self, method: str, target: str, body: bytes,
