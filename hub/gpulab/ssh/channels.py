@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
@@ -121,6 +122,7 @@ class Port(asyncssh.SSHTCPSession):
         self.writable = asyncio.Event()  # cleared while the client's window is full
         self.writable.set()
         self.tasks: list[asyncio.Task] = []
+        self.closed: Callable[[], None] = lambda: None  # called when the channel closes
 
     def connection_made(self, chan):
         self.chan = chan
@@ -147,6 +149,7 @@ class Port(asyncssh.SSHTCPSession):
         for t in self.tasks:
             t.cancel()
         self.ws.close()
+        self.closed()
 
     async def _to_port(self) -> None:
         while (item := await self.outbox.get()) is not None:

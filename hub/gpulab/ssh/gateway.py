@@ -2,6 +2,9 @@
 
 One connection, step by step:
 
+0. Limits (:mod:`gpulab.ssh.limits`): connections still signing in are capped as
+   OpenSSH's MaxStartups caps them (in all, and per client address), and each member's
+   connections, sessions and forwards are capped; a refusal says so to her SSH client.
 1. Password authentication (keyboard-interactive asks for the same password). The
    throttle (:mod:`gpulab.login.throttle`, its own sqlite file on the gateway's volume) is
    asked first: a locked username or client address is refused without asking the hub,
@@ -40,8 +43,10 @@ import asyncio
 import codecs
 import logging
 import os
+import random
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +56,8 @@ from tornado.websocket import WebSocketClosedError
 
 from gpulab import compat
 from gpulab.hubapi import HubApiError
-from gpulab.login.throttle import LockoutPolicy, Throttle
-from gpulab.ssh import channels, execwrap, hostkey, policy
+from gpulab.login.throttle import LockoutPolicy, Throttle, address_key
+from gpulab.ssh import channels, execwrap, hostkey, limits, policy
 from gpulab.ssh.terminal import HubError, Terminal, hub_api, resolve_below_the_hub
 
 log = logging.getLogger("gpulab.ssh")
@@ -62,6 +67,8 @@ PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing 
 # Seconds between the hub's checks of a signed-in connection's token: a revoked token (an
 # admin ended the member's access) closes her connection, sessions and forwards within it.
 RECHECK_EVERY = 5.0
+# Seconds a connection refused by the limits may stay open to read why (gpulab.ssh.limits).
+REFUSED_GRACE = 2.0
 ACCESS_ENDED = ("Your access has ended (your token was revoked or expired); ask the lab "
                 "admin for a new one.")
 
@@ -87,9 +94,11 @@ class Member:
 class Gateway:
     """What all connections share: the settings, the throttle and the hub client."""
 
-    def __init__(self, settings: Settings, throttle: Throttle):
+    def __init__(self, settings: Settings, throttle: Throttle,
+                 limits_: limits.Limits | None = None):
         self.settings = settings
         self.throttle = throttle
+        self.counts = limits.Counts(limits_ or limits.Limits())
         self.hub = hub_api(settings.hub_url, settings.tls_trust)
         self.cleanups: set[asyncio.Task] = set()
 
@@ -139,9 +148,15 @@ class Gateway:
             verdict = policy.judge(name, status, model)
         if verdict.outcome == policy.OK:
             self.throttle.record_success(name)
+            why = self.counts.take(name, limits.CONNECTIONS)
+            if why is not None:
+                log.warning("ssh sign-in of %s from %s refused: %s", name, address, why)
+                conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, why)
+                return None
             try:
                 scoped, scoped_id = await self.server_token(name, token)
             except HubError as e:
+                self.counts.give_back(name, limits.CONNECTIONS)
                 log.warning("ssh sign-in of %s from %s: %s", name, address, e)
                 _banner(conn, "The hub is not answering; try again in a minute.")
                 return None
@@ -385,20 +400,32 @@ class _StreamSession(SSHServerStreamSession):
     instead of asyncssh's built-in SFTP server, which would serve the gateway's files.
     Its session_started without that built-in branch (asyncssh's internals: gpulab.compat)."""
 
+    def __init__(self, handler, closed: Callable[[], None]):
+        super().__init__(handler)
+        self.closed = closed  # called once, when the session's channel has closed
+
     def subsystem_requested(self, subsystem: str) -> bool:
         return True  # the handler refuses, with a message, what it does not offer
 
     def session_started(self) -> None:
         compat.start_stream_session(self)
 
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self.closed()
+
 
 class _Connection(asyncssh.SSHServer):
-    """One client connection: its address and, once signed in, its member."""
+    """One client connection: its address and, once signed in, its member; what it
+    holds of the gateway's limits (:mod:`gpulab.ssh.limits`) goes back when it ends."""
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
         self.conn: asyncssh.SSHServerConnection | None = None
         self.address = ""
+        self.signing_in: str | None = None  # the address key counted as signing in
+        self.refusal = ""  # why this connection is refused ("" if it is not)
+        self.refusal_timer: asyncio.TimerHandle | None = None
         self.member: Member | None = None
         self.watcher: asyncio.Task | None = None
 
@@ -406,26 +433,79 @@ class _Connection(asyncssh.SSHServer):
         self.conn = conn
         peer = conn.get_extra_info("peername") or ("",)
         self.address = str(peer[0])
+        key = address_key(self.address)
+        why = self.gateway.counts.startup(key, random.random)
+        if why is not None:
+            log.warning("ssh connection from %s refused: %s", self.address, why)
+            # Said when the client asks to authenticate (milliseconds for a real client):
+            # by then the gateway has read all it sent, so closing does not reset the
+            # connection under the message and OpenSSH shows it ("Received disconnect
+            # ...: <why>"). A client that says nothing is closed after REFUSED_GRACE.
+            self.refusal = why
+            self.refusal_timer = asyncio.get_running_loop().call_later(
+                REFUSED_GRACE, self._refuse)
+            return
+        self.signing_in = key
+
+    def _refuse(self) -> None:
+        if self.refusal_timer is not None:
+            self.refusal_timer.cancel()
+            self.refusal_timer = None
+            self.conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, self.refusal)
+
+    def _done_signing_in(self) -> None:
+        if self.signing_in is not None:
+            self.gateway.counts.signed_in(self.signing_in)
+            self.signing_in = None
+
+    def auth_completed(self):
+        self._done_signing_in()
 
     def begin_auth(self, username):
+        if self.refusal:
+            self._refuse()
         return True  # every username must authenticate
 
     def password_auth_supported(self):
         return True
 
     async def validate_password(self, username, password):
+        if self.refusal:
+            return False
         self.member = await self.gateway.sign_in(self.conn, self.address, username, password)
         if self.member is not None and self.watcher is None:
             self.watcher = asyncio.create_task(self.gateway.watch(self.member, self.conn))
         return self.member is not None
 
     def connection_lost(self, exc):
+        self._done_signing_in()
+        if self.refusal_timer is not None:
+            self.refusal_timer.cancel()
         if self.watcher is not None:
             self.watcher.cancel()
         if self.member is not None:
+            self.gateway.counts.give_back(self.member.name, limits.CONNECTIONS)
             task = asyncio.get_event_loop().create_task(self.gateway.signed_out(self.member))
             self.gateway.cleanups.add(task)  # kept until done (asyncio holds it weakly)
             task.add_done_callback(self.gateway.cleanups.discard)
+
+    def _take(self, kind: str) -> Callable[[], None]:
+        """One more session or forward for this connection's member, or
+        ChannelOpenError saying why not (OpenSSH: "open failed: resource shortage:
+        ..."); what gives it back, once."""
+        name = self.member.name
+        why = self.gateway.counts.take(name, kind)
+        if why is not None:
+            log.warning("ssh %s of %s refused: %s", kind, name, why)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, why)
+        given = False
+
+        def give_back() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self.gateway.counts.give_back(name, kind)
+        return give_back
 
     def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
         """ssh -L/-D: to the member's own server's loopback only (policy.forward_port)."""
@@ -436,13 +516,19 @@ class _Connection(asyncssh.SSHServer):
                         dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                                             str(e)) from None
-        return self._forward(port)
+        return self._forward(port, self._take(limits.FORWARDS))
 
-    async def _forward(self, port: int) -> channels.Port:
-        forwarded = await self.gateway.forward(self.member, port)
-        if self.conn is None or self.conn.is_closed():  # the client left meanwhile
-            forwarded.ws.close()
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "connection closed")
+    async def _forward(self, port: int, give_back: Callable[[], None]) -> channels.Port:
+        try:
+            forwarded = await self.gateway.forward(self.member, port)
+            if self.conn is None or self.conn.is_closed():  # the client left meanwhile
+                forwarded.ws.close()
+                raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
+                                                "connection closed")
+        except BaseException:
+            give_back()
+            raise
+        forwarded.closed = give_back
         return forwarded
 
     def unix_connection_requested(self, dest_path):
@@ -454,12 +540,14 @@ class _Connection(asyncssh.SSHServer):
 
     def session_requested(self):
         member = self.member
+        give_back = self._take(limits.SESSIONS)
 
         async def handler(stdin, stdout, stderr):
             await self.gateway.session(member, stdin, stdout, stderr)
 
         # bytes, not text: sftp, scp and piped data pass unchanged
-        return self.conn.create_server_channel(encoding=None), _StreamSession(handler)
+        return (self.conn.create_server_channel(encoding=None),
+                _StreamSession(handler, give_back))
 
 
 async def serve(listen: str, host_key: Path, gateway: Gateway) -> None:
@@ -551,10 +639,16 @@ def main(argv: list[str] | None = None) -> None:
                                    max_lockout=args.max_lockout, forget_after=args.max_lockout)
     throttle = Throttle(args.throttle_db, user_policy=user_policy,
                         address_policy=address_policy)
+    try:
+        how_much = limits.Limits.from_env()
+    except ValueError as e:
+        sys.exit(f"gpulab-ssh: {e} (see docs/security.md#ssh-gateway-limits)")
+    log.info("limits: %s", how_much.describe())
     # Members' servers on names of their own (alice.gpu.lab.example) are all behind the
     # proxy, which Docker's DNS knows by the hub's name only.
     resolve_below_the_hub(args.hub_url)
-    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust), throttle)
+    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust), throttle,
+                      how_much)
     asyncio.run(serve(args.listen, args.host_key, gateway))
 
 
