@@ -106,14 +106,17 @@ def rendered(tmp_path: Path, scrape_seconds: str) -> subprocess.CompletedProcess
 
 
 @needs_promtool
-@pytest.mark.parametrize("seconds, scrape, timeout, evaluation", [
-    ("15", "15s", "10s", "30s"),  # a lab's: the files as they are
-    ("2", "2s", "2s", "4s"),  # the test stack's
+@pytest.mark.parametrize("seconds, scrape, timeout, evaluation, gpu_lost", [
+    ("15", "15s", "10s", "30s", "60s"),  # a lab's: the files as they are
+    ("2", "2s", "2s", "4s", "8s"),  # the test stack's
 ])
 def test_the_entrypoint_scales_the_marked_intervals_and_prometheus_accepts_them(
-        tmp_path, seconds, scrape, timeout, evaluation):
+        tmp_path, seconds, scrape, timeout, evaluation, gpu_lost):
     out = rendered(tmp_path, seconds)
     assert out.returncode == 0, out.stderr
+    rules = yaml.safe_load((tmp_path / "out" / "alerts.yml").read_text())
+    assert {r["alert"]: r.get("for") for g in rules["groups"] for r in g["rules"]
+            }["GpulabGpuLost"] == gpu_lost
     config = yaml.safe_load((tmp_path / "out" / "prometheus.yml").read_text())["global"]
     assert (config["scrape_interval"], config["scrape_timeout"],
             config["evaluation_interval"]) == (scrape, timeout, evaluation)
