@@ -92,14 +92,15 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token proxy-token exporter-token; do \
+	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
 	done
-	@# Prometheus and the proxy run as unprivileged users and must read their token
-	@# (mounted file by file; the secrets/ folder itself stays 0700).
-	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token
+	@# Prometheus, the proxy and the SSH gateway run as unprivileged users and must read
+	@# their token (mounted file by file; the secrets/ folder itself stays 0700).
+	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token \
+	  secrets/ssh-gateway-token
 
 # The certificate HTTPS serves (gpulab.login.tls, run in the hub image): the lab's, checked and
 # copied, or one signed by a local CA that is made once and kept in secrets/tls/.

@@ -265,6 +265,22 @@ class HubApi:
     async def delete_token(self, user: str, token_id: str, *, token: str | None = None) -> None:
         await self.request("DELETE", _tokens_path(user, token_id), token=token)
 
+    # ------------------------------------------------------ SSH key sign-ins (the gateway)
+
+    async def ssh_key_sign_in(self, user: str, key: str, *, check: bool,
+                              token: str | None = None) -> dict[str, Any]:
+        """As the gpulab-ssh service: is *key* (``ALGORITHM BASE64``) *user*'s, with
+        access (*check*); else a token of hers for one connection (``token``, ``id``).
+        HubApiError 403 with why not."""
+        return (await self.request("POST", "gpulab/ssh-sign-in",
+                                   {"user": user, "key": key, "check": check},
+                                   token=token))[1]
+
+    async def ssh_key_signed_out(self, user: str, token_id: str, *,
+                                 token: str | None = None) -> None:
+        await self.request("DELETE", "gpulab/ssh-sign-in",
+                           {"user": user, "token_id": token_id}, token=token)
+
     # ------------------------------------------------------------- gpulab's login tokens
 
     async def login_tokens(self, user: str, *, token: str | None = None) -> list[dict]:

@@ -25,6 +25,7 @@ from gpulab.contract import (
 )
 from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
+from gpulab.login.sshkeys import SSH_SERVICE
 from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from gpulab.notices import home_page_notices
 from gpulab.settings import ConfigError
@@ -231,6 +232,9 @@ def configure(c) -> None:
     services = [
         {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
         {"name": METRICS_SERVICE, "api_token": read_secret("metrics-token")},
+        # The SSH gateway, for key sign-ins only: no JupyterHub scope; gpulab's
+        # /hub/api/gpulab/ssh-sign-in answers this service alone (gpulab.login.sshkeys).
+        {"name": SSH_SERVICE, "api_token": read_secret("ssh-gateway-token")},
         {
             # Admins and the operators group (roles.OPERATOR_SCOPES) may open it.
             "name": DASHBOARD_SERVICE,

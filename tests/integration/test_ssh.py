@@ -39,6 +39,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from gpulab.ssh.hostkey import known_hosts_line
 from tests.ports import free_port
@@ -71,14 +72,30 @@ class SSH:
         self.askpass.write_text('#!/bin/sh\ncat "$GPULAB_TEST_SSH_PASSWORD"\n')
         self.askpass.chmod(0o700)
 
-    def args(self, user: str, *extra: str) -> list[str]:
+    def _ssh(self) -> list[str]:
         return ["ssh", "-F", "/dev/null", "-p", str(self.port),
                 "-o", f"UserKnownHostsFile={self.known_hosts}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-                "-o", "PubkeyAuthentication=no",
+                "-o", "ConnectTimeout=10"]
+
+    def args(self, user: str, *extra: str) -> list[str]:
+        """Signing in with a password (her login token, from SSH_ASKPASS: :meth:`env`)."""
+        return [*self._ssh(), "-o", "PubkeyAuthentication=no",
                 "-o", "PreferredAuthentications=password",
-                "-o", "NumberOfPasswordPrompts=1", "-o", "ConnectTimeout=10",
-                *extra, f"{user}@{self.host}"]
+                "-o", "NumberOfPasswordPrompts=1", *extra, f"{user}@{self.host}"]
+
+    def key_args(self, user: str, key: Path, *extra: str) -> list[str]:
+        """Signing in with the private key *key* alone: no agent, never a password."""
+        return [*self._ssh(), "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
+                "-o", "KbdInteractiveAuthentication=no", "-o", "IdentitiesOnly=yes",
+                "-o", "IdentityAgent=none", "-i", str(key), *extra, f"{user}@{self.host}"]
+
+    def run_with_key(self, user: str, key: Path, *extra: str, command: str | None = None,
+                     timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(self.key_args(user, key, *extra) +
+                              ([command] if command is not None else []),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
 
     def env(self, password: str) -> dict:
         secret = self.folder / f"password-{time.monotonic_ns()}"
@@ -340,14 +357,39 @@ echo "listeningOn==$port=="
 
 
 
-def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user):
+def registered_key(member, folder: Path) -> Path:
+    """A key pair made with ssh-keygen, its public half registered as the member does it:
+    the REST API through the published port, with her login token. The private key."""
+    key = folder / f"id_ed25519_{member.name}"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                    f"{member.name}@laptop", "-f", str(key)], check=True)
+    r = requests.post(f"{HUB_URL}/hub/api/gpulab/ssh-keys/{member.name}",
+                      json={"key": key.with_suffix(".pub").read_text()}, timeout=30,
+                      headers={"Authorization": f"token {member.token}"})
+    assert r.status_code == 201, r.text
+    return key
+
+
+@pytest.mark.parametrize("credential", ["login token", "ssh key"])
+def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user, tmp_path,
+                                                               credential):
+    """VS Code's Remote-SSH, with her login token typed as the password or, without
+    typing anything, with her registered SSH key."""
     ivy, bob = lab_user("sshvscode"), lab_user("sshvsbob")
     ivy.start_server()
     bob.start_server()
+    if credential == "ssh key":
+        key = registered_key(ivy, tmp_path)
+
+        def login(*extra):
+            return ssh.key_args(ivy.name, key, *extra), None
+    else:
+        def login(*extra):
+            return ssh.args(ivy.name, *extra), ssh.env(ivy.token)
     socks = free_port()
-    proc = subprocess.Popen(ssh.args(ivy.name, "-T", "-D", f"127.0.0.1:{socks}") + ["bash"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ssh.env(ivy.token), text=True)
+    args, env = login("-T", "-D", f"127.0.0.1:{socks}")
+    proc = subprocess.Popen(args + ["bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
     try:
         proc.stdin.write(REMOTE_SSH_SCRIPT)
         proc.stdin.flush()
@@ -365,8 +407,8 @@ def test_vs_code_remote_ssh_flow_reaches_her_servers_loopback(ssh, lab_user):
             assert got.stdout == f"served from {hostname_of(ivy.container)}\n", got
         # -L to the same port, as a member opens a notebook's web app
         local = free_port()
-        fwd = subprocess.Popen(ssh.args(ivy.name, "-N", "-L", f"{local}:localhost:{port}"),
-                               env=ssh.env(ivy.token), stdin=subprocess.DEVNULL,
+        args, env = login("-N", "-L", f"{local}:localhost:{port}")
+        fwd = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
         try:
             wait_for(lambda: subprocess.run(

@@ -83,6 +83,7 @@ configure_login(c, settings, data, [{trusted!r}])
 c.JupyterHub.services = [
     {{"name": "gpulab-admin", "api_token": {admin_token!r}}},
     {{"name": "not-admin", "api_token": {weak_token!r}}},
+    {{"name": "gpulab-ssh", "api_token": {ssh_token!r}}},
     {{"name": "oauth-probe", "api_token": {oauth_token!r}, "oauth_no_confirm": True,
       "oauth_client_id": "service-oauth-probe",
       "oauth_redirect_uri": "http://127.0.0.1:9/oauth_callback"}},
@@ -110,6 +111,7 @@ class RunningHub:
     weak_token: str
     oauth_token: str
     max_age: int
+    ssh_token: str = field(default_factory=lambda: secrets.token_hex(32))
     process: subprocess.Popen | None = None
     log_path: Path = field(init=False)
 
@@ -132,6 +134,7 @@ class RunningHub:
             data=str(self.data), proxy_port=free_port(), hub_port=self.hub_port,
             max_age=self.max_age, trusted=TRUSTED_PROXY, admin_token=self.admin_token,
             weak_token=self.weak_token, oauth_token=self.oauth_token,
+            ssh_token=self.ssh_token,
             admin_scopes=ADMIN_SCOPES,
             weak_scopes=[s for s in ADMIN_SCOPES if s != "admin:users"]))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

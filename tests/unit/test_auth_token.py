@@ -18,6 +18,7 @@ from jupyterhub.utils import utcnow
 from sqlalchemy import text
 from tornado.httputil import HTTPHeaders
 
+from gpulab.login import sshkeys
 from gpulab.login import tokens as lt
 from gpulab.login.auth import (
     LOGIN_TOKEN_NOTE,
@@ -262,6 +263,9 @@ def test_login_page_and_admin_api_are_the_authenticators_handlers(auth):
         (r"/api/gpulab/access/([^/]+)", lt.AccessAPIHandler),
         # JupyterHub's own route, served by its subclass (JupyterHub adds these first)
         (r"/api/users/([^/]+)/tokens", lt.UserTokensAPIHandler),
+        (r"/api/gpulab/ssh-keys/([^/]+)", sshkeys.SshKeysAPIHandler),
+        (r"/api/gpulab/ssh-keys/([^/]+)/([^/]+)", sshkeys.SshKeyAPIHandler),
+        (r"/api/gpulab/ssh-sign-in", sshkeys.SshSignInAPIHandler),
     ]
     assert issubclass(GpulabLoginHandler, LoginHandler)
     assert issubclass(lt.UserTokensAPIHandler, UserTokenListAPIHandler)

@@ -33,7 +33,7 @@ def configured_with(tmp_path, monkeypatch, environ: dict[str, str]):
     shutil.copytree(REPO / "config", config_dir)
     secrets.mkdir()
     data.mkdir()
-    for name in ("api-token", "metrics-token", "proxy-token"):
+    for name in ("api-token", "metrics-token", "proxy-token", "ssh-gateway-token"):
         (secrets / name).write_text(name[0] * 64)
     monkeypatch.setattr(hubconfig, "CONFIG_DIR", config_dir)
     monkeypatch.setattr(hubconfig, "SECRETS_DIR", secrets)

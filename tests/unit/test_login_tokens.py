@@ -118,6 +118,7 @@ def test_configure_login_sets_the_hub_config(tmp_path):
     assert dict(c.TokenAuthenticator) == {
         "throttle_db_path": str(tmp_path / "gpulab-login-throttle.sqlite"),
         "login_tokens_db_path": str(tmp_path / "gpulab-login-tokens.sqlite"),
+        "ssh_keys_db_path": str(tmp_path / "gpulab-ssh-keys.sqlite"),
         "trusted_proxies": ["172.30.0.3/32", "10.0.0.0/24", "10.1.2.3/32"],
     }
     assert dict(c.Authenticator) == {"auth_refresh_age": 1, "auth_refresh_strict": True}

@@ -46,9 +46,11 @@ from traitlets import Bool, Float, Instance, Integer, List, Unicode, default
 
 from gpulab import compat
 from gpulab.contract import PROXY_IP
+from gpulab.login import sshkeys
 from gpulab.login import tokens as lt
 from gpulab.login.forwarded import TrustedProxies, client_address
 from gpulab.login.redirects import safe_next_url
+from gpulab.login.sshkeys import SshKeyStore
 from gpulab.login.throttle import LockoutDecision, LockoutPolicy, Throttle
 from gpulab.login.tokens import LOGIN_TOKEN_NOTE, LoginTokenStore
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
@@ -65,6 +67,7 @@ DEVICE_COOKIE_PREFIX = "gpulab-device-"
 _DEVICE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}\Z")
 THROTTLE_FILE = "gpulab-login-throttle.sqlite"
 LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
+SSH_KEYS_FILE = "gpulab-ssh-keys.sqlite"
 
 
 def credentials_in_query(query: str) -> list[str]:
@@ -325,13 +328,27 @@ class TokenAuthenticator(Authenticator):
         """,
     ).tag(config=True)
 
+    ssh_keys_db_path = Unicode(
+        f"/srv/jupyterhub/{SSH_KEYS_FILE}",
+        help="""File that records members' SSH public keys (sqlite, created mode 0600),
+        next to the hub database, on the volume (gpulab.login.sshkeys).
+
+        Example: c.TokenAuthenticator.ssh_keys_db_path = "/srv/jupyterhub/gpulab-ssh-keys.sqlite"
+        """,
+    ).tag(config=True)
+
     login_tokens = Instance(LoginTokenStore, help="The login-token record; from the path above.")
+    ssh_keys = Instance(SshKeyStore, help="The SSH key record; from ssh_keys_db_path.")
     throttle = Instance(Throttle, help="The failed-login store; built from the traits above.")
     trusted = Instance(TrustedProxies, help="Parsed `trusted_proxies`.")
 
     @default("login_tokens")
     def _login_tokens_default(self):
         return LoginTokenStore(self.login_tokens_db_path)
+
+    @default("ssh_keys")
+    def _ssh_keys_default(self):
+        return SshKeyStore(self.ssh_keys_db_path)
 
     @default("trusted")
     def _trusted_default(self):
@@ -375,7 +392,8 @@ class TokenAuthenticator(Authenticator):
     def get_handlers(self, app):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
-        return [("/login", GpulabLoginHandler), *lt.api_handlers()]
+        return [("/login", GpulabLoginHandler), *lt.api_handlers(),
+                *sshkeys.api_handlers()]
 
     def client_address(self, request) -> str:
         return client_address(request, self.trusted)
@@ -475,6 +493,7 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     c.JupyterHub.authenticator_class = "gpulab-token"
     c.TokenAuthenticator.throttle_db_path = str(data_dir / THROTTLE_FILE)
     c.TokenAuthenticator.login_tokens_db_path = str(data_dir / LOGIN_TOKENS_FILE)
+    c.TokenAuthenticator.ssh_keys_db_path = str(data_dir / SSH_KEYS_FILE)
     c.TokenAuthenticator.trusted_proxies = [str(n) for n in trusted.networks]
     # Only for tornado's remote_ip in the hub's log lines; it believes X-Forwarded-For
     # from any peer, so the throttle works its address out itself (client_address).

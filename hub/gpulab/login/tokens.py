@@ -397,8 +397,9 @@ class UserTokensAPIHandler(UserTokenListAPIHandler):
 class AccessAPIHandler(_AdminOnly):
     """``DELETE /hub/api/gpulab/access/{user}`` (body ``{"stop_servers": bool}``): end
     a member's access at once and entirely: every login token and admin-made API token,
-    then everything they opened (sessions, her own tokens, OAuth tokens of her servers),
-    and, when asked, her servers. The user stays (her home and history are kept)."""
+    her SSH keys (gpulab.login.sshkeys), then everything they opened (sessions, her own
+    tokens, OAuth tokens of her servers), and, when asked, her servers. The user stays
+    (her home and history are kept)."""
 
     async def delete(self, user_name):
         self.require_admin()
@@ -425,6 +426,8 @@ class AccessAPIHandler(_AdminOnly):
         keep = set() if stop else running_server_tokens(self.db, user)
         ended = end_access(self.db, self.store, orm_user, keep)
         self.store.forget_user(orm_user.name)
+        keys = getattr(self.authenticator, "ssh_keys", None)  # gpulab.login.sshkeys
+        removed_keys = keys.forget_user(orm_user.name) if keys is not None else 0
         compat.expire_auth(user)
         stopped = []
         if stop:
@@ -436,10 +439,11 @@ class AccessAPIHandler(_AdminOnly):
                     self.log.warning("%s's server %r is %s: not stopped by the end of "
                                      "access; stop it when it is", user.name, name,
                                      spawner.pending)
-        self.log.warning("%s ended the access of %s: revoked %s%s", self.requester,
-                         user.name, ", ".join(revoked) or "no credentials",
-                         f"; stopped servers {stopped}" if stopped else "")
+        self.log.warning("%s ended the access of %s: revoked %s, removed %d SSH keys%s",
+                         self.requester, user.name, ", ".join(revoked) or "no credentials",
+                         removed_keys, f"; stopped servers {stopped}" if stopped else "")
         self.write(json.dumps({"revoked": sorted(revoked), "ended_access": asdict(ended),
+                               "removed_ssh_keys": removed_keys,
                                "stopped_servers": stopped}))
 
 

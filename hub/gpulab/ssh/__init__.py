@@ -3,8 +3,11 @@
 The design of yuvipanda/jupyterhub-ssh: an SSH server on asyncssh that takes the
 member's login token as the password, checks it with the hub's REST API, and attaches
 the session to a Jupyter terminal in the member's server. Everything goes through the
-hub's proxy with the member's own token, so the gateway holds no credential of its own
-and can reach nothing the token cannot: not another member's server, not Docker.
+hub's proxy with a token of the member's, so the gateway can reach nothing that token
+cannot: not another member's server, not Docker. Its one credential of its own (the hub
+service gpulab-ssh) serves key sign-ins only (:mod:`gpulab.login.sshkeys`).
+
+* :mod:`gpulab.ssh.limits`: pure: how many connections, sessions and forwards it takes.
 
 * :mod:`gpulab.ssh.policy`: pure decisions: usernames, who a token belongs to, whether
   it may open the server, where the server is, the messages members see.

@@ -8,8 +8,12 @@ One connection, step by step:
 1. Password authentication (keyboard-interactive asks for the same password). The
    throttle (:mod:`gpulab.login.throttle`, its own sqlite file on the gateway's volume) is
    asked first: a locked username or client address is refused without asking the hub,
-   with an SSH banner saying when to try again. Public keys, agent, X11 and remote
-   (-R) forwarding are refused.
+   with an SSH banner saying when to try again. Agent, X11 and remote (-R) forwarding
+   are refused. Or a public key the member registered at the hub
+   (:mod:`gpulab.login.sshkeys`): asyncssh checks the signature, the hub (asked as the
+   service gpulab-ssh) whether the key is hers and she has access, and then gives the
+   connection a token that may only reach and see her own server; the password throttle
+   is not asked (keys cannot be guessed).
 2. The password goes to the hub as a token (``GET /hub/api/user``) and
    :func:`gpulab.ssh.policy.judge` decides. A wrong, revoked or expired token, or one
    that names someone else, counts one failure against the username and the address.
@@ -47,7 +51,7 @@ import random
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
@@ -78,6 +82,8 @@ class Settings:
     hub_url: str  # where the gateway reaches the hub's proxy (http://proxy:8000)
     public_url: str  # what members are told to open ("" when unknown)
     tls_trust: Path | None = None  # HTTPS: the proxy's certificate file, trusted as is
+    # The hub service gpulab-ssh's token: key sign-ins only ("": keys are not offered).
+    service_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Member:
     token: str  # her login token: asks the hub, never travels into her server
     server_token: str = ""  # reaches her own server only (Gateway.server_token)
     server_token_id: str = ""
+    by_key: bool = False  # signed in with an SSH key: *token* is the server token
 
     def __repr__(self) -> str:  # never a token, whatever logs it
         return f"Member({self.name!r})"
@@ -172,6 +179,50 @@ class Gateway:
             _banner(conn, verdict.message)
         return None
 
+    async def key_is_hers(self, conn: asyncssh.SSHServerConnection, address: str,
+                          raw_username: str, key: asyncssh.SSHKey) -> str | None:
+        """The member *key* signs in (her name), asking the hub; None if it does not. The
+        password throttle is not asked: a key cannot be guessed, so a member whose
+        username others locked with wrong passwords still gets in with her key."""
+        name = policy.ssh_username(raw_username)
+        if name is None or not self.settings.service_token:
+            return None
+        line = " ".join(key.export_public_key("openssh").decode().split()[:2])
+        try:
+            await self.hub.ssh_key_sign_in(name, line, check=True,
+                                           token=self.settings.service_token)
+        except HubApiError as e:
+            if e.status == 403 and "has no access" in e.message:
+                _banner(conn, "Your SSH key is registered, but you have no access now (no "
+                              "valid login token); ask the lab admin.")
+            elif e.status != 403:
+                log.warning("ssh key sign-in of %s from %s: %s", name, address, e)
+            return None
+        return name
+
+    async def key_sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
+                          name: str, key: asyncssh.SSHKey) -> Member | None:
+        """After the client proved it holds the private key: a token of hers from the hub
+        that may only reach and see her own server, for this connection."""
+        why = self.counts.take(name, limits.CONNECTIONS)
+        if why is not None:
+            log.warning("ssh sign-in of %s from %s refused: %s", name, address, why)
+            conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, why)
+            return None
+        line = " ".join(key.export_public_key("openssh").decode().split()[:2])
+        try:
+            given = await self.hub.ssh_key_sign_in(name, line, check=False,
+                                                   token=self.settings.service_token)
+        except HubApiError as e:
+            self.counts.give_back(name, limits.CONNECTIONS)
+            log.warning("ssh key sign-in of %s from %s: %s", name, address, e)
+            conn.disconnect(asyncssh.DISC_BY_APPLICATION,
+                            "The hub did not let this key sign in; try again in a minute.")
+            return None
+        log.info("ssh sign-in: %s from %s with key %s", name, address,
+                 key.get_fingerprint("sha256"))
+        return Member(name, given["token"], given["token"], given["id"], by_key=True)
+
     async def session(self, member: Member, stdin: asyncssh.SSHReader,
                       stdout: asyncssh.SSHWriter, stderr: asyncssh.SSHWriter) -> None:
         """One SSH session (its streams carry bytes), to its exit status."""
@@ -201,12 +252,19 @@ class Gateway:
     async def signed_out(self, member: Member) -> None:
         """The connection ended: its server token goes (it would end with her login
         token anyway)."""
-        if member.server_token_id:
-            try:  # ignored: the token ends with her login token anyway
+        if not member.server_token_id:
+            return
+        try:  # ignored: the token ends with her login token (or expires) anyway
+            if member.by_key:
+                await self.hub.ssh_key_signed_out(member.name, member.server_token_id,
+                                                  token=self.settings.service_token)
+            else:
                 await self.hub.delete_token(member.name, member.server_token_id,
                                             token=member.token)
-            except HubApiError:
-                pass
+        except HubApiError as e:
+            if e.status not in (403, 404):  # gone already: her access ended
+                log.warning("ssh: could not delete %s's connection token: %s",
+                            member.name, e)
 
     async def still_valid(self, member: Member) -> bool:
         """Does the hub still accept the member's token? True when the hub does not
@@ -426,6 +484,12 @@ class _Connection(asyncssh.SSHServer):
         self.signing_in: str | None = None  # the address key counted as signing in
         self.refusal = ""  # why this connection is refused ("" if it is not)
         self.refusal_timer: asyncio.TimerHandle | None = None
+        self.name = ""  # the member, once a password or key was accepted
+        self.key: asyncssh.SSHKey | None = None  # the key accepted, for a key sign-in
+        # Her Member, once signed in: at once after a password; after a key, once the
+        # hub gave the connection its token (sessions and forwards wait for it).
+        self.ready: asyncio.Future[Member | None] = \
+            asyncio.get_event_loop().create_future()
         self.member: Member | None = None
         self.watcher: asyncio.Task | None = None
 
@@ -460,6 +524,30 @@ class _Connection(asyncssh.SSHServer):
 
     def auth_completed(self):
         self._done_signing_in()
+        if self.member is None and self.key is not None:
+            task = asyncio.get_event_loop().create_task(self._key_signed_in())
+            self.gateway.cleanups.add(task)
+            task.add_done_callback(self.gateway.cleanups.discard)
+
+    def _signed_in(self, member: Member | None) -> None:
+        self.member = member
+        if member is not None and self.watcher is None:
+            self.watcher = asyncio.create_task(self.gateway.watch(member, self.conn))
+        if not self.ready.done():
+            self.ready.set_result(member)
+
+    async def _key_signed_in(self) -> None:
+        member = None
+        try:
+            member = await self.gateway.key_sign_in(self.conn, self.address, self.name,
+                                                    self.key)
+        finally:
+            if self.conn.is_closed() and member is not None:
+                # the client left meanwhile: its token goes at once
+                self.gateway.counts.give_back(member.name, limits.CONNECTIONS)
+                await self.gateway.signed_out(member)
+                member = None
+            self._signed_in(member)
 
     def begin_auth(self, username):
         if self.refusal:
@@ -469,13 +557,27 @@ class _Connection(asyncssh.SSHServer):
     def password_auth_supported(self):
         return True
 
+    def public_key_auth_supported(self):
+        return bool(self.gateway.settings.service_token)
+
     async def validate_password(self, username, password):
         if self.refusal:
             return False
-        self.member = await self.gateway.sign_in(self.conn, self.address, username, password)
-        if self.member is not None and self.watcher is None:
-            self.watcher = asyncio.create_task(self.gateway.watch(self.member, self.conn))
-        return self.member is not None
+        member = await self.gateway.sign_in(self.conn, self.address, username, password)
+        if member is not None:
+            self.name = member.name
+            self._signed_in(member)
+        return member is not None
+
+    async def validate_public_key(self, username, key):
+        """Is *key* one the member registered (asked before the client signs with it,
+        and again with its signature, which asyncssh then checks)?"""
+        if self.refusal:
+            return False
+        name = await self.gateway.key_is_hers(self.conn, self.address, username, key)
+        if name is not None:
+            self.name, self.key = name, key
+        return name is not None
 
     def connection_lost(self, exc):
         self._done_signing_in()
@@ -483,6 +585,8 @@ class _Connection(asyncssh.SSHServer):
             self.refusal_timer.cancel()
         if self.watcher is not None:
             self.watcher.cancel()
+        if not self.ready.done() and (self.key is None or self.member is not None):
+            self.ready.set_result(None)  # a key sign-in still asking the hub sets it
         if self.member is not None:
             self.gateway.counts.give_back(self.member.name, limits.CONNECTIONS)
             task = asyncio.get_event_loop().create_task(self.gateway.signed_out(self.member))
@@ -493,7 +597,7 @@ class _Connection(asyncssh.SSHServer):
         """One more session or forward for this connection's member, or
         ChannelOpenError saying why not (OpenSSH: "open failed: resource shortage:
         ..."); what gives it back, once."""
-        name = self.member.name
+        name = self.name
         why = self.gateway.counts.take(name, kind)
         if why is not None:
             log.warning("ssh %s of %s refused: %s", kind, name, why)
@@ -520,7 +624,11 @@ class _Connection(asyncssh.SSHServer):
 
     async def _forward(self, port: int, give_back: Callable[[], None]) -> channels.Port:
         try:
-            forwarded = await self.gateway.forward(self.member, port)
+            member = await self.ready
+            if member is None:
+                raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
+                                                "not signed in")
+            forwarded = await self.gateway.forward(member, port)
             if self.conn is None or self.conn.is_closed():  # the client left meanwhile
                 forwarded.ws.close()
                 raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
@@ -539,10 +647,14 @@ class _Connection(asyncssh.SSHServer):
         return False  # remote forwarding (ssh -R)
 
     def session_requested(self):
-        member = self.member
         give_back = self._take(limits.SESSIONS)
 
         async def handler(stdin, stdout, stderr):
+            member = await self.ready
+            if member is None:
+                stderr.write(b"Could not sign in with this key; try again in a minute.\r\n")
+                stdin.channel.exit(1)
+                return
             await self.gateway.session(member, stdin, stdout, stderr)
 
         # bytes, not text: sftp, scp and piped data pass unchanged
@@ -597,6 +709,11 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--host-key", type=Path,
                    default=Path("/run/secrets/ssh") / hostkey.KEY_FILE,
                    help="the private host key (made by `gpulab-ssh keygen`)")
+    s.add_argument("--service-token-file", type=Path,
+                   default=Path("/run/secrets/ssh-gateway-token"),
+                   help="the hub service gpulab-ssh's token, for members' SSH keys "
+                        "(`make up` makes secrets/ssh-gateway-token); without it, keys are "
+                        "not offered and only login tokens sign in")
     s.add_argument("--throttle-db", type=Path,
                    default=Path("/var/lib/gpulab-ssh/throttle.sqlite"),
                    help="failed sign-ins and lockouts, kept across restarts")
@@ -647,8 +764,13 @@ def main(argv: list[str] | None = None) -> None:
     # Members' servers on names of their own (alice.gpu.lab.example) are all behind the
     # proxy, which Docker's DNS knows by the hub's name only.
     resolve_below_the_hub(args.hub_url)
-    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust), throttle,
-                      how_much)
+    try:
+        service_token = args.service_token_file.read_text().strip()
+    except OSError as e:
+        service_token = ""
+        log.warning("SSH keys are off: cannot read the gateway's hub token (%s)", e)
+    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust,
+                               service_token), throttle, how_much)
     asyncio.run(serve(args.listen, args.host_key, gateway))
 
 
