@@ -37,12 +37,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.utils import isoformat
 from tornado import web
 
+from gpulab.login import private_db
 from gpulab.login import tokens as lt
 
 SSH_SERVICE = "gpulab-ssh"  # the hub service the SSH gateway signs in as
@@ -118,17 +118,11 @@ class SshKeyStore:
     """Which public keys are whose: a sqlite file next to the hub database (mode 0600)."""
 
     def __init__(self, path: str | os.PathLike, *, now: Callable[[], float] = time.time):
-        self.path = Path(path)
+        self.path = private_db.create(path, _SCHEMA)
         self.now = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        with self._connect() as db:
-            for statement in _SCHEMA:
-                db.execute(statement)
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=10)
+        db = private_db.connect(self.path)
         db.row_factory = sqlite3.Row
         return db
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpulab.login import private_db
+
 USER = "user"
 ADDRESS = "address"
 DEVICE = "device"  # a device cookie's random id; follows the username policy
@@ -187,16 +189,11 @@ class Throttle:
             DEVICE: user_policy,
         }
         self.now = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            # the file says who failed to sign in from where: readable by the hub only
-            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
-            os.close(fd)
-        with self._connect() as db:
-            db.execute(_SCHEMA)
+        # the file says who failed to sign in from where: readable by the hub only
+        private_db.create(self.path, [_SCHEMA])
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=10)
+        return private_db.connect(self.path)
 
     @staticmethod
     def _keys(

@@ -37,7 +37,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
@@ -46,6 +45,7 @@ from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
 from gpulab import compat
+from gpulab.login import private_db
 
 LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
 JUPYTERHUB_CLIENT = "jupyterhub"  # client_id of API tokens; anything else is an OAuth token
@@ -82,22 +82,17 @@ class LoginTokenStore:
     """
 
     def __init__(self, path: str | os.PathLike, *, now: Callable[[], float] = time.time):
-        self.path = Path(path)
+        # which tokens open a session: readable and writable by the hub only
+        self.path = private_db.create(path, _SCHEMA)
         self.now = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            # which tokens open a session: readable and writable by the hub only
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         with self._connect() as db:
-            for statement in _SCHEMA:
-                db.execute(statement)
             columns = {row[1] for row in db.execute("PRAGMA table_info(login_tokens)")}
             if "kind" not in columns:  # a store from before admin-made API tokens
                 db.execute("ALTER TABLE login_tokens ADD COLUMN kind TEXT NOT NULL "
                            "DEFAULT 'login'")
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=10)
+        return private_db.connect(self.path)
 
     def record(self, orm_token: orm.APIToken, issued_by: str, kind: str = KIND_LOGIN) -> None:
         if orm_token.user is None:

@@ -1,0 +1,26 @@
+"""The small sqlite files gpulab keeps next to the hub database (login tokens, SSH keys,
+the login throttle): created readable and writable by their owner only."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, timeout=10)
+
+
+def create(path: str | os.PathLike, schema: Iterable[str]) -> Path:
+    """*path* (its folder made if need be), created mode 0600 if it is not there, with
+    the ``CREATE ... IF NOT EXISTS`` statements of *schema* run; the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    with connect(path) as db:
+        for statement in schema:
+            db.execute(statement)
+    return path
