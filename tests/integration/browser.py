@@ -194,6 +194,19 @@ def lab_shows_or_reload_once(page, failed: FailedRequests, timeout_ms: float,
     warnings.warn(f"JupyterLab showed only after a reload; {seen}", stacklevel=2)
 
 
+def start_without_a_gpu_if_asked(page) -> None:
+    """Where gpus.yaml offers GPUs (the other lane of make test may have put the stand-in
+    inventory there), the hub shows the spawn form after sign-in: she starts without a
+    GPU. Nothing when the page is not the form."""
+    path = urlsplit(page.url).path
+    if path == "/hub/spawn" or (path.startswith("/hub/spawn/")):
+        form = page.locator("#spawn_form")
+        if form.count():
+            if page.locator("#gpulab-gpus").count():
+                page.select_option("#gpulab-gpus", "0")
+            form.locator("[type=submit]").click()
+
+
 def sign_in_to_lab(page, username: str, token: str) -> float:
     """Sign in on the login page as a member does and wait until JupyterLab shows its
     launcher, or the notebook it restores from their last session; returns the
@@ -207,16 +220,8 @@ def sign_in_to_lab(page, username: str, token: str) -> float:
     page.fill("#password_input", token)
     pressed = time.monotonic()
     page.click("#login_submit")
-    # Where gpus.yaml offers GPUs (the other lane of make test may have put the stand-in
-    # inventory there), the hub shows the spawn form first: she starts without a GPU.
     page.wait_for_url(re.compile(rf"/hub/spawn|/user/{re.escape(username)}/"), timeout=90_000)
-    if urlsplit(page.url).path.startswith("/hub/spawn/") or \
-            urlsplit(page.url).path == "/hub/spawn":
-        form = page.locator("#spawn_form")
-        if form.count():
-            if page.locator("#gpulab-gpus").count():
-                page.select_option("#gpulab-gpus", "0")
-            form.locator("[type=submit]").click()
+    start_without_a_gpu_if_asked(page)
     # (the spawn is in there: 90 s, for a host busy with the other lanes of make test)
     wait_for_lab_url(page, HUB_URL, username, 90_000)
     lab_shows_or_reload_once(page, failed, 60_000, lambda: f"console errors: {errors}")

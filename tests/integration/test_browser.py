@@ -28,7 +28,14 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from .browser import SESSION_COOKIES, login_error, screenshot, session_cookies, submit_login
+from .browser import (
+    SESSION_COOKIES,
+    login_error,
+    screenshot,
+    session_cookies,
+    start_without_a_gpu_if_asked,
+    submit_login,
+)
 from .stack import HUB_URL
 from .throttle_rows import failures_undone
 
@@ -78,9 +85,11 @@ def test_member_signs_in_sees_progress_and_lands_in_jupyterlab(hub, lab_user, ne
     page.fill("#password_input", user.token)
     with page.expect_response(
         lambda r: "/hub/spawn-pending/" in r.url and r.request.is_navigation_request(),
-        timeout=60_000,
+        timeout=90_000,
     ) as pending:
         page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/spawn"), timeout=60_000)
+        start_without_a_gpu_if_asked(page)  # the form, where gpus.yaml offers GPUs
     assert pending.value.status == 200
     assert urlsplit(page.url).path == f"/hub/spawn-pending/{user.name}", page.url
     bar = page.locator("#progress-bar.progress-bar[role=progressbar]")

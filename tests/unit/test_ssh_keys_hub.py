@@ -152,3 +152,22 @@ def test_keys_sign_in_only_while_she_has_access_and_end_with_it(hub):
     hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600})
     assert sign_in(hub, name, line, check=True).status == 403
     assert hub.api("GET", f"/gpulab/ssh-keys/{name}").json()["ssh_keys"] == []
+
+
+def test_a_deleted_users_keys_do_not_sign_in_a_new_user_of_the_same_name(hub):
+    name, token = member(hub, "keydel")
+    line = public()
+    assert hub.api("POST", f"/gpulab/ssh-keys/{name}", {"key": line}, token=token).status == 201
+    assert hub.api("DELETE", f"/users/{name}").status == 204
+    assert hub.api("POST", f"/users/{name}", {}).status == 201  # someone else, same name
+    assert hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).status == 201
+    assert sign_in(hub, name, line, check=True).status == 403
+    assert hub.api("GET", f"/gpulab/ssh-keys/{name}").json()["ssh_keys"] == []
+
+
+def test_the_gateway_is_told_clearly_what_it_sent_wrong(hub):
+    name, _ = member(hub, "keybad")
+    r = hub.api("POST", "/gpulab/ssh-sign-in", {"user": name, "key": 42}, token=hub.ssh_token)
+    assert r.status == 400 and '"key"' in r.json()["message"], r.text
+    r = hub.api("DELETE", f"/gpulab/ssh-keys/{name}/%C2%B2")  # "²": a digit, no number
+    assert r.status == 404, r.text

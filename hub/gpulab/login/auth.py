@@ -395,6 +395,13 @@ class TokenAuthenticator(Authenticator):
         return [("/login", GpulabLoginHandler), *lt.api_handlers(),
                 *sshkeys.api_handlers()]
 
+    def delete_user(self, user):
+        """A deleted user's login tokens and SSH keys go with her: a new user of the same
+        name later is someone else (seen in review: her keys would have signed in)."""
+        self.login_tokens.forget_user(user.name)
+        self.ssh_keys.forget_user(user.name)
+        return super().delete_user(user)
+
     def client_address(self, request) -> str:
         return client_address(request, self.trusted)
 

@@ -8,10 +8,10 @@ has a valid login token (her access), ending her access removes her keys, and on
 request made with her *login token* (or an admin's) may add one, never a token her
 server holds.
 
-How a key sign-in works: gpulab-ssh checks the signature (asyncssh), then, as the hub
-service ``gpulab-ssh`` (its token in ``secrets/ssh-gateway-token``), asks
-``POST /hub/api/gpulab/ssh-sign-in``: first whether the key is hers (``"check": true``),
-then, once the client has proven it holds the private key, for a token that may only
+How a key sign-in works: gpulab-ssh, as the hub service ``gpulab-ssh`` (its token in
+``secrets/ssh-gateway-token``), asks ``POST /hub/api/gpulab/ssh-sign-in`` first whether
+the key a client offers is hers (``"check": true``), then, once asyncssh has checked that
+the client holds the private key (its signature), for a token that may only
 reach and see her own server, for this connection; it deletes that token when the
 connection ends. What the gateway can do with its service token is exactly that: so
 whoever took over the gateway could reach the servers of members who registered keys,
@@ -245,7 +245,7 @@ class SshKeyAPIHandler(_SshKeys):
 
     def delete(self, user_name, key_id):
         user = self.require_owner_or_admin(user_name)
-        if not key_id.isdigit() or not self.ssh_keys.remove(user.name, int(key_id)):
+        if not key_id.isdecimal() or not self.ssh_keys.remove(user.name, int(key_id)):
             raise web.HTTPError(404, f"{user.name} has no SSH key {key_id}")
         self.log.info("%s removed SSH key %s of %s", self.requester, key_id, user.name)
         self.write(json.dumps({"removed": int(key_id)}))
@@ -270,8 +270,10 @@ class SshSignInAPIHandler(_SshKeys):
 
     def post(self):
         body = self.require_gateway()
+        if not isinstance(body.get("key"), str):
+            raise web.HTTPError(400, 'Body must give the "key"')
         try:
-            key = parse_public_key(body.get("key") or "")
+            key = parse_public_key(body["key"])
         except BadKey as e:
             raise web.HTTPError(400, str(e)) from None
         user = self.find_user(body["user"])
@@ -301,7 +303,10 @@ class SshSignInAPIHandler(_SshKeys):
         if user is not None and isinstance(token_id, str):
             found = next((t for t in lt.user_tokens(self.db, user.orm_user)
                           if t.api_id == token_id
-                          and (t.note or "").startswith(KEY_TOKEN_NOTE)), None)
+                          and (t.note or "").startswith(KEY_TOKEN_NOTE)
+                          and set(t.scopes) == set(key_token_scopes(user.name))
+                          and not self.store.is_recorded(t)
+                          and not self.store.is_recorded(t, lt.KIND_API)), None)
         if found is None:
             raise web.HTTPError(404, "no such key sign-in token")
         self.db.delete(found)

@@ -305,8 +305,9 @@ class GpulabSpawner(DockerSpawner):
         self._report(5, "Checking the lab's settings")
         settings, gpus_config = self._lab_config
         # A little before JupyterHub's own start_timeout, which would only say "Spawn
-        # failed" (its TimeoutError carries no message): this one says why, with the log.
-        deadline = time.monotonic() + self.start_timeout - min(2.0, self.start_timeout / 10)
+        # failed" (its TimeoutError carries no message): this one says why, with the log,
+        # once the container is stopped (seen: 2 s were too few on a busy host).
+        deadline = time.monotonic() + self.start_timeout - min(5.0, self.start_timeout / 5)
         self._start_deadline = deadline
         await self._preflight(settings)
 
@@ -415,7 +416,9 @@ class GpulabSpawner(DockerSpawner):
                 log_tail = await self._log_tail()
                 self.log.warning("%s did not answer within %ss; stopping it",
                                  self.log_name, self.start_timeout)
-                await self.stop_object()  # JupyterHub won't stop() a failed start
+                # JupyterHub won't stop() a failed start. Killed after 1 s (a server that
+                # never answered has nothing to save): the message must come first.
+                await self._stop_within(1)
                 await self.remove_object()
                 raise SpawnFailed(
                     f"Your server did not answer within {self.start_timeout} seconds, so it "
@@ -424,6 +427,13 @@ class GpulabSpawner(DockerSpawner):
                     f"of its log:\n{log_tail}"
                 )
             await asyncio.sleep(self.ready_poll_interval)
+
+    async def _stop_within(self, seconds: int) -> None:
+        try:
+            await self.docker("stop", self.container_id, timeout=seconds)
+        except docker.errors.APIError as e:
+            if e.status_code != 404:
+                raise
 
     async def _ended(self) -> str | None:
         """While starting: None while the server runs, else how it ended, in words."""

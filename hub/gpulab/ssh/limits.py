@@ -59,7 +59,7 @@ class Limits:
         for name, var in ENV.items():
             raw = env.get(var, "").strip()
             if raw:
-                if not raw.isdigit():
+                if not raw.isdecimal():
                     raise ValueError(f"{var}={raw!r}: a whole number is needed")
                 values[name] = int(raw)
         try:
@@ -85,7 +85,7 @@ ENV = {  # Limits field -> environment variable (docker-compose.yml passes them 
 def parse_startups(spec: str) -> tuple[int, int, int]:
     """OpenSSH's ``MaxStartups`` syntax: ``full`` alone, or ``start:rate:full``."""
     parts = spec.split(":")
-    if len(parts) not in (1, 3) or not all(p.isdigit() for p in parts):
+    if len(parts) not in (1, 3) or not all(p.isdecimal() for p in parts):
         raise ValueError("write start:rate:full (as OpenSSH's MaxStartups, e.g. 10:30:100) "
                          "or a single number")
     if len(parts) == 1:
