@@ -368,6 +368,7 @@ class GpulabSpawner(DockerSpawner):
         self.gpu_uuids = []
 
     async def _remove_leftover(self) -> None:
+        """Remove (force: kill first) the container of a start that was given up."""
         try:
             await self.docker("remove_container", self.object_name, force=True)
             self.log.info("Removed %s left by a start that was given up", self.object_name)
@@ -413,13 +414,17 @@ class GpulabSpawner(DockerSpawner):
                     f"Last lines of its log:\n{log_tail}"
                 )
             if time.monotonic() > deadline:
-                log_tail = await self._log_tail()
+                try:
+                    log_tail = await asyncio.wait_for(self._log_tail(), 2)
+                except TimeoutError:
+                    log_tail = "(its log could not be read in time)"
                 self.log.warning("%s did not answer within %ss; stopping it",
                                  self.log_name, self.start_timeout)
-                # JupyterHub won't stop() a failed start. Killed after 1 s (a server that
-                # never answered has nothing to save): the message must come first.
-                await self._stop_within(1)
-                await self.remove_object()
+                # JupyterHub won't stop() a failed start: the container is removed (and
+                # killed) after the message is out. Docker calls queue on DockerSpawner's
+                # one worker thread: a stop and a removal took 8 s on a busy host (seen
+                # in CI), past JupyterHub's own timeout, whose message is empty.
+                asyncio.ensure_future(self._remove_leftover())
                 raise SpawnFailed(
                     f"Your server did not answer within {self.start_timeout} seconds, so it "
                     f"was stopped. Try again; if it happens again, tell an admin (the "
@@ -427,13 +432,6 @@ class GpulabSpawner(DockerSpawner):
                     f"of its log:\n{log_tail}"
                 )
             await asyncio.sleep(self.ready_poll_interval)
-
-    async def _stop_within(self, seconds: int) -> None:
-        try:
-            await self.docker("stop", self.container_id, timeout=seconds)
-        except docker.errors.APIError as e:
-            if e.status_code != 404:
-                raise
 
     async def _ended(self) -> str | None:
         """While starting: None while the server runs, else how it ended, in words."""
