@@ -59,6 +59,10 @@ else
 in config/gpulab.yaml first (docs/swarm.md); on one host, use make up."
 fi
 
+# Containers that Docker says have exited while containerd still runs them (dockerd lost
+# track of them as it restarted): they could not start again.
+"$(dirname "$0")/lost-tasks.sh"
+
 # The hub's and the proxy's fixed addresses: in the subnet, outside the range Docker (or the
 # Swarm) hands out to members' servers (else a member's server could be given one of them,
 # and gpulab-netguard trusts those two; a container asking for a taken address fails).

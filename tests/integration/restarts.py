@@ -17,6 +17,12 @@ def state(container: str) -> dict:
     return json.loads(docker("inspect", container))[0]["State"]
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of process *pid* (for a container's PID 1: its containerd shim)."""
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
 def restart_count(container: str) -> int:
     return json.loads(docker("inspect", container))[0]["RestartCount"]
 
