@@ -213,7 +213,7 @@ lint: venv
 	$(VENV)/bin/ruff check hub tests bench monitoring images
 
 test-unit: venv
-	$(VENV)/bin/pytest -m "not integration" --durations=10 tests
+	@PYTEST=$(VENV)/bin/pytest scripts/test-unit.sh
 
 # Unit tests first (a failure shows within a minute, before anything starts), then the
 # test stack and the integration tests (scripts/test-integration.sh: the simulated-Swarm

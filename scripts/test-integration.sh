@@ -3,7 +3,8 @@
 #
 #   first, side by side (each lane's tests one after another):
 #     gpus     tests that use the stand-in GPUs and the exporter's fake ones (marked from
-#              their fixtures: they edit gpus.yaml and the fake GPUs' control file);
+#              their fixtures: they edit gpus.yaml and the fake GPUs' control file), and
+#              the modules tests/integration/conftest.py adds to them (marked gpus_lane);
 #     members  the other tests of the stack, whose members' servers hold no GPU;
 #   then, side by side:
 #     disruptive  the tests that restart the hub, the proxy, dockerd or the whole stack,
@@ -20,34 +21,17 @@
 # Usage: scripts/test-integration.sh [PYTEST ARGS...]   (from the checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-pytest=${PYTEST:-.venv/bin/pytest}
 swarm=(tests/integration/test_swarm_harness.py tests/integration/test_docker_proxy_swarm.py
        tests/integration/test_swarm_hub.py)
 not_swarm=(); for m in "${swarm[@]}"; do not_swarm+=(--ignore "$m"); done
-logs=$(mktemp -d /tmp/gpulab-test-lanes.XXXXXX)
-trap 'rm -rf "$logs"' EXIT
-started=$SECONDS
-failed=()
-
-lane() {  # lane NAME PYTEST-ARGS...: in the background, output to $logs/NAME
-  local name=$1; shift
-  ( "$pytest" -p no:cacheprovider --durations=10 "$@" >"$logs/$name" 2>&1;
-    echo $? >"$logs/$name.status" ) &
-}
-show() {  # show NAME: its output and status, once it has ended
-  local name=$1 status
-  status=$(cat "$logs/$name.status" 2>/dev/null || echo "?")
-  echo
-  echo "================ lane '$name' (exit $status, done at $((SECONDS - started)) s) ================"
-  cat "$logs/$name"
-  [ "$status" = 0 ] || failed+=("$name")
-}
+# shellcheck source=scripts/lanes.sh
+. scripts/lanes.sh
 
 echo "[gpulab] integration tests in lanes: gpus beside members, then disruptive beside" \
      "swarm (each lane's output follows when it ends)"
-lane gpus -m "integration and gpus and not disruptive" "$@" tests/integration "${not_swarm[@]}"
+lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
 gpus_pid=$!
-lane members -m "integration and not gpus and not disruptive" "$@" tests/integration \
+lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
   "${not_swarm[@]}"
 members_pid=$!
 wait "$gpus_pid"; show gpus
@@ -59,9 +43,4 @@ lane disruptive -m "integration and disruptive" "$@" tests/integration "${not_sw
 disruptive_pid=$!
 wait "$disruptive_pid"; show disruptive
 wait "$swarm_pid"; show swarm
-echo
-echo "[gpulab] integration tests took $((SECONDS - started)) s"
-if [ ${#failed[@]} -gt 0 ]; then
-  echo "[gpulab] failed: ${failed[*]}" >&2
-  exit 1
-fi
+finish "integration tests"

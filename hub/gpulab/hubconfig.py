@@ -22,6 +22,7 @@ from gpulab.contract import (
     PROXY_IP,
     SCRAPE_SECONDS_ENV,
     SERVER_NOTICES_FILE,
+    scrape_seconds,
 )
 from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
@@ -168,8 +169,12 @@ def configure(c) -> None:
                                                      f"http://{PROXY_IP}:{PROXY_API_PORT}")
     c.ConfigurableHTTPProxy.auth_token = read_secret("proxy-token")
     # A restarted proxy starts with no routes; the hub puts them back at every activity
-    # check (update_last_activity -> check_routes), so make that often.
-    c.JupyterHub.last_activity_interval = 15
+    # check (update_last_activity -> check_routes), so make that often: once a scrape
+    # (the lab's clock, 15 s; the test stack's 2 s).
+    try:
+        c.JupyterHub.last_activity_interval = scrape_seconds()
+    except ValueError as e:
+        raise SystemExit(f"gpulab: {e}") from None
     c.JupyterHub.hub_ip = "0.0.0.0"
     # Where the proxy and users' servers reach the hub (its fixed address in the stack).
     hub_host = os.environ.get("GPULAB_HUB_ADDRESS", "gpulab-hub")

@@ -31,9 +31,9 @@ from gpulab.dockerapi.proxy import parse_response
 from tests.ports import free_port
 
 # Its containers carry the lease labels of the stand-in GPU 0 (they are what the hub
-# makes): the hub counts them as holding it, so they run alone, never beside another
-# test's GPU spawns (scripts/test-integration.sh; seen: 409s in the other lane).
-pytestmark = pytest.mark.disruptive
+# makes): the hub counts them as holding it, so they run in the gpus lane, one after the
+# tests that spawn with a GPU, never beside them (conftest.GPUS_LANE_MODULES; seen: 409s
+# in another lane).
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 IMAGE = "gpulab/singleuser:latest"

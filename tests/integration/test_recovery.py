@@ -112,7 +112,7 @@ def test_killed_proxy_is_restarted_and_gets_its_routes_back(hub, lab_user):
     for round_ in range(1, 3):
         before = kill_from_host(PROXY)
         wait_restarted(PROXY, before)
-        # The hub re-adds missing routes at its next activity check (15 s apart).
+        # The hub re-adds missing routes at its next activity check (once a scrape: 2 s here).
         wait_for(lambda: routed(user), 60, interval=1,
                  what=f"{user.name}'s route to come back after proxy kill {round_}")
         assert f"/user/{user.name}" in proxy_routes()

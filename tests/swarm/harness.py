@@ -5,8 +5,8 @@ the others by one bridge in a namespace of its own; the Swarm between them is re
 (raft, dispatcher heartbeats, overlay VXLAN, scheduling). Everything it creates carries the
 ``gpulab-swarm-<run>`` prefix: namespaces, cgroups, hostnames and the temp dir that holds
 each node's data root, exec root, socket, pidfile and log. It never changes the host's own
-network, iptables or the main Docker engine (it only reads images from it with
-``docker save``). Processes are stopped by PID, never by name.
+network, iptables or the main Docker engine (it only reads images from it: their files,
+linked, or ``docker save``). Processes are stopped by PID, never by name.
 """
 
 from __future__ import annotations
@@ -25,15 +25,22 @@ from pathlib import Path
 
 from . import outbound
 from . import plan as P
+from .image_store import can_link, copy_images
 
 NETNS_DIR = Path("/run/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SYSTEM_CONTAINERD = Path("/run/containerd/containerd.sock")
 STANDIN_RUNTIME = Path(__file__).with_name("standin_nvidia_runtime.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
 class SwarmError(RuntimeError):
     pass
+
+
+def _is_mount_point(path: Path) -> bool:
+    with open("/proc/self/mountinfo") as mounts:
+        return any(line.split()[4] == str(path) for line in mounts)
 
 
 def run(argv: list[str], *, check: bool = True, timeout: float = 60,
@@ -507,18 +514,23 @@ class Swarm:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def load_images(self, *images: str, nodes: list[Node] | None = None) -> None:
-        """Copy *images* from the main engine to every node (or to *nodes*): ``docker
-        save`` once, then ``docker load`` on those nodes at once. No registry."""
-        nodes = self.nodes if nodes is None else nodes
-        # The main engine may be restarting right now: `make test` runs these modules
-        # beside the rest of the suite, whose recovery tests restart it (seconds).
+    def _main_engine(self, images: tuple[str, ...]) -> dict:
+        """``docker info`` of the main engine once it answers, after checking that it
+        has *images*. It may be restarting right now: `make test` runs these modules
+        beside the rest of the suite, whose recovery tests restart it (seconds)."""
         wait_for(lambda: run(["docker", "info"], check=False, timeout=30).returncode == 0,
                  120, what="the main Docker engine to answer", interval=1)
         for image in images:
             if run(["docker", "image", "inspect", image], check=False).returncode != 0:
                 raise SwarmError(f"image {image} is not on the main Docker engine: "
                                  f"build it with `make images`")
+        return json.loads(run(["docker", "info", "--format", "{{json .}}"]).stdout)
+
+    def load_images(self, *images: str, nodes: list[Node] | None = None) -> None:
+        """Copy *images* from the main engine to every node (or to *nodes*): ``docker
+        save`` once, then ``docker load`` on those nodes at once. No registry."""
+        nodes = self.nodes if nodes is None else nodes
+        self._main_engine(images)
         archive = self.dir / "images.tar"
         for attempt in range(3):
             saved = run(["docker", "save", "-o", str(archive), *images], timeout=300,
@@ -539,23 +551,52 @@ class Swarm:
     IMAGE_STORE = ("image", "overlay2")
 
     def _seed_images(self, images: tuple[str, ...]) -> None:
-        """Before the Swarm forms: *images* loaded once, into the manager's engine, which
-        then stops; the workers' data roots get its image store as hard links (``cp
-        -al``). One ``docker load`` instead of one per machine (3 x 2.3 GB of writes for
-        the hub's modules, 130 s of their setup here). Safe because overlay2 never
-        writes to an image's layers: a container's changes go to its own upper
-        directory, and removing an image on one machine unlinks its own names only.
-        Each machine then starts with the same image IDs, as ``docker load`` gives."""
+        """Before the engines first start: *images* in every machine's image store, with
+        the IDs the main engine gives them, as ``docker load`` would. Where the main
+        engine's store is overlay2 on this filesystem, its images' files are linked in
+        (image_store.link_images: 2 s for the hub's modules' 4 images here); otherwise
+        they are loaded once, into the manager's engine, which then stops, and the
+        workers get its store as hard links (``cp -al``): one ``docker load`` instead of
+        one per machine (3 x 2.3 GB of writes, 130 s of the hub's modules' setup)."""
+        info = self._main_engine(images)
+        root = Path(info.get("DockerRootDir", ""))
         manager = self.manager
-        self._launch(manager)
-        self._wait_engine(manager, 30)
-        self.load_images(*images, nodes=[manager])
-        self.stop_engine(manager)
+        manager.paths.data.mkdir(mode=0o710, exist_ok=True)
+        if info.get("Driver") == "overlay2" and (root / "image" / "overlay2").is_dir():
+            tags = {image: run(["docker", "image", "inspect", "-f", "{{.Id}}", image]
+                               ).stdout.strip() for image in images}
+            self._copy_images_from(root, manager.paths.data, tags)
+        else:
+            self._launch(manager)
+            self._wait_engine(manager, 30)
+            self.load_images(*images, nodes=[manager])
+            self.stop_engine(manager)
         for worker in self.workers:
             worker.paths.data.mkdir(mode=0o710, exist_ok=True)
             for part in self.IMAGE_STORE:
                 run(["cp", "-al", str(manager.paths.data / part),
                      str(worker.paths.data / part)], timeout=300)
+
+    @staticmethod
+    def _copy_images_from(root: Path, dest: Path, tags: dict[str, str]) -> None:
+        """The main engine's images *tags* into the data root *dest*: as hard links where
+        they can be (a copy writes 2.3 GB for the hub's modules: 120 s here), else copied.
+        Here the main engine's root /var/lib/docker is a bind mount of the very directory
+        under it, so hard links fail across that mount; in a mount namespace of its own
+        without that mount, the same files lie on the mount of *dest*."""
+        if can_link(root, dest):
+            copy_images(root, dest, tags)
+            return
+        if _is_mount_point(root):  # os.path.ismount misses a bind mount of the same device
+            inode = (root / "image" / "overlay2" / "repositories.json").stat().st_ino
+            linked = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          'umount -l "$1" && exec "$2" -m tests.swarm.image_store "$1" "$3" '
+                          '"$4" "$5"', "sh", str(root), sys.executable, str(dest),
+                          json.dumps(tags), str(inode)], capture_output=True, timeout=600,
+                         cwd=REPO)
+            if linked.returncode == 0:
+                return
+        copy_images(root, dest, tags, hard_links=False)
 
     def stop_engine(self, node: Node, crash: bool = False) -> None:
         """Take *node* down: SIGTERM its dockerd (a clean shutdown that stops its

@@ -1,0 +1,32 @@
+# Lanes: pytest processes side by side, each one's output printed whole when it ends, with
+# its slowest tests. Sourced by scripts/test-unit.sh and scripts/test-integration.sh:
+#   lane NAME PYTEST-ARGS...   start one in the background (its PID in $!)
+#   show NAME                  after `wait`: print its output; a failure goes into $failed
+#   finish WHAT                say how long WHAT took; exit 1 if a lane failed
+pytest=${PYTEST:-.venv/bin/pytest}
+logs=$(mktemp -d /tmp/gpulab-test-lanes.XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+started=$SECONDS
+failed=()
+
+lane() {
+  local name=$1; shift
+  ( "$pytest" -p no:cacheprovider --durations=10 "$@" >"$logs/$name" 2>&1;
+    echo $? >"$logs/$name.status" ) &
+}
+show() {
+  local name=$1 status
+  status=$(cat "$logs/$name.status" 2>/dev/null || echo "?")
+  echo
+  echo "================ lane '$name' (exit $status, done at $((SECONDS - started)) s) ================"
+  cat "$logs/$name"
+  [ "$status" = 0 ] || failed+=("$name")
+}
+finish() {
+  echo
+  echo "[gpulab] $1 took $((SECONDS - started)) s"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "[gpulab] failed: ${failed[*]}" >&2
+    exit 1
+  fi
+}
