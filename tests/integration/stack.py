@@ -276,18 +276,21 @@ def scrape_seconds() -> int:
     """Prometheus' scrape interval on the running stack (GPULAB_SCRAPE_SECONDS in its
     container: 2 on the stack `make test` starts, 15 on a lab's), which the usage,
     history and culler tests count with: make test's setting, else what the running
-    Prometheus was given, else 15 (no Prometheus runs, between a make down and up)."""
+    Prometheus was given, else what it was given when this process last saw it (a test
+    that runs make down, then make up, brings the stack back as it found it), else 15."""
     if os.environ.get("GPULAB_SCRAPE_SECONDS", "").isdigit():
         return int(os.environ["GPULAB_SCRAPE_SECONDS"])
     found = subprocess.run(["docker", "inspect", "gpulab-prometheus"], capture_output=True,
                            text=True, timeout=60)
-    if found.returncode != 0:
-        return 15
-    for entry in json.loads(found.stdout)[0]["Config"]["Env"]:
-        key, _, value = entry.partition("=")
-        if key == "GPULAB_SCRAPE_SECONDS" and value.isdigit():
-            return int(value)
-    return 15
+    if found.returncode == 0:
+        for entry in json.loads(found.stdout)[0]["Config"]["Env"]:
+            key, _, value = entry.partition("=")
+            if key == "GPULAB_SCRAPE_SECONDS" and value.isdigit():
+                _seen_scrape_seconds[:] = [int(value)]
+    return (_seen_scrape_seconds or [15])[-1]
+
+
+_seen_scrape_seconds: list[int] = []  # scrape_seconds(): what the running stack last had
 
 
 def make(target: str, flags: str, **env: str) -> str:

@@ -186,7 +186,7 @@ def key_token_scopes(name: str) -> list[str]:
 # ------------------------------------------------------------------ REST API
 
 
-class _SshKeys(lt._AdminOnly):
+class _SshKeys(lt.LoginTokenAPIBase):
     @property
     def ssh_keys(self) -> SshKeyStore:
         store = getattr(self.authenticator, "ssh_keys", None)

@@ -257,8 +257,9 @@ def token_model(token: orm.APIToken) -> dict:
     }
 
 
-class _AdminOnly(APIHandler):
-    """Base of the login-token endpoints: admins only, JSON, the authenticator's store."""
+class LoginTokenAPIBase(APIHandler):
+    """Base of the login-token endpoints and of the SSH keys' (gpulab.login.sshkeys): the
+    authenticator's store, admins-only checks, JSON."""
 
     @property
     def store(self) -> LoginTokenStore:
@@ -293,7 +294,7 @@ class _AdminOnly(APIHandler):
         return f"{getattr(self.current_user, 'kind', 'user')} {self.current_user.name}"
 
 
-class LoginTokensAPIHandler(_AdminOnly):
+class LoginTokensAPIHandler(LoginTokenAPIBase):
     """``GET`` (list) and ``POST`` (issue) ``/hub/api/gpulab/login-tokens/{user}``."""
 
     def get(self, user_name):
@@ -323,7 +324,7 @@ class LoginTokensAPIHandler(_AdminOnly):
         self.write(json.dumps({**token_model(orm_token), "token": token}))
 
 
-class LoginTokenAPIHandler(_AdminOnly):
+class LoginTokenAPIHandler(LoginTokenAPIBase):
     """``DELETE /hub/api/gpulab/login-tokens/{user}/{token_id}``: revoke one."""
 
     def delete(self, user_name, token_id):
@@ -389,7 +390,7 @@ class UserTokensAPIHandler(UserTokenListAPIHandler):
                               user.name)
 
 
-class AccessAPIHandler(_AdminOnly):
+class AccessAPIHandler(LoginTokenAPIBase):
     """``DELETE /hub/api/gpulab/access/{user}`` (body ``{"stop_servers": bool}``): end
     a member's access at once and entirely: every login token and admin-made API token,
     her SSH keys (gpulab.login.sshkeys), then everything they opened (sessions, her own
