@@ -146,13 +146,23 @@ def test_nodes_ready_with_fake_gpus(swarm, say):
         f"{t['images']:.1f} s")
 
 
+def gpu_probe(swarm) -> dict:
+    """The service gpu-probe on the first worker with its second GPU, created unless a test
+    before made it (so that each test that uses it passes alone); its running task."""
+    worker = swarm.workers[0]
+    if "gpu-probe" not in swarm.docker(swarm.manager, "service", "ls", "--format",
+                                       "{{.Name}}").split():
+        create_service(swarm, "gpu-probe", worker, "--env",
+                       f"NVIDIA_VISIBLE_DEVICES={worker.gpus[1]}", base_id(swarm),
+                       "sleep", "infinity")
+    return wait_running_on(swarm, "gpu-probe", worker)
+
+
 def test_gpu_service_runs_on_the_chosen_worker_with_its_uuid(swarm, say):
     worker = swarm.workers[0]
     uuid = worker.gpus[1]
     t0 = time.monotonic()
-    create_service(swarm, "gpu-probe", worker, "--env", f"NVIDIA_VISIBLE_DEVICES={uuid}",
-                   base_id(swarm), "sleep", "infinity")
-    task = wait_running_on(swarm, "gpu-probe", worker)
+    task = gpu_probe(swarm)
     say(f"service with a node constraint running on {worker.name} after "
         f"{time.monotonic() - t0:.1f} s")
     records = swarm.runtime_records(worker)
@@ -218,7 +228,7 @@ def test_overlay_network_between_workers_by_task_ip(swarm, say):
 
 def test_a_worker_dies_and_comes_back(swarm, say):
     worker = swarm.workers[0]
-    task = wait_running_on(swarm, "gpu-probe", worker)
+    task = gpu_probe(swarm)
     pid = int(swarm.docker(worker, "inspect", task["container"], "--format", "{{.State.Pid}}"))
     t0 = time.monotonic()
     swarm.stop_engine(worker, crash=True)  # every process of the node: a power cut
