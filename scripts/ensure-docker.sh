@@ -66,11 +66,19 @@ else
   PATH="${GPULAB_DOCKERD_PATH:+$GPULAB_DOCKERD_PATH:}$PATH" \
     nohup dockerd --live-restore >/var/log/gpulab-dockerd.log 2>&1 &
   echo $! >/run/gpulab-dockerd.pid
+  started_here=yes
 fi
 
 for _ in $(seq 1 60); do
   if docker info >/dev/null 2>&1; then
     log "Docker engine is up."
+    if [ "${started_here:-}" = yes ]; then
+      # A container whose process exited while dockerd was down can be lost by it a few
+      # seconds after it starts (scripts/lost-tasks.sh): look for a minute, in the
+      # background. (With systemd: ExecStartPost=.../scripts/lost-tasks.sh --watch 60.)
+      nohup "$(dirname "$0")/lost-tasks.sh" --watch 60 </dev/null \
+        >>/var/log/gpulab-lost-tasks.log 2>&1 &
+    fi
     ensure_compose
     exit 0
   fi

@@ -70,38 +70,57 @@ def send_late_exit(container_id: str, pid: int) -> None:
                    input=_protobuf((1, b"containerd.events.TaskExit"), (2, event)))
 
 
-def lost_tasks() -> str:
-    return subprocess.run([str(REPO / "scripts" / "lost-tasks.sh")], capture_output=True,
-                          text=True, timeout=120, check=True).stdout
+def lost_tasks(*args: str) -> str:
+    return subprocess.run([str(REPO / "scripts" / "lost-tasks.sh"), *args],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
 
 
-def test_a_container_docker_lost_track_of_is_ended_and_starts_again():
+def lose(container: str) -> None:
+    """Put *container* (running) in the state dockerd left: exited for Docker, running
+    for containerd, its next start refused."""
+    send_late_exit(container, int(docker("inspect", "-f", "{{.State.Pid}}", container)))
+    deadline = time.monotonic() + 30
+    while docker("inspect", "-f", "{{.State.Status}}", container).strip() != "exited":
+        assert time.monotonic() < deadline, "dockerd never took the late exit"
+        time.sleep(0.2)
+    assert task_of(container) == "RUNNING"
+
+
+@pytest.mark.parametrize("how", ["make up", "after dockerd starts"])
+def test_a_container_docker_lost_track_of_is_ended_and_starts_again(how):
+    """make up's pass looks twice, a second apart; the one ensure-docker.sh starts in the
+    background after it starts dockerd looks every second for a minute (here: 4 s)."""
     image = docker("inspect", "-f", "{{.Config.Image}}", "gpulab-hub").strip()
-    lost = docker("run", "-d", "--name", "gpulab-test-lost", image, "sleep", "600").strip()
+    lost = docker("run", "-d", "--name", "gpulab-test-lost", "--restart", "unless-stopped",
+                  image, "sleep", "600").strip()
+    plain = docker("run", "-d", "--name", "gpulab-test-lost-plain", image, "sleep", "600").strip()
     running = docker("run", "-d", "--name", "gpulab-test-running", image,
                      "sleep", "600").strip()
     try:
-        send_late_exit(lost, int(docker("inspect", "-f", "{{.State.Pid}}", lost)))
-        deadline = time.monotonic() + 30
-        while docker("inspect", "-f", "{{.State.Status}}", lost).strip() != "exited":
-            assert time.monotonic() < deadline, "dockerd never took the late exit"
-            time.sleep(0.2)
-        assert task_of(lost) == "RUNNING"
-        failed = subprocess.run(["docker", "start", lost], capture_output=True, text=True,
+        old_pid = docker("inspect", "-f", "{{.State.Pid}}", lost).strip()
+        lose(lost)
+        lose(plain)
+        failed = subprocess.run(["docker", "start", plain], capture_output=True, text=True,
                                 timeout=60)
         assert "id already in use" in failed.stderr, failed
 
-        out = lost_tasks()
-        assert "gpulab-test-lost: Docker says it has exited, but its processes still run" \
-            in out, out
+        out = lost_tasks() if how == "make up" else lost_tasks("--watch", "4")
+        for name in ("gpulab-test-lost", "gpulab-test-lost-plain"):
+            assert f"{name}: Docker says it has exited, but its processes still run" in out, out
         assert "gpulab-test-running" not in out, out
-        assert task_of(lost) == ""
         assert task_of(running) == "RUNNING"
-        docker("start", lost)
+        # its restart policy says it runs: started again, as a new process
+        assert "gpulab-test-lost started again (restart policy unless-stopped)" in out, out
         assert docker("inspect", "-f", "{{.State.Status}}", lost).strip() == "running"
+        assert docker("inspect", "-f", "{{.State.Pid}}", lost).strip() != old_pid
+        # no restart policy: ended, left stopped, and it starts when asked
+        assert task_of(plain) == ""
+        docker("start", plain)
+        assert docker("inspect", "-f", "{{.State.Status}}", plain).strip() == "running"
         assert "gpulab-test-" not in lost_tasks()  # nothing left to end
     finally:
-        docker("rm", "-f", lost, running, check=False)
-        if task_of(lost):  # this test failed while Docker had lost track of it
-            ctr("task", "delete", "--force", lost, check=False)
-            ctr("container", "delete", lost, check=False)
+        docker("rm", "-f", lost, plain, running, check=False)
+        for container in (lost, plain):
+            if task_of(container):  # this test failed while Docker had lost track of it
+                ctr("task", "delete", "--force", container, check=False)
+                ctr("container", "delete", container, check=False)
