@@ -75,7 +75,7 @@ for _ in $(seq 1 60); do
     if [ "${started_here:-}" = yes ]; then
       # A container whose process exited while dockerd was down can be lost by it a few
       # seconds after it starts (scripts/lost-tasks.sh): look for a minute, in the
-      # background. (With systemd: ExecStartPost=.../scripts/lost-tasks.sh --watch 60.)
+      # background. (With systemd: docs/operations.md, Reliability.)
       nohup "$(dirname "$0")/lost-tasks.sh" --watch 60 </dev/null \
         >>/var/log/gpulab-lost-tasks.log 2>&1 &
     fi
