@@ -76,7 +76,7 @@ while :; do
     for id in $before; do
       grep -qx "$id" <<<"$now" && end "$id"
     done
-    before=$(lost)
+    before=$now  # those just ended are no longer lost at the next look
   fi
   [ "$SECONDS" -lt "$deadline" ] || break
 done
