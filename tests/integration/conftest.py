@@ -13,7 +13,6 @@ import shutil
 import subprocess
 
 import pytest
-import requests
 
 from ..conftest import REAL_GPU
 from ..swarm import Swarm, SwarmError
@@ -21,7 +20,6 @@ from .browser import browser, new_page  # noqa: F401  (fixtures for every module
 from .fake_gpus import exporter_snapshot, write_fake_control
 from .restarts import gpulab_dockerd_pid, restart_gpulab_dockerd, start_gpulab_dockerd
 from .stack import (
-    HUB_URL,
     REPO,
     Hub,
     LabConfig,
@@ -82,16 +80,6 @@ def hub() -> Hub:
     return Hub()
 
 
-def dashboard_answers() -> bool:
-    """Does the GPU dashboard service answer through the proxy (anything but the
-    proxy's or the hub's 502/503 for a service that is not up yet)?"""
-    try:
-        r = requests.get(f"{HUB_URL}/services/gpus/", timeout=5, allow_redirects=False)
-    except requests.RequestException:
-        return False
-    return r.status_code not in (502, 503, 504)
-
-
 @pytest.fixture(autouse=True)
 def settled_stack(request):
     """Before each test on the stack: the hub and its dashboard service answer. A test
@@ -100,7 +88,7 @@ def settled_stack(request):
     from the lease page that way), whatever ran before it or was run alone."""
     if "hub" in request.fixturenames:
         probe = Hub(token="-")
-        wait_for(lambda: probe.is_up() and dashboard_answers(), 120, interval=0.5,
+        wait_for(probe.is_ready, 120, interval=0.5,
                  what="the hub and its GPU dashboard service to answer")
     yield
 

@@ -81,6 +81,15 @@ class Hub:
         except requests.RequestException:
             return False
 
+    def is_ready(self) -> bool:
+        """The hub answers and has finished starting: the proxy routes its GPU dashboard
+        service to the service. JupyterHub answers its API before its managed services are
+        up, and a hub that stops deletes the dashboard's route on the way out (its last
+        route check runs after the service ended); until the new hub puts it back, the
+        proxy sends /services/gpus/ to the hub, which redirects it to a 404 under /hub/
+        (CI's lease page test got that 404 right after a hub restart)."""
+        return self.is_up() and dashboard_routed(self.url)
+
     def request(self, method: str, path: str, **kw) -> requests.Response:
         kw.setdefault("timeout", 60)
         return self.session.request(method, f"{self.api}{path}", **kw)
@@ -305,3 +314,16 @@ def make(target: str, flags: str, **env: str) -> str:
                          timeout=900, env=environ)
     assert out.returncode == 0, f"make {target} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out.stdout + out.stderr
+
+
+def dashboard_routed(url: str = HUB_URL) -> bool:
+    """Does the proxy send the GPU dashboard's path to the service itself (which answers,
+    if only with a redirect to the hub's OAuth), rather than fail (502/503 while the
+    service starts) or fall through to the hub (a redirect under /hub/services/)?"""
+    try:
+        r = requests.get(f"{url}/services/gpus/", timeout=5, allow_redirects=False)
+    except requests.RequestException:
+        return False
+    if r.status_code in (502, 503, 504):
+        return False
+    return "/hub/services/" not in r.headers.get("Location", "")

@@ -102,7 +102,7 @@ def test_leases_survive_hub_restart_and_a_dead_container_frees_its_gpu(hub, lab_
     assert server_state(hub, alice)["gpu_uuids"] == [GPU0]
 
     docker("restart", "--time", "10", "gpulab-hub")  # SIGTERM, then start again
-    wait_for(lambda: hub.is_up(), 90, what="the hub to come back")
+    wait_for(hub.is_ready, 90, what="the hub to come back")
     assert spawn_refused(carol, {"gpus": 1})[0] == 409  # nothing double-booked
     assert gpus_of(alice.container)["device_ids"] == [GPU0]
     assert hub.server_model(alice.name)["ready"]

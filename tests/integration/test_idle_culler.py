@@ -29,7 +29,7 @@ def restart_hub(hub) -> str:
     """Restart the hub; the command line its idle-culler service was started with."""
     since = docker("inspect", "-f", "{{.State.StartedAt}}", "gpulab-hub")
     docker("restart", "--time", "10", "gpulab-hub")
-    wait_for(hub.is_up, 90, what="the hub to come back")
+    wait_for(hub.is_ready, 90, what="the hub to come back")
 
     def culler_started() -> str:
         started = docker("inspect", "-f", "{{.State.StartedAt}}", "gpulab-hub")

@@ -63,7 +63,7 @@ def test_an_invalid_edit_survives_a_hub_kill_a_proxy_restart_and_a_dockerd_resta
     # The hub killed from the host: it starts again on the last good version.
     before = kill_from_host(HUB)
     wait_restarted(HUB, before)
-    wait_for(hub.is_up, 90, what="the killed hub to answer again")
+    wait_for(hub.is_ready, 90, what="the killed hub to answer again")
     assert error in hub_log_since(state(HUB)["StartedAt"])
     assert spawned_memory_limit(member) == 3 * GiB
 

@@ -126,7 +126,7 @@ def restore_hub_db(hub) -> None:
                "os.remove(sys.argv[2])", HUB_DB, HUB_DB_BACKUP)
     finally:
         docker("start", "gpulab-hub")
-        wait_for(hub.is_up, 90, what="the hub to come back")
+        wait_for(hub.is_ready, 90, what="the hub to come back")
 
 
 @pytest.mark.disruptive  # stops the hub: runs alone (scripts/test-integration.sh)

@@ -79,7 +79,7 @@ def test_hub_killed_from_the_host_five_times_keeps_servers_kernels_routes_and_le
         # While the hub is down, the proxy (its own container) keeps every route.
         assert {f"/user/{u.name}" for u in users} <= proxy_routes()
         wait_restarted(HUB, before)
-        wait_for(hub.is_up, 90, what=f"the hub to answer again (kill {round_})")
+        wait_for(hub.is_ready, 90, what=f"the hub to answer again (kill {round_})")
         for u in users:
             wait_for(lambda u=u: (hub.server_model(u.name) or {}).get("ready"), 60,
                      what=f"{u.name}'s server to be known ready (kill {round_})")
@@ -98,7 +98,7 @@ def test_docker_kill_then_start_five_times_never_crash_loops(hub, lab_user):
     for round_ in range(1, 6):
         docker("kill", "--signal", "KILL", HUB)
         docker("start", HUB)
-        wait_for(hub.is_up, 90, what=f"the hub to answer after docker start ({round_})")
+        wait_for(hub.is_ready, 90, what=f"the hub to answer after docker start ({round_})")
         s = state(HUB)
         assert s["Running"] and not s["Restarting"], s
         wait_for(lambda: (hub.server_model(user.name) or {}).get("ready"), 60,
@@ -150,7 +150,7 @@ def test_docker_engine_restart_keeps_servers_and_spawns_resume(hub, lab_user, gp
     assert seen["spawn"][0] == 503, seen
     assert "Docker engine on this host is not answering" in seen["spawn"][1]
     assert seen["server"] == 200  # the running server never noticed
-    wait_for(hub.is_up, 60, what="the published port to answer again")
+    wait_for(hub.is_ready, 60, what="the published port to answer again")
     wait_restarted("gpulab-docker-proxy", proxy_started)
     # CI once spawned in the moment between the filter's restart and its listening: a
     # 503 that a member retrying a second later would not have seen.
@@ -187,7 +187,7 @@ def test_reboot_brings_the_lab_back_without_a_manual_step(hub, lab_user, gpus_ya
         time.sleep(1)
 
     gpulab_dockerd(power_cut)
-    wait_for(hub.is_up, 120, what="the hub to come back after the reboot")
+    wait_for(hub.is_ready, 120, what="the hub to come back after the reboot")
     assert "isolated (rules in place" in docker("exec", "gpulab-netguard",
                                                 "gpulab-netguard", "status")
     for u in (alice, bob):

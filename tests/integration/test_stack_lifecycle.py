@@ -62,7 +62,7 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
         assert not hub.is_up()
     finally:
         out = make("up", flags)  # on failure too: the stack is up again for whoever is next
-        wait_for(hub.is_up, 120, what="the hub to answer after make up")
+        wait_for(hub.is_ready, 120, what="the hub to answer after make up")
     assert "JupyterHub is up" in out
     assert f"warning: config/gpulab.yaml:{line}: spawn.mem_limit" in out, out[-3000:]
     assert "the lab goes on with the last good version of gpulab.yaml" in out, out[-3000:]
