@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -237,3 +242,23 @@ def test_the_hubs_own_stop_notices_join_the_cullers_on_the_home_page(tmp_path):
     notes.forget_stopped(hub, "alice", "big")  # she starts it again
     assert [s.user for s in notes.read(hub).stopped] == ["bob"]
     notes.forget_stopped(tmp_path / "missing.json", "alice", "")  # nothing to forget
+
+
+def test_the_service_stops_without_a_traceback_when_jupyterhub_interrupts_it(tmp_path):
+    """JupyterHub stops the services it started with SIGINT; the culler said so with a
+    KeyboardInterrupt traceback in the hub's log at every hub restart."""
+    env = dict(os.environ, JUPYTERHUB_API_URL="http://127.0.0.1:9/hub/api",
+               JUPYTERHUB_API_TOKEN="x", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(tmp_path / "gpus.yaml"),
+         "--notices", str(tmp_path / "notices.json"), "--prometheus-url", "http://127.0.0.1:9"],
+        env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    line = ""
+    while "checking" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[1]
+    assert "checking" in line
+    assert proc.returncode == 0, rest
+    assert "Traceback" not in rest and "GPU culler: stopping" in rest

@@ -31,7 +31,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gpulab.culler: {e.args[0]} is not set: JupyterHub sets it for "
                          f"the services it starts (hub config: services)") from None
     culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices)
-    asyncio.run(culler.run())
+    try:
+        asyncio.run(culler.run())
+    except KeyboardInterrupt:  # how JupyterHub stops the services it started: no traceback
+        logging.getLogger("gpulab.culler").info("GPU culler: stopping")
 
 
 if __name__ == "__main__":
