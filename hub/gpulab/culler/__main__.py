@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 
 from gpulab.culler.service import GpuCuller
 from gpulab.hubapi import HubApi
@@ -31,9 +32,21 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gpulab.culler: {e.args[0]} is not set: JupyterHub sets it for "
                          f"the services it starts (hub config: services)") from None
     culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices)
+    asyncio.run(run_until_stopped(culler))
+
+
+async def run_until_stopped(culler: GpuCuller) -> None:
+    """Run the culler until SIGINT (how JupyterHub stops the services it started) or
+    SIGTERM, and stop quietly then: no traceback in the hub's log. The handlers are set
+    here, not left to Python's default, which a process started in the background by a
+    shell without job control does not get (SIGINT ignored)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
     try:
-        asyncio.run(culler.run())
-    except KeyboardInterrupt:  # how JupyterHub stops the services it started: no traceback
+        await culler.run()
+    except asyncio.CancelledError:
         logging.getLogger("gpulab.culler").info("GPU culler: stopping")
 
 
