@@ -253,12 +253,16 @@ def test_the_service_stops_without_a_traceback_when_jupyterhub_interrupts_it(tmp
         [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(tmp_path / "gpus.yaml"),
          "--notices", str(tmp_path / "notices.json"), "--prometheus-url", "http://127.0.0.1:9"],
         env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    line = ""
-    while "checking" not in line and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-    proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=30)[1]
+    try:
+        deadline = time.monotonic() + 30
+        line = ""
+        while "checking" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+    finally:
+        proc.kill()  # never left behind, whatever failed
+        proc.wait()
     assert "checking" in line
     assert proc.returncode == 0, rest
     assert "Traceback" not in rest and "GPU culler: stopping" in rest
