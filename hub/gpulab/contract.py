@@ -97,6 +97,11 @@ CULLER_NOTICES_FILE = "gpu-culler-notices.json"
 # On a Swarm, the hub's own notices of servers it found stopped (their machine went
 # down): same format, shown the same way (gpulab.spawn.swarm_spawner).
 SERVER_NOTICES_FILE = "gpulab-server-notices.json"
+# The line for GPUs (gpulab.line): its store in the hub's data folder, the service that
+# starts the server of the member whose turn it is, and that service's notices.
+LINE_FILE = "gpulab-line.sqlite"
+LINE_SERVICE = "gpu-line"
+LINE_NOTICES_FILE = "gpu-line-notices.json"
 
 # Prometheus' scrape interval in seconds (docker-compose.yml sets it on Prometheus and the
 # hub alike; 15 unless GPULAB_SCRAPE_SECONDS says otherwise: `make test` runs at 2). The

@@ -81,6 +81,16 @@ def server_path(user: str, server: str = "") -> str:
     return f"{user_path(user)}/server"
 
 
+def line_path(user: str = "", server: str = "") -> str:
+    """The line for GPUs (gpulab.line.api): all of it, a member's entries, or one."""
+    path = "/gpulab/line"
+    if user:
+        path += f"/{quote(user, safe='')}"
+        if server:
+            path += f"/{quote(server, safe='')}"
+    return path
+
+
 def _login_tokens_path(user: str, token_id: str = "") -> str:
     path = f"/gpulab/login-tokens/{quote(user, safe='')}"  # gpulab.login.tokens' API
     return f"{path}/{quote(token_id, safe='')}" if token_id else path
@@ -305,6 +315,36 @@ class HubApi:
         and with *stop_servers* their servers stopped (gpulab.login.tokens)."""
         return (await self.request("DELETE", f"/gpulab/access/{quote(user, safe='')}",
                                    {"stop_servers": stop_servers}, token=token))[1] or {}
+
+
+    # ------------------------------------------------------------- the line for GPUs
+
+    async def start_server(self, user: str, server: str = "",
+                           options: Mapping[str, Any] | None = None, *,
+                           token: str | None = None) -> tuple[int, Any]:
+        """Ask the hub to start *user*'s *server* with *options*: (201 started, or 202
+        starting; or the refusal's status and JSON, which is not raised)."""
+        return await self.request("POST", server_path(user, server), dict(options or {}),
+                                  token=token, ok=range(400, 600))
+
+    async def line(self, *, token: str | None = None) -> list[dict[str, Any]]:
+        """Every entry of the line, in order (admins and the line service)."""
+        return (await self.request("GET", line_path(), token=token))[1]["line"]
+
+    async def line_of(self, user: str, *, token: str | None = None) -> list[dict[str, Any]]:
+        """*user*'s entries in the line."""
+        return (await self.request("GET", line_path(user), token=token))[1]["line"]
+
+    async def offer(self, user: str, server: str = "", *, token: str | None = None) -> None:
+        """The line is starting *user*'s *server*: her claim window opens."""
+        await self.request("PATCH", line_path(user, server), {"offered": True}, token=token)
+
+    async def leave_line(self, user: str, server: str = "", *,
+                         token: str | None = None) -> bool:
+        """*user*'s *server* out of the line; False when it was not in it."""
+        status, _ = await self.request("DELETE", line_path(user, server), token=token,
+                                       ok=(404,))
+        return status != 404
 
 
 class SyncHubApi:

@@ -18,12 +18,16 @@ from gpulab.contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
+    LINE_FILE,
+    LINE_NOTICES_FILE,
+    LINE_SERVICE,
     PROXY_API_PORT,
     PROXY_IP,
     SCRAPE_SECONDS_ENV,
     SERVER_NOTICES_FILE,
     scrape_seconds,
 )
+from gpulab.line.view import home_page_line
 from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
 from gpulab.login.sshkeys import SSH_SERVICE
@@ -61,6 +65,9 @@ CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:se
 # The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's
 # groups (gpus.yaml): no activity, but groups. It reaches Prometheus, never Docker.
 GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers"]
+# The line service (gpulab.line) starts, looks at and stops members' servers, and reads
+# and changes the line (whose API asks for unfiltered admin:servers).
+LINE_SCOPES = ["admin:servers", "read:users:activity"]
 
 
 # Seconds a member's server trusts the hub's answer about a token (HubOAuth.cache_max_age).
@@ -187,10 +194,19 @@ def configure(c) -> None:
     notices_path = DATA_DIR / CULLER_NOTICES_FILE
     # On a Swarm, also the hub's notices of servers whose machine went down.
     server_notices_path = DATA_DIR / SERVER_NOTICES_FILE
+    # The line for GPUs: its store, and the line service's notices.
+    line_path = DATA_DIR / LINE_FILE
+    line_notices_path = DATA_DIR / LINE_NOTICES_FILE
     c.JupyterHub.template_vars = {
-        "gpu_notices": home_page_notices(notices_path, server_notices_path)}
+        "gpu_notices": home_page_notices(notices_path, server_notices_path,
+                                         line_notices_path),
+        "gpu_line": home_page_line(line_path, gpus_path)}
     public_url = os.environ.get("GPULAB_PUBLIC_URL", "")
-    c.JupyterHub.tornado_settings = tornado_settings(public_url)
+    c.JupyterHub.tornado_settings = {
+        **tornado_settings(public_url),
+        # what gpulab.line.api's handlers read
+        "gpulab-line": {"file": str(line_path), "gpus_file": str(gpus_path),
+                        "swarm": bool(settings["hub.swarm"])}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
         # Secure (images/singleuser/jupyter_server_config.py).
@@ -221,6 +237,7 @@ def configure(c) -> None:
     c.JupyterHub.spawner_class = "gpulab-swarm" if settings["hub.swarm"] else "gpulab"
     c.GpulabSpawner.settings_file = str(settings_path)
     c.GpulabSpawner.gpus_file = str(gpus_path)
+    c.GpulabSpawner.line_file = str(line_path)
     c.GpulabSwarmSpawner.notices_file = str(server_notices_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
@@ -298,6 +315,23 @@ def configure(c) -> None:
         "description": "Stop servers whose GPUs sit idle or that are too old, by gpus.yaml",
         "scopes": GPU_CULLER_SCOPES,
         "services": [CULLER_SERVICE],
+    })
+    # Members waiting in line for GPUs: their server is started when it is their turn,
+    # and stopped again if they do not open it within gpus.yaml's line.claim_window.
+    services.append({
+        "name": LINE_SERVICE,
+        "command": [sys.executable, "-m", "gpulab.line", "--gpus-file", str(gpus_path),
+                    "--notices", str(line_notices_path),
+                    "--interval", str(min(5, scrape_seconds()))],
+        "environment": {k: os.environ[k] for k in (live_config.LAST_GOOD_DIR_ENV,)
+                        if k in os.environ},
+    })
+    load_roles.append({
+        "name": LINE_SERVICE,
+        "description": "Start the server of the member whose turn in line it is; stop it "
+                       "if she does not open it in time",
+        "scopes": LINE_SCOPES,
+        "services": [LINE_SERVICE],
     })
     if settings["hub.idle_timeout"]:
         # An idle server must not hold a GPU forever. Checked every minute, or every half

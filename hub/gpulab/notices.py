@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 STOPPED_KEPT = 3 * 86400
 MACHINE = "machine"  # Stopped.reason of a server whose Swarm machine went down or drained
+LINE = "line"  # Stopped.reason of a member's place in line that ended (gpulab.line.service)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,12 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
                                "Save your work; you can start it again afterwards.")})
     for s in notices.stopped:
         if s.user != user:
+            continue
+        if s.reason == LINE:
+            out.append({"kind": "stopped", "server": s.server, "at": s.at,
+                        "text": f"Your place in line for GPUs ({server_label(s.server)}) "
+                                f"has ended: {s.message}. Ask again, with \"Wait in "
+                                f"line\" ticked, when you need them."})
             continue
         if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.spawn.swarm_spawner)
             after = ("Your files are kept. Start it again when you need it; if they are on "

@@ -8,11 +8,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from gpulab.culler.service import GpuCuller
 from gpulab.hubapi import HubApi
 from gpulab.prometheus_api import DEFAULT_URL, Prometheus
+from gpulab.service_loop import run_until_stopped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,22 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gpulab.culler: {e.args[0]} is not set: JupyterHub sets it for "
                          f"the services it starts (hub config: services)") from None
     culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices)
-    asyncio.run(run_until_stopped(culler))
-
-
-async def run_until_stopped(culler: GpuCuller) -> None:
-    """Run the culler until SIGINT (how JupyterHub stops the services it started) or
-    SIGTERM, and stop quietly then: no traceback in the hub's log. The handlers are set
-    here, not left to Python's default, which a process started in the background by a
-    shell without job control does not get (SIGINT ignored)."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        await culler.run()
-    except asyncio.CancelledError:
-        logging.getLogger("gpulab.culler").info("GPU culler: stopping")
+    asyncio.run(run_until_stopped(culler.run, "GPU culler"))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ __all__ = [
     "reconcile",
     "release",
     "resolve_inventory",
+    "usable_gpus",
     "validate_user_options",
+    "wants_to_wait",
 ]
 
 
@@ -323,13 +325,8 @@ def allocate(
     node_load = Counter(node_of.get(le.gpu_uuid) for le in others)
     mine_elsewhere = {le.gpu_uuid for le in elsewhere}
     pinned_uuids = _pinned(policy.pinned, inventory)
-    pinned_by_anyone = _pinned(all_pins(config), inventory)
     by_uuid = {g.uuid: g for g in inventory}
-
-    def eligible(g: Gpu) -> bool:
-        if g.uuid in pinned_uuids:
-            return True
-        return not g.reserved and g.uuid not in pinned_by_anyone and g.pool in policy.pools
+    eligible = _eligibility(config, inventory, policy)
 
     def free(g: Gpu) -> bool:
         return load[g.uuid] < g.capacity
@@ -354,6 +351,32 @@ def allocate(
             return chosen
         most = max(most, len(chosen))
     raise _not_enough(config, policy, candidates, others, count, most)
+
+
+def _eligibility(config: GpusConfig, inventory: Sequence[Gpu], policy: Policy):
+    """Whether a GPU may go to the holder of *policy*: one she pins, or else one of her
+    pools that is neither reserved nor pinned by anyone."""
+    pinned_uuids = set(_pinned(policy.pinned, inventory))
+    pinned_by_anyone = set(_pinned(all_pins(config), inventory))
+
+    def eligible(g: Gpu) -> bool:
+        if g.uuid in pinned_uuids:
+            return True
+        return not g.reserved and g.uuid not in pinned_by_anyone and g.pool in policy.pools
+
+    return eligible
+
+
+def usable_gpus(config: GpusConfig, inventory: Sequence[Gpu], request: Request) -> list[Gpu]:
+    """The GPUs of *inventory* that :func:`allocate` may ever give *request*'s user (busy
+    or not): what a member waiting in line waits for (:mod:`gpulab.line.plan`)."""
+    policy = policy_for(config, request.user, request.groups)
+    if policy.no_gpu:
+        return []
+    if request.machine:
+        inventory = [g for g in inventory if g.node == request.machine]
+    eligible = _eligibility(config, inventory, policy)
+    return [g for g in inventory if eligible(g)]
 
 
 def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
@@ -471,16 +494,32 @@ def reconcile(
 
 
 _DIGITS = re.compile(r"[0-9]{1,6}")
+OPTIONS = ("gpus", "wait")  # what user_options may hold
+
+
+def wants_to_wait(raw: Any) -> bool:
+    """Whether ``user_options`` ask to wait in line when the GPUs are not free:
+    ``"wait": true`` (false or absent: no), or the spawn form's ticked box ("on");
+    anything else raises :class:`InvalidRequest`."""
+    if not isinstance(raw, Mapping):
+        return False
+    value = raw.get("wait", False)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if value == "on":  # an HTML checkbox
+        return True
+    raise InvalidRequest(f"\"wait\" must be true or false, got {value!r}.")
 
 
 def validate_user_options(raw: Any, max_gpus: int) -> int | None:
     """The GPU count asked for in JupyterHub ``user_options``, or None for the default.
 
     ``user_options`` comes from the spawn form or straight from the REST API, so
-    nothing in it is trusted: the only key is ``gpus``, a whole number from 0 to
-    *max_gpus* (a string of digits from an HTML form is accepted; ``null`` means the
-    default). Anything else raises :class:`InvalidRequest`, or :class:`QuotaExceeded`
-    for a sensible number above *max_gpus*.
+    nothing in it is trusted: ``gpus`` is a whole number from 0 to *max_gpus* (a
+    string of digits from an HTML form is accepted; ``null`` means the default), and
+    ``wait`` is checked by :func:`wants_to_wait`. Anything else raises
+    :class:`InvalidRequest`, or :class:`QuotaExceeded` for a sensible number above
+    *max_gpus*.
     """
     if raw is None:
         return None
@@ -488,12 +527,14 @@ def validate_user_options(raw: Any, max_gpus: int) -> int | None:
         raise InvalidRequest(
             f"Server options must be an object such as {{\"gpus\": 1}}, got {type(raw).__name__}."
         )
-    unknown = sorted(str(k) for k in raw if k != "gpus")
+    unknown = sorted(str(k) for k in raw if k not in OPTIONS)
     if unknown:
         raise InvalidRequest(
-            f"Unknown server option(s): {', '.join(unknown)}. The only option is "
-            f"\"gpus\": the number of GPUs (0 to {max_gpus}); GPUs are chosen by the hub."
+            f"Unknown server option(s): {', '.join(unknown)}. The options are "
+            f"\"gpus\": the number of GPUs (0 to {max_gpus}; GPUs are chosen by the hub), "
+            f"and \"wait\": true to wait in line when they are not free."
         )
+    wants_to_wait(raw)
     value = raw.get("gpus")
     if value is None:
         return None

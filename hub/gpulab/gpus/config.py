@@ -26,6 +26,9 @@ Schema (every key optional; an empty or missing file means the defaults)::
       idle_below: 5            # percent utilization under which a GPU counts as idle
       warn_before: 15m         # members are warned this long before their server stops
       check_every: 1m
+    line:                      # members waiting for GPUs (gpulab.line)
+      claim_window: 10m        # a server started for the member at the head of the line
+                               # is stopped if she does not open it within this time
 
 An explicit inventory entry is ``{index, uuid, model?, pool?, mode?, max_users?,
 reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU left out
@@ -51,6 +54,7 @@ from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml,
 __all__ = [
     "ConfigError",
     "Culling",
+    "Line",
     "DEFAULT_POOL",
     "EXCLUSIVE",
     "GpuEntry",
@@ -83,7 +87,7 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _MACHINE_PIN = re.compile(rf"(?P<machine>{_HOSTNAME.pattern}):(?P<index>[0-9]{{1,3}})")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
-_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling")
+_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling", "line")
 _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
@@ -91,6 +95,7 @@ LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
 _DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS)
 _OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS)
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
+_LINE_KEYS = ("claim_window",)
 
 # Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
 DEFAULT_GPU_IDLE_TIMEOUT = 2 * 3600
@@ -167,6 +172,14 @@ class Culling:
 
 
 @dataclass(frozen=True)
+class Line:
+    """Members waiting in line for GPUs (``line:``, :mod:`gpulab.line`)."""
+
+    # seconds the member at the head has to open the server started for her
+    claim_window: int = 10 * 60
+
+
+@dataclass(frozen=True)
 class GpusConfig:
     filename: str = "<defaults>"
     auto: bool = True  # inventory: auto (NVML discovery) vs the explicit list below
@@ -180,6 +193,7 @@ class GpusConfig:
     default_gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     default_max_server_age: int = DEFAULT_MAX_SERVER_AGE
     culling: Culling = field(default_factory=Culling)
+    line: Line = field(default_factory=Line)
 
 
 def _union(items: Iterable[str]) -> tuple[str, ...]:
@@ -413,6 +427,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     default_age = r.check(("defaults", "max_server_age"), _seconds,
                           d.get("max_server_age", DEFAULT_MAX_SERVER_AGE))
     culling = _culling(r, top.get("culling"))
+    line = _line(r, top.get("line"))
 
     groups = _overrides(r, "groups", top.get("groups"), pools, gpus, auto, lower=False)
     users = _overrides(r, "users", top.get("users"), pools, gpus, auto, lower=True)
@@ -429,6 +444,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         default_gpu_idle_timeout=default_idle,
         default_max_server_age=default_age,
         culling=culling,
+        line=line,
     )
 
 
@@ -445,6 +461,13 @@ def _culling(r: _Reader, raw: Any) -> Culling:
         check_every=r.check(path + ("check_every",), _positive_seconds,
                             body.get("check_every", default.check_every)),
     )
+
+
+def _line(r: _Reader, raw: Any) -> Line:
+    path: Path_ = ("line",)
+    body = r.mapping(path, raw, _LINE_KEYS, "a mapping with claim_window:")
+    return Line(claim_window=r.check(path + ("claim_window",), _positive_seconds,
+                                     body.get("claim_window", Line().claim_window)))
 
 
 def _pool(r: _Reader, path: Path_, name: str, body: dict) -> Pool:

@@ -41,6 +41,9 @@ STOPPING = "(a server that is stopping)"  # the holder of a cooling GPU (LeaseBo
 
 ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
 ListNodes = Callable[[], Awaitable[list[Gpu]]]
+# What else a spawn must count as taken, given the config, the inventory and the leases
+# held: the GPUs kept for members waiting in line (gpulab.line.plan.holds).
+Holds = Callable[[GpusConfig, Sequence[Gpu], Sequence[Lease]], list[Lease]]
 
 
 def utcnow() -> datetime:
@@ -179,11 +182,15 @@ class LeaseBook:
 
     # ------------------------------------------------------------- leasing
 
-    async def acquire(self, config: GpusConfig, request: Request) -> list[Gpu]:
-        """Lease GPUs for *request* or raise an AllocationError (never a half lease)."""
+    async def acquire(self, config: GpusConfig, request: Request,
+                      holds: Holds | None = None) -> list[Gpu]:
+        """Lease GPUs for *request* or raise an AllocationError (never a half lease);
+        the GPUs that *holds* names count as taken."""
         inventory = await self.current_inventory(config)
         async with self._lock:
             leases = await self._table()
+            if holds is not None:
+                leases += holds(config, inventory, leases)
             _, orphaned = reconcile(config, inventory, leases)
             for le in orphaned:
                 log.warning(
@@ -198,8 +205,8 @@ class LeaseBook:
             self._pending[key] = mine
         return gpus
 
-    async def preview(self, config: GpusConfig, requests: Sequence[Request]
-                      ) -> list[list[Gpu] | AllocationError]:
+    async def preview(self, config: GpusConfig, requests: Sequence[Request],
+                      holds: Holds | None = None) -> list[list[Gpu] | AllocationError]:
         """What :meth:`acquire` would give each of *requests* now, or the AllocationError
         it would raise, leasing nothing (the spawn form says where a server would go).
         One look at the table; the inventory is the one :meth:`current_inventory` last
@@ -207,6 +214,8 @@ class LeaseBook:
         inventory = self.inventory(config, quiet=True)  # its warnings are the form's
         async with self._lock:
             leases = await self._table()
+            if holds is not None:
+                leases += holds(config, inventory, leases)
         out: list[list[Gpu] | AllocationError] = []
         for request in requests:
             try:
@@ -215,14 +224,24 @@ class LeaseBook:
                 out.append(e)
         return out
 
+    async def snapshot(self, config: GpusConfig) -> tuple[list[Gpu], list[Lease]]:
+        """The inventory and every lease held now (containers and spawns in flight), for
+        what plans ahead of spawns (the line, :mod:`gpulab.line.plan`)."""
+        inventory = await self.current_inventory(config)
+        async with self._lock:
+            return inventory, await self._table()
+
     def settle(self, user: str, server: str = "") -> None:
         """The spawn's container exists now (its labels hold the lease), or the spawn
         failed and nothing holds it: either way, drop the in-memory pending lease."""
         self._pending.pop((user, server), None)
 
-    async def holders(self, gpu_uuids: Sequence[str]) -> dict[str, list[Lease]]:
+    async def holders(self, gpu_uuids: Sequence[str], config: GpusConfig | None = None,
+                      holds: Holds | None = None) -> dict[str, list[Lease]]:
         async with self._lock:
             leases = await self._table()
+            if holds is not None and config is not None:
+                leases += holds(config, self.inventory(config, quiet=True), leases)
         return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
 
 

@@ -392,8 +392,10 @@ class TokenAuthenticator(Authenticator):
     def get_handlers(self, app):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
+        from gpulab.line import api as line_api  # the line for GPUs: its REST API
+
         return [("/login", GpulabLoginHandler), *lt.api_handlers(),
-                *sshkeys.api_handlers()]
+                *sshkeys.api_handlers(), *line_api.api_handlers()]
 
     def delete_user(self, user):
         """A deleted user's login tokens and SSH keys go with her: a new user of the same

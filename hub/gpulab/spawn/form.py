@@ -33,6 +33,8 @@ class SpawnForm:
     rows: tuple[GpuRow, ...]
     culling: str = ""  # when GPUs come back (gpulab.gpus.policy.policy_note)
     landing: str = ""  # on a Swarm: where the server would start
+    line: bool = False  # the lab has a line for GPUs: offer to wait in it
+    waiting: int = 0  # members waiting in it now
 
     @property
     def machines(self) -> bool:

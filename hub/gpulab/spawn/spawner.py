@@ -35,9 +35,17 @@ from traitlets import Any, Dict, Float, List, Unicode, default
 from traitlets.config import Configurable
 
 from gpulab import compat, live_config
-from gpulab.gpus.allocator import AllocationError, NotEnoughGpus, Request, validate_user_options
+from gpulab.gpus.allocator import (
+    AllocationError,
+    NotEnoughGpus,
+    Request,
+    validate_user_options,
+    wants_to_wait,
+)
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
+from gpulab.line.plan import holds, never_fits, plan, position_of
+from gpulab.line.store import LineStore, line_store
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
@@ -99,6 +107,14 @@ class GpulabSpawner(DockerSpawner):
         every spawn. A missing file means: GPUs found by NVML, exclusive, 0 by default,
         at most 1 per user.""",
     )
+    line_file = Unicode(
+        "",
+        config=True,
+        help="""Path of the SQLite file that keeps the members waiting in line for GPUs
+        (gpulab.line); "" for no line (a spawn without free GPUs is refused, as
+        always). Example: c.GpulabSpawner.line_file = "/srv/jupyterhub/gpulab-line.sqlite"
+        """,
+    )
     ready_poll_interval = Float(
         0.1,
         config=True,
@@ -154,6 +170,22 @@ class GpulabSpawner(DockerSpawner):
         return lease_book()
 
     @property
+    def line(self) -> LineStore | None:
+        """The line of members waiting for GPUs (None without ``line_file``)."""
+        return line_store(self.line_file) if self.line_file else None
+
+    def _line_holds(self, config, inventory, leases) -> list:
+        """The GPUs the line keeps from this spawn: those of members whose turn comes
+        before, and the free ones kept for members still waiting (not its own)."""
+        if self.line is None:
+            return []
+        entries = self.line.entries()
+        if not entries:
+            return []
+        places = plan(config, inventory, leases, entries)
+        return holds(places, leases, spawning=(self.user.name, self.name))
+
+    @property
     def log_name(self) -> str:
         """This server as JupyterHub's log names it (``alice``, ``alice:train``)."""
         return compat.spawner_log_name(self)
@@ -176,13 +208,16 @@ class GpulabSpawner(DockerSpawner):
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return None
-        holders = await self.lease_book.holders([g.uuid for g in inventory])
+        holders = await self.lease_book.holders([g.uuid for g in inventory], config,
+                                                holds=self._line_holds)
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
+        waiting = sum(e.offered_at is None for e in self.line.entries()) if self.line else 0
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
-                         policy_note(policy, config.culling))
+                         policy_note(policy, config.culling), line=self.line is not None,
+                         waiting=waiting)
 
     # ------------------------------------------------------------- progress
 
@@ -248,14 +283,46 @@ class GpulabSpawner(DockerSpawner):
         policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
-            return await self.lease_book.acquire(gpus_config, self._request(count))
+            wait = wants_to_wait(self.user_options)
+            gpus = await self.lease_book.acquire(gpus_config, self._request(count),
+                                                 holds=self._line_holds)
         except NotEnoughGpus as e:
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
+            if self.line is not None and wait:
+                raise await self._join_line(gpus_config, e.requested) from None
+            if self.line is not None:
+                message += (" To wait in line for them instead, tick \"Wait in line\" on the "
+                            "form (or send \"wait\": true): your server then starts when it "
+                            "is your turn.")
             raise _http_error(e.status, message) from None
         except AllocationError as e:
             self.log.info("Spawn of %s refused: %s", self.log_name, e)
             raise _http_error(e.status, str(e)) from None
+        entry = self.line.entry(self.user.name, self.name) if self.line else None
+        if entry is not None and entry.offered_at is None:
+            # her GPUs, without waiting for the line to start her server
+            self.line.remove(self.user.name, self.name)
+            self.log.info("%s left the line: it got its GPUs", self.log_name)
+        return gpus
+
+    async def _join_line(self, gpus_config, count: int) -> web.HTTPError:
+        """Put this server in line for *count* GPUs (keeping its place if it is in line
+        already); the 202 that says so, or the 409 if waiting could never serve it."""
+        inventory = await self.lease_book.current_inventory(gpus_config)
+        never = never_fits(gpus_config, inventory, self._request(count))
+        if never:
+            return _http_error(409, never)
+        entry = self.line.join(self.user.name, self.name, count,
+                               [g.name for g in self.user.groups])
+        position, waiting = position_of(entry, self.line.entries())
+        self.log.info("%s waits in line for %d GPU(s): number %d of %d",
+                      self.log_name, count, position, waiting)
+        gpus = "1 GPU" if count == 1 else f"{count} GPUs"
+        return _http_error(
+            202, f"No {gpus} free now: you are number {position} in line "
+                 f"({waiting} waiting). Your server starts by itself when it is your turn; "
+                 f"your hub home page shows your place, and you can leave the line there.")
 
     async def _preflight(self, settings: Settings) -> None:
         """Check what would otherwise fail halfway (or worse, half-succeed) before

@@ -1,0 +1,38 @@
+"""``python -m gpulab.line``: the line service (JupyterHub starts it; see
+:mod:`gpulab.line.service`). JupyterHub passes JUPYTERHUB_API_URL and
+JUPYTERHUB_API_TOKEN."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from gpulab.hubapi import HubApi
+from gpulab.line.service import LineService
+from gpulab.service_loop import run_until_stopped
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gpulab.line", description=__doc__)
+    p.add_argument("--gpus-file", required=True,
+                   help="config/gpus.yaml (line.claim_window), read at each round")
+    p.add_argument("--notices", required=True,
+                   help="the JSON file of notices the hub's home page reads")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help="seconds between rounds (default: %(default)s)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
+    try:
+        hub = HubApi(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
+    except KeyError as e:
+        raise SystemExit(f"gpulab.line: {e.args[0]} is not set: JupyterHub sets it for "
+                         f"the services it starts (hub config: services)") from None
+    line = LineService(hub, args.gpus_file, args.notices, args.interval)
+    asyncio.run(run_until_stopped(line.run, "line"))
+
+
+if __name__ == "__main__":
+    main()

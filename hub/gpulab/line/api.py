@@ -1,0 +1,107 @@
+"""The line's REST API, under the hub's (``/hub/api/gpulab/line``).
+
+* ``GET /hub/api/gpulab/line``: every entry, in line order, with its state and the GPUs
+  it gets or waits for (admins, and the line service: unfiltered ``admin:servers``);
+* ``GET /hub/api/gpulab/line/USER``: that member's entries and places (``read:servers``
+  for her: herself, or an admin);
+* ``DELETE /hub/api/gpulab/line/USER[/SERVER]``: she leaves the line (``servers``);
+* ``PATCH /hub/api/gpulab/line/USER[/SERVER]`` ``{"offered": true}``: the line service
+  is starting her server; her claim window opens (``admin:servers``).
+
+Members join by asking for a server with ``"wait": true`` (:mod:`gpulab.spawn.spawner`).
+The hub's config puts what these handlers need in ``tornado_settings["gpulab-line"]``:
+``{"file": the store, "gpus_file": gpus.yaml, "swarm": bool}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.scopes import needs_scope
+from tornado import web
+
+from gpulab import live_config
+from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
+from gpulab.line.plan import Place, plan, position_of
+from gpulab.line.store import LineStore, line_store
+
+
+def place_model(p: Place, waiting: int) -> dict[str, Any]:
+    e = p.entry
+    return {"id": e.id, "user": e.user, "server": e.server, "gpus": e.gpus,
+            "joined_at": e.joined_at, "offered_at": e.offered_at, "state": p.state,
+            "position": p.position, "waiting": waiting,
+            "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason}
+
+
+class LineAPIBase(APIHandler):
+    @property
+    def line_settings(self) -> dict[str, Any]:
+        settings = self.settings.get("gpulab-line")
+        if not settings:
+            raise web.HTTPError(404, "This hub has no line for GPUs.")
+        return settings
+
+    @property
+    def store(self) -> LineStore:
+        return line_store(self.line_settings["file"])
+
+    @property
+    def book(self) -> LeaseBook:
+        return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
+
+    async def places(self) -> list[Place]:
+        entries = self.store.entries()
+        if not entries:
+            return []
+        config = live_config.gpus_file.load(self.line_settings["gpus_file"])
+        inventory, leases = await self.book.snapshot(config)
+        return plan(config, inventory, leases, entries)
+
+    def write_places(self, places: list[Place]) -> None:
+        waiting = position_of(places[0].entry, [p.entry for p in places])[1] if places else 0
+        self.write(json.dumps({"line": [place_model(p, waiting) for p in places]}))
+
+
+class LineAPIHandler(LineAPIBase):
+    @needs_scope("admin:servers")
+    async def get(self):
+        self.write_places(await self.places())
+
+
+class MemberLineAPIHandler(LineAPIBase):
+    @needs_scope("read:servers")
+    async def get(self, user_name, server_name=""):
+        places = await self.places()
+        waiting = position_of(places[0].entry, [p.entry for p in places])[1] if places else 0
+        mine = [place_model(p, waiting) for p in places if p.entry.user == user_name
+                and (not server_name or p.entry.server == server_name)]
+        self.write(json.dumps({"line": mine}))
+
+    @needs_scope("servers")
+    def delete(self, user_name, server_name=""):
+        if not self.store.remove(user_name, server_name):
+            raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in line.")
+        self.log.info("%s left the line (%s)", f"{user_name}:{server_name}".rstrip(":"),
+                      f"{getattr(self.current_user, 'kind', 'user')} {self.current_user.name}")
+        self.set_status(204)
+
+    @needs_scope("admin:servers")
+    def patch(self, user_name, server_name=""):
+        body = self.get_json_body() or {}
+        if body != {"offered": True}:
+            raise web.HTTPError(400, 'The only change is {"offered": true}.')
+        entry = self.store.offer(user_name, server_name)
+        if entry is None:
+            raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in line.")
+        self.write(json.dumps({"id": entry.id, "offered_at": entry.offered_at}))
+
+
+def api_handlers() -> list[tuple[str, type]]:
+    return [
+        (r"/api/gpulab/line", LineAPIHandler),
+        (r"/api/gpulab/line/([^/]+)", MemberLineAPIHandler),
+        (r"/api/gpulab/line/([^/]+)/([^/]+)", MemberLineAPIHandler),
+    ]

@@ -1,0 +1,160 @@
+"""Who in line gets GPUs now, and which free GPUs are kept for whom: pure functions.
+
+First come, first served. Walking the line in the order members joined, each entry
+gets what :func:`gpulab.gpus.allocator.allocate` would give her now, counting the
+leases held and the GPUs given to those before her. An entry that cannot be served yet
+keeps every free GPU she could use: nobody behind her takes it (a member waiting for
+2 GPUs is not overtaken, one freed GPU at a time, by members asking for 1). Members
+whose pools or pins she cannot use pass her by.
+
+An entry the line has already started a server for (*offered*) keeps its GPUs, through
+its pending lease or its container's, until it is claimed or its claim window ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpulab.gpus.allocator import (
+    AllocationError,
+    Gpu,
+    Lease,
+    NotEnoughGpus,
+    Request,
+    add_leases,
+    allocate,
+    usable_gpus,
+)
+from gpulab.gpus.config import GpusConfig
+
+__all__ = ["HELD", "OFFERED", "READY", "REFUSED", "WAITING", "Entry", "Place", "holds",
+           "never_fits", "plan", "position_of"]
+
+READY = "ready"  # GPUs are free for her now: the line service starts her server
+WAITING = "waiting"  # not enough GPUs yet; the free ones she could use are kept for her
+REFUSED = "refused"  # her request can no longer be met (quota, access): she leaves the line
+OFFERED = "offered"  # the line started her server; its claim window runs
+
+HELD = "(kept for a member waiting in line)"  # the holder of a GPU kept for a waiting entry
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One member's place in line for one of her servers."""
+
+    id: int
+    user: str
+    server: str  # "" for her default server
+    gpus: int
+    joined_at: float  # epoch seconds
+    groups: tuple[str, ...] = ()  # her JupyterHub groups when she joined
+    offered_at: float | None = None  # when the line started her server (epoch seconds)
+
+    def request(self) -> Request:
+        return Request(self.user, self.server, self.groups, self.gpus)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.server)
+
+
+@dataclass(frozen=True)
+class Place:
+    entry: Entry
+    state: str  # READY, WAITING, REFUSED or OFFERED
+    position: int  # 1 = next; counts the entries still waiting or ready (0 when OFFERED)
+    gpus: tuple[Gpu, ...] = ()  # READY/OFFERED: hers; WAITING: the free ones kept for her
+    reason: str = ""  # REFUSED: why, for her
+
+
+def order(entries: Iterable[Entry]) -> list[Entry]:
+    """The line's order: offered entries first (they were at its head), then by when
+    each member joined; the entry's number breaks ties."""
+    return sorted(entries, key=lambda e: (e.offered_at is None, e.joined_at, e.id))
+
+
+def plan(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
+         entries: Iterable[Entry]) -> list[Place]:
+    """Every entry's place, in line order. *leases* are the leases held now (containers
+    and spawns in flight)."""
+    work = list(leases)
+    places: list[Place] = []
+    position = 0
+    for e in order(entries):
+        request = e.request()
+        if e.offered_at is None:
+            position += 1
+        try:
+            too_many = never_fits(config, inventory, request)
+            if too_many:
+                raise AllocationError(too_many)
+            gpus = allocate(config, inventory, work, request)
+        except NotEnoughGpus:
+            if e.offered_at is not None:  # her server stopped or failed: nothing to keep
+                places.append(Place(e, OFFERED, 0))
+                continue
+            kept = _free(inventory, work, usable_gpus(config, inventory, request))
+            work += [Lease(g.uuid, HELD, "", _EPOCH) for g in kept]
+            places.append(Place(e, WAITING, position, tuple(kept)))
+        except AllocationError as err:
+            if e.offered_at is None:
+                position -= 1
+            places.append(Place(e, REFUSED if e.offered_at is None else OFFERED, 0,
+                                reason=err.message))
+        else:
+            work = add_leases(work, request, gpus, _EPOCH)
+            state = OFFERED if e.offered_at is not None else READY
+            places.append(Place(e, state, 0 if state == OFFERED else position, tuple(gpus)))
+    return places
+
+
+def never_fits(config: GpusConfig, inventory: Sequence[Gpu], request: Request) -> str:
+    """Why *request* could never be served however long it waited (more GPUs than any
+    one machine has for her), or "" when it could."""
+    per_machine = Counter(g.node for g in usable_gpus(config, inventory, request))
+    most = max(per_machine.values(), default=0)
+    if (request.count or 0) <= most:
+        return ""
+    return (f"You asked for {request.count} GPUs, but "
+            + ("no GPU is available to you" if not most else
+               f"at most {most} {'is' if most == 1 else 'are'} available to you"
+               + (" on any one machine" if len(per_machine) > 1 else ""))
+            + ", however long you wait. Ask for fewer.")
+
+
+def _free(inventory: Sequence[Gpu], leases: Sequence[Lease], usable: Sequence[Gpu]
+          ) -> list[Gpu]:
+    load = Counter(le.gpu_uuid for le in leases)
+    return [g for g in usable if load[g.uuid] < g.capacity]
+
+
+def holds(places: Iterable[Place], leases: Sequence[Lease],
+          spawning: tuple[str, str] | None = None) -> list[Lease]:
+    """The GPUs the line keeps, as leases that a spawn must count as taken: those of the
+    entries whose turn it is, and the free GPUs kept for those still waiting. A spawn of
+    *spawning* (user, server) does not count its own entry's. GPUs an entry already
+    holds through *leases* (its server's container, its spawn in flight) are not
+    counted twice."""
+    held = {(le.gpu_uuid, le.user, le.server) for le in leases}
+    out: list[Lease] = []
+    for p in places:
+        if p.entry.key == spawning or p.state == REFUSED:
+            continue
+        if p.state == WAITING:
+            out += [Lease(g.uuid, HELD, "", _EPOCH) for g in p.gpus]
+        else:
+            out += [Lease(g.uuid, p.entry.user, p.entry.server, _EPOCH) for g in p.gpus
+                    if (g.uuid, p.entry.user, p.entry.server) not in held]
+    return out
+
+
+def position_of(entry: Entry, entries: Iterable[Entry]) -> tuple[int, int]:
+    """(her place, how many wait) among the entries not yet offered, in line order."""
+    waiting = [e for e in order(entries) if e.offered_at is None]
+    ids = [e.id for e in waiting]
+    return (ids.index(entry.id) + 1 if entry.id in ids else 0), len(waiting)

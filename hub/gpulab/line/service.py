@@ -1,0 +1,158 @@
+"""The line service: when it is a waiting member's turn, start her server; if she does
+not open it within the claim window, stop it so that the next member gets the GPUs.
+
+A hub service like the GPU culler: it asks the hub's REST API (:mod:`gpulab.line.api`,
+through :class:`gpulab.hubapi.HubApi`) who is where in line, and acts through it. What
+it may do is its role's (``hubconfig.LINE_SCOPES``): start, look at and stop servers.
+Which GPUs a member gets stays the spawner's decision: the hub keeps them for her from
+the moment her turn comes (:func:`gpulab.line.plan.holds`), so nobody takes them between
+two of this service's rounds.
+
+What it decides is :func:`decide`'s, a pure function of what the hub answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpulab import live_config
+from gpulab import notices as notes
+from gpulab.hubapi import HubApi, HubApiError
+from gpulab.line.plan import OFFERED, READY, REFUSED
+from gpulab.settings import duration_text
+from gpulab.yamlfile import ConfigError
+
+log = logging.getLogger("gpulab.line")
+
+START = "start"  # her turn: open the claim window, start her server
+CLAIMED = "claimed"  # she opened it: out of the line, the server is hers
+EXPIRED = "expired"  # not opened within the claim window: stopped, next member's turn
+GONE = "gone"  # her server stopped (or failed to start) before she opened it
+REFUSE = "refuse"  # her request can no longer be met
+WAIT = "wait"
+
+# Activity later than this after her server became ready is hers: the proxy records a
+# route's first activity when the hub adds the route, as the server becomes ready.
+CLAIM_MARGIN = 5.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    user: str
+    server: str
+    gpus: int = 0
+    message: str = ""  # for her (a notice) and the log
+
+
+def _epoch(iso: str | None) -> float:
+    if not iso:
+        return 0.0
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
+           claim_window: float, ready_at: float | None) -> Decision:
+    """What to do about one entry of the line (the line API's model), given her server's
+    model from the hub (None: not running), when this service first saw that server
+    ready (*ready_at*, None: not yet)."""
+    user, name, gpus = entry["user"], entry["server"], entry["gpus"]
+    state = entry["state"]
+    if state == REFUSED:
+        return Decision(REFUSE, user, name, gpus, entry.get("reason") or "")
+    if state == READY:
+        return Decision(START, user, name, gpus)
+    if state != OFFERED:
+        return Decision(WAIT, user, name, gpus)
+    if server is None or not (server.get("ready") or server.get("pending")):
+        if ready_at is None:
+            return Decision(GONE, user, name, gpus,
+                            "it could not be started when it was your turn in line")
+        return Decision(GONE, user, name, gpus)  # she (or an admin) stopped it
+    if not server.get("ready") or ready_at is None:
+        return Decision(WAIT, user, name, gpus)
+    if _epoch(server.get("last_activity")) > ready_at + CLAIM_MARGIN:
+        return Decision(CLAIMED, user, name, gpus)
+    if now >= (entry.get("offered_at") or now) + claim_window:
+        return Decision(EXPIRED, user, name, gpus,
+                        f"it was started for you when GPUs came free, and you did not "
+                        f"open it within {duration_text(int(claim_window))}, so its GPUs "
+                        f"went to the next member waiting")
+    return Decision(WAIT, user, name, gpus)
+
+
+class LineService:
+    def __init__(self, hub: HubApi, gpus_file: str, notices_file: str,
+                 interval: float = 5.0):
+        self.hub = hub
+        self.gpus_file = gpus_file
+        self.notices_file = notices_file
+        self.interval = interval
+        self.ready_at: dict[int, float] = {}  # entry id -> when its server was seen ready
+
+    def claim_window(self) -> float:
+        return live_config.gpus_file.load(self.gpus_file).line.claim_window
+
+    async def check(self, now: float | None = None) -> list[Decision]:
+        """One round: the decisions taken."""
+        now = time.time() if now is None else now
+        entries = await self.hub.line()
+        window = self.claim_window()
+        taken = []
+        for entry in entries:
+            server = None
+            if entry["state"] == OFFERED:
+                model = await self.hub.user(entry["user"])
+                server = ((model or {}).get("servers") or {}).get(entry["server"])
+                if server and server.get("ready"):
+                    self.ready_at.setdefault(entry["id"], now)
+            d = decide(entry, server, now, window, self.ready_at.get(entry["id"]))
+            if d.action != WAIT:
+                await self.apply(d)
+                taken.append(d)
+            if d.action not in (WAIT, START):
+                self.ready_at.pop(entry["id"], None)
+        return taken
+
+    async def apply(self, d: Decision) -> None:
+        who = f"{d.user}:{d.server}" if d.server else d.user
+        if d.action == START:
+            await self.hub.offer(d.user, d.server)
+            status, body = await self.hub.start_server(d.user, d.server, {"gpus": d.gpus})
+            if status >= 400:
+                reason = (body or {}).get("message") if isinstance(body, dict) else ""
+                log.warning("line: %s's turn, but the hub did not start it (%s): %s",
+                            who, status, reason)
+                await self.hub.leave_line(d.user, d.server)
+                self.notify(d, f"it could not be started when it was your turn in line "
+                               f"({reason or status})")
+            else:
+                log.info("line: %s's turn: starting it with %d GPU(s)", who, d.gpus)
+            return
+        if d.action == EXPIRED:
+            await self.hub.stop_server(d.user, d.server)
+        await self.hub.leave_line(d.user, d.server)
+        log.info("line: %s %s%s", who, d.action, f": {d.message}" if d.message else "")
+        if d.message:
+            self.notify(d, d.message)
+
+    def notify(self, d: Decision, message: str) -> None:
+        notes.record_stopped(self.notices_file, notes.Stopped(
+            d.user, d.server, time.time(), notes.LINE, message))
+
+    async def run(self) -> None:
+        log.info("line: checking every %s s; GPUs from %s", self.interval, self.gpus_file)
+        while True:
+            try:
+                await self.check()
+            except (HubApiError, ConfigError) as e:
+                log.warning("line: this round did nothing: %s", e)
+            except Exception:  # one bad round must not end the service
+                log.exception("line: the round failed")
+            await asyncio.sleep(self.interval)

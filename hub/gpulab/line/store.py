@@ -1,0 +1,88 @@
+"""The line, kept in a small SQLite file next to the hub's database (written by the hub
+process alone: its REST API and its spawner), so that a hub restart loses nobody's
+place. One row per member's server waiting; a row goes when she gets her GPUs, leaves
+the line, or the line gives up on her."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from gpulab.line.plan import Entry
+from gpulab.login import private_db
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS line ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " user TEXT NOT NULL, server TEXT NOT NULL, gpus INTEGER NOT NULL,"
+    " groups TEXT NOT NULL DEFAULT '[]', joined_at REAL NOT NULL, offered_at REAL,"
+    " UNIQUE (user, server))",
+)
+_COLUMNS = "id, user, server, gpus, groups, joined_at, offered_at"
+
+
+def _entry(row) -> Entry:
+    id_, user, server, gpus, groups, joined_at, offered_at = row
+    return Entry(id_, user, server, gpus, joined_at, tuple(json.loads(groups)), offered_at)
+
+
+class LineStore:
+    def __init__(self, path: str | os.PathLike, now: Callable[[], float] = time.time):
+        self.path = private_db.create(Path(path), _SCHEMA)
+        self.now = now
+
+    def _connect(self):
+        return private_db.connect(self.path)
+
+    def entries(self) -> list[Entry]:
+        with self._connect() as db:
+            return [_entry(r) for r in db.execute(f"SELECT {_COLUMNS} FROM line")]
+
+    def entry(self, user: str, server: str) -> Entry | None:
+        with self._connect() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM line WHERE user = ? AND server = ?",
+                             (user, server)).fetchone()
+        return _entry(row) if row else None
+
+    def join(self, user: str, server: str, gpus: int, groups: Iterable[str] = ()) -> Entry:
+        """Her entry for *server*, asking for *gpus*: a new one at the back of the line,
+        or the one she has, keeping its place (with the new count)."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO line (user, server, gpus, groups, joined_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (user, server) DO UPDATE SET gpus = excluded.gpus,"
+                " groups = excluded.groups",
+                (user, server, gpus, json.dumps(sorted(groups)), self.now()))
+        entry = self.entry(user, server)
+        assert entry is not None
+        return entry
+
+    def offer(self, user: str, server: str) -> Entry | None:
+        """The line is starting her server now: her claim window opens."""
+        with self._connect() as db:
+            db.execute("UPDATE line SET offered_at = ? WHERE user = ? AND server = ?"
+                       " AND offered_at IS NULL", (self.now(), user, server))
+        return self.entry(user, server)
+
+    def remove(self, user: str, server: str) -> bool:
+        with self._connect() as db:
+            return db.execute("DELETE FROM line WHERE user = ? AND server = ?",
+                              (user, server)).rowcount > 0
+
+    def forget_user(self, user: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM line WHERE user = ?", (user,))
+
+
+_stores: dict[str, LineStore] = {}
+
+
+def line_store(path: str | os.PathLike) -> LineStore:
+    """The hub process's one store for *path* (opened on first use)."""
+    key = str(path)
+    if key not in _stores:
+        _stores[key] = LineStore(path)
+    return _stores[key]

@@ -1,0 +1,23 @@
+"""How gpulab's hub services (the GPU culler, the line) run until JupyterHub stops them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+
+async def run_until_stopped(run: Callable[[], Awaitable[None]], name: str) -> None:
+    """Run *run()* until SIGINT (how JupyterHub stops the services it started) or
+    SIGTERM, and stop quietly then: no traceback in the hub's log. The handlers are set
+    here, not left to Python's default, which a process started in the background by a
+    shell without job control does not get (SIGINT ignored)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await run()
+    except asyncio.CancelledError:
+        logging.getLogger("gpulab").info("%s: stopping", name)

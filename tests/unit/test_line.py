@@ -1,0 +1,285 @@
+"""The line for GPUs: who gets which GPUs in turn (gpulab.line.plan), its store, what a
+member's home page says (gpulab.line.view), the line service's decisions
+(gpulab.line.service.decide) and the options that put a server in line.
+
+Inventories are built by hand and configs parsed from text, as in test_allocator.py;
+the real hub, spawner and service are exercised by tests/integration/test_line.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from gpulab.gpus.allocator import (
+    Gpu,
+    InvalidRequest,
+    Lease,
+    Request,
+    allocate,
+    validate_user_options,
+    wants_to_wait,
+)
+from gpulab.gpus.allocator import NotEnoughGpus as Busy
+from gpulab.gpus.config import parse_gpus_config
+from gpulab.line.plan import (
+    HELD,
+    OFFERED,
+    READY,
+    REFUSED,
+    WAITING,
+    Entry,
+    holds,
+    plan,
+    position_of,
+)
+from gpulab.line.service import (
+    CLAIM_MARGIN,
+    CLAIMED,
+    EXPIRED,
+    GONE,
+    REFUSE,
+    START,
+    WAIT,
+    decide,
+)
+from gpulab.line.store import LineStore
+from gpulab.line.view import line_rows
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08d}-0000-0000-0000-000000000000"
+
+
+def gpu(i, pool="default", mode="exclusive", max_users=1):
+    return Gpu(i, uuid(i), "A100", pool, mode, max_users)
+
+
+def lease(i, user, server=""):
+    return Lease(uuid(i), user, server, T0)
+
+
+def entry(id_, user, gpus=1, at=None, server="", offered_at=None, groups=()):
+    return Entry(id_, user, server, gpus, float(id_ if at is None else at), tuple(groups),
+                 offered_at)
+
+
+CONFIG = parse_gpus_config("""\
+pools:
+  big: {mode: exclusive}
+defaults: {gpus: 1, max_gpus: 2, pools: [default]}
+groups:
+  vision: {pools: [big]}
+""")
+FOUR = [gpu(0), gpu(1), gpu(2, "big"), gpu(3, "big")]
+
+
+def states(places):
+    return [(p.entry.user, p.state, p.position, [g.index for g in p.gpus]) for p in places]
+
+
+# ---------------------------------------------------------------- plan
+
+
+@pytest.mark.parametrize("leases, entries, expected", [
+    pytest.param(  # nobody holds anything: the first in line gets the first free GPU
+        [], [entry(1, "bob")], [("bob", READY, 1, [0])], id="one-free"),
+    pytest.param(  # both default GPUs busy: bob waits, keeping nothing (none free)
+        [lease(0, "alice"), lease(1, "carol")], [entry(1, "bob")],
+        [("bob", WAITING, 1, [])], id="all-busy"),
+    pytest.param(  # one GPU free: the first in line gets it, the second waits
+        [lease(0, "alice")], [entry(1, "bob"), entry(2, "dave")],
+        [("bob", READY, 1, [1]), ("dave", WAITING, 2, [])], id="first-come"),
+    pytest.param(  # joined order decides, not the entry's number
+        [lease(0, "alice")], [entry(1, "bob", at=20), entry(2, "dave", at=10)],
+        [("dave", READY, 1, [1]), ("bob", WAITING, 2, [])], id="by-join-time"),
+    pytest.param(  # bob wants 2, only 1 free: it is kept for him; dave (1) does not pass
+        [lease(0, "alice")], [entry(1, "bob", gpus=2), entry(2, "dave")],
+        [("bob", WAITING, 1, [1]), ("dave", WAITING, 2, [])], id="no-overtaking"),
+    pytest.param(  # ...but a member of another pool passes him: he cannot use her GPUs
+        [lease(0, "alice")],
+        [entry(1, "bob", gpus=2), entry(2, "vera", groups=["vision"])],
+        [("bob", WAITING, 1, [1]), ("vera", READY, 2, [2])], id="other-pool-passes"),
+    pytest.param(  # the line already started dave's server: its GPU stays his
+        [lease(0, "alice")], [entry(1, "bob", at=5), entry(2, "dave", at=9, offered_at=10)],
+        [("dave", OFFERED, 0, [1]), ("bob", WAITING, 1, [])], id="offered-first"),
+    pytest.param(  # asks more than she may ever hold: refused, and not counted
+        [], [entry(1, "bob", gpus=3), entry(2, "dave")],
+        [("bob", REFUSED, 0, []), ("dave", READY, 1, [0])], id="over-quota"),
+    pytest.param(  # her running server counts toward her quota: 2 more is too many
+        [lease(0, "bob", "other")], [entry(1, "bob", gpus=2)],
+        [("bob", REFUSED, 0, [])], id="quota-with-running-server"),
+])
+def test_plan(leases, entries, expected):
+    assert states(plan(CONFIG, FOUR, leases, entries)) == expected
+
+
+def test_a_ready_entry_gets_what_allocate_gives_it_once_the_holds_of_others_count():
+    leases = [lease(0, "alice")]
+    places = plan(CONFIG, FOUR, leases, [entry(1, "bob")])
+    # carol, not in line, finds GPU 1 kept for bob
+    with pytest.raises(Busy):
+        allocate(CONFIG, FOUR, leases + holds(places, leases), Request("carol", count=1))
+    # bob's own spawn does not count his own hold, and gets exactly that GPU
+    mine = holds(places, leases, spawning=("bob", ""))
+    assert [g.index for g in allocate(CONFIG, FOUR, leases + mine,
+                                      Request("bob", count=1))] == [1]
+
+
+def test_free_gpus_kept_for_a_waiting_member_are_held_by_nobody_and_counted_in_no_quota():
+    leases = [lease(0, "alice")]
+    places = plan(CONFIG, FOUR, leases, [entry(1, "bob", gpus=2)])
+    assert holds(places, leases) == [Lease(uuid(1), HELD, "", holds(places, leases)[0].since)]
+    # the GPUs of another pool stay free for those who may use them
+    got = allocate(CONFIG, FOUR, leases + holds(places, leases),
+                   Request("vera", groups=["vision"], count=1))
+    assert [g.index for g in got] == [2]
+
+
+def test_an_offered_entrys_gpus_are_not_held_twice_once_its_container_holds_them():
+    leases = [lease(0, "alice"), lease(1, "dave")]  # dave's server, started by the line
+    places = plan(CONFIG, FOUR, leases, [entry(1, "dave", offered_at=1.0)])
+    assert states(places) == [("dave", OFFERED, 0, [1])]
+    assert holds(places, leases) == []
+
+
+def test_an_offered_entry_whose_server_went_away_keeps_nothing():
+    leases = [lease(0, "alice"), lease(1, "carol")]
+    places = plan(CONFIG, FOUR, leases, [entry(1, "dave", offered_at=1.0)])
+    assert states(places) == [("dave", OFFERED, 0, [])]
+
+
+def test_a_shared_gpu_keeps_one_place_for_a_waiting_member():
+    config = parse_gpus_config("pools:\n  default: {mode: shared, max_users: 3}\n"
+                               "defaults: {max_gpus: 2}\n")
+    inventory = [gpu(0, mode="shared", max_users=3), gpu(1, mode="shared", max_users=3)]
+    leases = [lease(0, "alice"), lease(1, "carol"), lease(1, "erin"), lease(1, "fay")]
+    places = plan(config, inventory, leases, [entry(1, "bob", gpus=2), entry(2, "dave")])
+    # bob waits for a second GPU; one place on GPU 0 is kept for him, one is left for dave
+    assert states(places) == [("bob", WAITING, 1, [0]), ("dave", READY, 2, [0])]
+
+
+@pytest.mark.parametrize("inventory, asked, reason", [
+    ([gpu(0), gpu(1)], 2, ""),
+    ([gpu(0)], 2, "at most 1 is available to you, however long you wait"),
+    ([gpu(2, "big")], 1, "no GPU is available to you"),
+    ([Gpu(0, uuid(0), "A100", node="n1"), Gpu(1, uuid(1), "A100", node="n2")], 2,
+     "at most 1 is available to you on any one machine"),
+])
+def test_a_request_no_wait_could_serve_is_refused_not_kept_waiting(inventory, asked, reason):
+    from gpulab.line.plan import never_fits
+
+    config = parse_gpus_config("defaults: {max_gpus: 2, pools: [default]}\npools: {big: {}}\n")
+    got = never_fits(config, inventory, Request("bob", count=asked))
+    assert (reason in got) if reason else got == ""
+    if reason:
+        (place,) = plan(config, inventory, [], [entry(1, "bob", gpus=asked)])
+        assert place.state == REFUSED and reason in place.reason
+
+
+def test_position_counts_the_entries_still_waiting_in_order():
+    entries = [entry(3, "c", at=30), entry(1, "a", at=10, offered_at=11), entry(2, "b", at=20)]
+    assert position_of(entries[0], entries) == (2, 2)
+    assert position_of(entries[2], entries) == (1, 2)
+    assert position_of(entries[1], entries) == (0, 2)
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("raw, wait", [
+    ({"gpus": 1}, False), ({"gpus": 1, "wait": True}, True), ({"wait": False}, False),
+    ({"gpus": "1", "wait": "on"}, True), ({"wait": None}, False), (None, False),
+])
+def test_wait_in_line_is_a_boolean_or_the_forms_ticked_box(raw, wait):
+    validate_user_options(raw, 2)
+    assert wants_to_wait(raw) is wait
+
+
+@pytest.mark.parametrize("value", ["yes", "true", 1, 0, [], {"a": 1}, "off"])
+def test_anything_else_for_wait_is_a_clear_400(value):
+    with pytest.raises(InvalidRequest, match='"wait" must be true or false') as e:
+        validate_user_options({"gpus": 1, "wait": value}, 2)
+    assert e.value.status == 400
+
+
+# ---------------------------------------------------------------- store
+
+
+def test_the_store_keeps_places_across_reopening_and_a_second_join_keeps_the_place(tmp_path):
+    clock = iter([100.0, 200.0, 300.0, 400.0])
+    store = LineStore(tmp_path / "line.sqlite", now=lambda: next(clock))
+    bob = store.join("bob", "", 1, ["vision"])
+    store.join("dave", "train", 2)
+    again = store.join("bob", "", 2)  # asks again, for 2: same place
+    assert (again.id, again.joined_at, again.gpus, again.groups) == (bob.id, 100.0, 2, ())
+    reopened = LineStore(tmp_path / "line.sqlite")
+    assert [(e.user, e.server, e.joined_at) for e in reopened.entries()] == [
+        ("bob", "", 100.0), ("dave", "train", 200.0)]
+    assert reopened.offer("bob", "").offered_at is not None
+    assert reopened.offer("nobody", "") is None
+    assert reopened.remove("bob", "") and not reopened.remove("bob", "")
+    reopened.forget_user("dave")
+    assert reopened.entries() == []
+    assert oct((tmp_path / "line.sqlite").stat().st_mode & 0o777) == "0o600"
+
+
+# ---------------------------------------------------------------- home page
+
+
+def test_the_home_page_shows_her_place_or_until_when_to_open_her_server():
+    entries = [entry(1, "alice", at=10, offered_at=100.0), entry(2, "bob", at=20),
+               entry(3, "bob", at=30, server="train", gpus=2)]
+    rows = line_rows(entries, "bob", 600)
+    assert [(r["server"], r["state"], r["position"], r["waiting"]) for r in rows] == [
+        ("", "waiting", 1, 2), ("train", "waiting", 2, 2)]
+    (alice,) = line_rows(entries, "alice", 600)
+    assert alice["state"] == "offered" and alice["deadline"]["utc"] == "1970-01-01 00:11"
+    assert line_rows(entries, "carol", 600) == []
+
+
+# ---------------------------------------------------------------- the service
+
+
+def model(state, offered_at=None, reason=""):
+    return {"id": 1, "user": "bob", "server": "", "gpus": 1, "state": state,
+            "offered_at": offered_at, "reason": reason}
+
+
+def iso(t):
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize("entry_, server, now, ready_at, action", [
+    (model(WAITING), None, 100, None, WAIT),
+    (model(READY), None, 100, None, START),
+    (model(REFUSED, reason="too many"), None, 100, None, REFUSE),
+    # started for her: pending, then ready (this service noted when)
+    (model(OFFERED, 100), {"pending": "spawn", "ready": False}, 110, None, WAIT),
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 131, 130, WAIT),
+    # activity after it became ready is hers: claimed
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(140)}, 141, 130, CLAIMED),
+    # activity within the margin is the proxy adding the route: not a claim
+    (model(OFFERED, 100),
+     {"ready": True, "last_activity": iso(130 + CLAIM_MARGIN)}, 200, 130, WAIT),
+    # the claim window (600 s from the offer) ends: stopped
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 700, 130, EXPIRED),
+    # her server is gone: it failed to start, or she stopped it
+    (model(OFFERED, 100), None, 150, None, GONE),
+    (model(OFFERED, 100), {"ready": False, "pending": None}, 150, 130, GONE),
+])
+def test_the_line_service_decides(entry_, server, now, ready_at, action):
+    assert decide(entry_, server, now, 600, ready_at).action == action
+
+
+def test_what_she_is_told_says_why():
+    expired = decide(model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 700,
+                     600, 130)
+    assert "did not open it within 10 min" in expired.message
+    failed = decide(model(OFFERED, 100), None, 150, 600, None)
+    assert "could not be started" in failed.message
+    stopped = decide(model(OFFERED, 100), None, 150, 600, 130)
+    assert stopped.message == ""  # she stopped it herself: nothing to tell her
