@@ -335,9 +335,12 @@ class HubApi:
         """*user*'s entries in the line."""
         return (await self.request("GET", line_path(user), token=token))[1]["line"]
 
-    async def offer(self, user: str, server: str = "", *, token: str | None = None) -> None:
-        """The line is starting *user*'s *server*: her claim window opens."""
-        await self.request("PATCH", line_path(user, server), {"offered": True}, token=token)
+    async def offer(self, user: str, server: str = "", offered: bool = True, *,
+                    token: str | None = None) -> None:
+        """The line is starting *user*'s *server*: her claim window opens (*offered*
+        false: it could not, she waits again in her place)."""
+        await self.request("PATCH", line_path(user, server), {"offered": offered},
+                           token=token)
 
     async def leave_line(self, user: str, server: str = "", *,
                          token: str | None = None) -> bool:

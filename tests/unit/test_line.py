@@ -283,3 +283,74 @@ def test_what_she_is_told_says_why():
     assert "could not be started" in failed.message
     stopped = decide(model(OFFERED, 100), None, 150, 600, 130)
     assert stopped.message == ""  # she stopped it herself: nothing to tell her
+
+
+class RecordingHub:
+    """Stands in for gpulab.hubapi.HubApi's line calls: records them, answers the spawn
+    with *spawn_status*."""
+
+    def __init__(self, line, spawn_status=202, users=None):
+        self.entries, self.spawn_status, self.users = line, spawn_status, users or {}
+        self.calls = []
+
+    async def line(self):
+        return self.entries
+
+    async def user(self, name):
+        return self.users.get(name)
+
+    async def offer(self, user, server="", offered=True):
+        self.calls.append(("offer", user, offered))
+
+    async def start_server(self, user, server="", options=None):
+        self.calls.append(("start", user, dict(options or {})))
+        return self.spawn_status, {"message": "no"}
+
+    async def stop_server(self, user, server=""):
+        self.calls.append(("stop", user))
+        return True
+
+    async def leave_line(self, user, server=""):
+        self.calls.append(("leave", user))
+        return True
+
+
+def service(hub, tmp_path, window="10m"):
+    from gpulab.line.service import LineService
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(f"line: {{claim_window: {window}}}\n")
+    return LineService(hub, str(gpus), str(tmp_path / "notices.json"), interval=0)
+
+
+@pytest.mark.parametrize("status, calls", [
+    (202, [("offer", "bob", True), ("start", "bob", {"gpus": 1})]),
+    # the GPUs went in between: she keeps her place, and is tried again next round
+    (409, [("offer", "bob", True), ("start", "bob", {"gpus": 1}), ("offer", "bob", False)]),
+    # anything else: out of the line, and told why
+    (503, [("offer", "bob", True), ("start", "bob", {"gpus": 1}), ("leave", "bob")]),
+])
+async def test_her_turn_starts_her_server(tmp_path, status, calls):
+    from gpulab import notices as notes
+
+    hub = RecordingHub([model(READY)], spawn_status=status)
+    line = service(hub, tmp_path)
+    await line.check(now=100)
+    assert hub.calls == calls
+    told = notes.read(line.notices_file).stopped
+    assert [s.message for s in told] == (
+        ["it could not be started when it was your turn in line (no)"] if status == 503 else [])
+
+
+async def test_an_unopened_server_is_stopped_after_the_claim_window_and_she_is_told(tmp_path):
+    from gpulab import notices as notes
+
+    ready = {"servers": {"": {"ready": True, "last_activity": iso(100)}}}
+    hub = RecordingHub([model(OFFERED, offered_at=90)], users={"bob": ready})
+    line = service(hub, tmp_path, window="1m")
+    assert await line.check(now=100) == []  # seen ready now; the window runs
+    assert [d.action for d in await line.check(now=151)] == [EXPIRED]
+    assert hub.calls == [("stop", "bob"), ("leave", "bob")]
+    (told,) = notes.read(line.notices_file).stopped
+    assert (told.user, told.reason) == ("bob", notes.LINE)
+    assert "did not open it within 1 min" in told.message

@@ -6,7 +6,8 @@
   for her: herself, or an admin);
 * ``DELETE /hub/api/gpulab/line/USER[/SERVER]``: she leaves the line (``servers``);
 * ``PATCH /hub/api/gpulab/line/USER[/SERVER]`` ``{"offered": true}``: the line service
-  is starting her server; her claim window opens (``admin:servers``).
+  is starting her server; her claim window opens (``admin:servers``). ``false``: it
+  could not, she waits again in her place.
 
 Members join by asking for a server with ``"wait": true`` (:mod:`gpulab.spawn.spawner`).
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-line"]``:
@@ -91,9 +92,9 @@ class MemberLineAPIHandler(LineAPIBase):
     @needs_scope("admin:servers")
     def patch(self, user_name, server_name=""):
         body = self.get_json_body() or {}
-        if body != {"offered": True}:
-            raise web.HTTPError(400, 'The only change is {"offered": true}.')
-        entry = self.store.offer(user_name, server_name)
+        if set(body) != {"offered"} or not isinstance(body["offered"], bool):
+            raise web.HTTPError(400, 'The only change is {"offered": true or false}.')
+        entry = self.store.offer(user_name, server_name, body["offered"])
         if entry is None:
             raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in line.")
         self.write(json.dumps({"id": entry.id, "offered_at": entry.offered_at}))

@@ -125,8 +125,11 @@ class LineService:
         if d.action == START:
             await self.hub.offer(d.user, d.server)
             status, body = await self.hub.start_server(d.user, d.server, {"gpus": d.gpus})
-            if status >= 400:
-                reason = (body or {}).get("message") if isinstance(body, dict) else ""
+            reason = (body or {}).get("message") if isinstance(body, dict) else ""
+            if status == 409:  # the GPUs went in between (a race): she keeps her place
+                log.info("line: %s's turn, but not now (%s); next round", who, reason)
+                await self.hub.offer(d.user, d.server, offered=False)
+            elif status >= 400:
                 log.warning("line: %s's turn, but the hub did not start it (%s): %s",
                             who, status, reason)
                 await self.hub.leave_line(d.user, d.server)

@@ -60,11 +60,16 @@ class LineStore:
         assert entry is not None
         return entry
 
-    def offer(self, user: str, server: str) -> Entry | None:
-        """The line is starting her server now: her claim window opens."""
+    def offer(self, user: str, server: str, offered: bool = True) -> Entry | None:
+        """The line is starting her server now: her claim window opens (or, *offered*
+        false, it could not: she waits again, in the place she had)."""
         with self._connect() as db:
-            db.execute("UPDATE line SET offered_at = ? WHERE user = ? AND server = ?"
-                       " AND offered_at IS NULL", (self.now(), user, server))
+            if offered:
+                db.execute("UPDATE line SET offered_at = ? WHERE user = ? AND server = ?"
+                           " AND offered_at IS NULL", (self.now(), user, server))
+            else:
+                db.execute("UPDATE line SET offered_at = NULL WHERE user = ? AND server = ?",
+                           (user, server))
         return self.entry(user, server)
 
     def remove(self, user: str, server: str) -> bool:

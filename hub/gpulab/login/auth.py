@@ -402,6 +402,7 @@ class TokenAuthenticator(Authenticator):
         name later is someone else (seen in review: her keys would have signed in)."""
         self.login_tokens.forget_user(user.name)
         self.ssh_keys.forget_user(user.name)
+        lt.forget_in_line(getattr(self.parent, "tornado_settings", None), user.name)
         return super().delete_user(user)
 
     def client_address(self, request) -> str:

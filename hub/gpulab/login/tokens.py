@@ -35,8 +35,9 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
@@ -390,6 +391,16 @@ class UserTokensAPIHandler(UserTokenListAPIHandler):
                               user.name)
 
 
+def forget_in_line(settings: Mapping[str, Any] | None, username: str) -> None:
+    """Take *username* out of the line for GPUs (gpulab.line), if the hub has one: an
+    ended access or a deleted user must not have a server started later."""
+    line = (settings or {}).get("gpulab-line")
+    if line:
+        from gpulab.line.store import line_store
+
+        line_store(line["file"]).forget_user(username)
+
+
 class AccessAPIHandler(LoginTokenAPIBase):
     """``DELETE /hub/api/gpulab/access/{user}`` (body ``{"stop_servers": bool}``): end
     a member's access at once and entirely: every login token and admin-made API token,
@@ -424,6 +435,7 @@ class AccessAPIHandler(LoginTokenAPIBase):
         self.store.forget_user(orm_user.name)
         keys = getattr(self.authenticator, "ssh_keys", None)  # gpulab.login.sshkeys
         removed_keys = keys.forget_user(orm_user.name) if keys is not None else 0
+        forget_in_line(self.settings, orm_user.name)  # no server started for her later
         compat.expire_auth(user)
         stopped = []
         if stop:

@@ -1,0 +1,154 @@
+"""The line for GPUs on the real stack: members who ask with "wait": true when the one
+stand-in GPU is taken get a place instead of a 409, the hub keeps the freed GPU for the
+first of them (nobody else takes it), the line service starts her server, and stops it
+again if she does not open it within the claim window, giving the GPU to the next.
+
+Members act as they would: through the published port with their login tokens, and in
+Chromium for their home page. "Opening" a server is a request to it through the proxy,
+as JupyterLab makes all the time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from .browser import screenshot, submit_login
+from .restarts import kill_from_host, wait_restarted
+from .stack import HUB_URL, wait_for
+from .standin import GPU0, STANDIN_GPUS, gpus_of
+
+ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only
+CLAIM_WINDOW = 20  # seconds (line.claim_window); the test stack's line looks every 2 s
+
+
+def spawn(user, options: dict) -> requests.Response:
+    return requests.post(f"{user.hub.api}/users/{user.name}/server", json=options,
+                         headers={"Authorization": f"token {user.token}"}, timeout=60)
+
+
+def line_of(user) -> list[dict]:
+    r = requests.get(f"{user.hub.api}/gpulab/line/{user.name}",
+                     headers={"Authorization": f"token {user.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["line"]
+
+
+def place(user) -> tuple[str, int, int] | None:
+    mine = line_of(user)
+    return (mine[0]["state"], mine[0]["position"], mine[0]["waiting"]) if mine else None
+
+
+def server_ready(user) -> bool:
+    model = user.hub.server_model(user.name)
+    return bool(model and model["ready"])
+
+
+def open_server(user) -> bool:
+    """What her JupyterLab does once she opens it: ask her server, through the proxy."""
+    r = requests.get(f"{HUB_URL}/user/{user.name}/api/status",
+                     headers={"Authorization": f"token {user.token}"}, timeout=30)
+    return r.status_code == 200
+
+
+def home_page_line(page, user) -> str:
+    submit_login(page, user.name, user.token, next_url="/hub/home")
+    return page.locator("#gpu-line").inner_text()
+
+
+def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config, gpus_yaml,
+                                                       new_page):
+    lab_config.write("gpus.yaml", ONE_GPU + f"line: {{claim_window: {CLAIM_WINDOW}s}}\n")
+    alice, bob, carol, dave = (lab_user(n) for n in ("alice", "bob", "carol", "dave"))
+    alice.start_server({"gpus": 1})
+
+    # Nothing free: without "wait" the 409 stays, and says how to wait instead.
+    r = spawn(dave, {"gpus": 1})
+    assert r.status_code == 409, r.text
+    assert "Wait in line" in r.json()["message"]
+    r = spawn(dave, {"gpus": 1, "wait": "yes"})
+    assert r.status_code == 400 and '"wait" must be true or false' in r.json()["message"]
+
+    r = spawn(bob, {"gpus": 1, "wait": True})
+    assert r.status_code == 202, r.text
+    assert "you are number 1 in line (1 waiting)" in r.json()["message"]
+    r = spawn(carol, {"gpus": 1, "wait": True})
+    assert r.status_code == 202 and "number 2 in line (2 waiting)" in r.json()["message"]
+    assert place(bob) == ("waiting", 1, 2) and place(carol) == ("waiting", 2, 2)
+    assert hub.server_model(bob.name) is None  # nothing runs for him yet
+    page = new_page()
+    banner = home_page_line(page, carol)
+    assert "you are number 2 of 2" in banner, banner
+    screenshot(page, "line-waiting.png")
+
+    # The GPU comes free: it is bob's. dave, not in line, cannot take it in between.
+    alice.stop_server()
+    r = spawn(dave, {"gpus": 1})
+    assert r.status_code == 409, r.text
+    wait_for(lambda: server_ready(bob), 120, interval=0.5,
+             what="the line to start bob's server with the freed GPU")
+    assert gpus_of(bob.container)["device_ids"] == [GPU0]
+    assert place(bob)[0] == "offered" and place(carol) == ("waiting", 1, 1)
+
+    # bob does not open it: after the claim window it is stopped and carol's turn comes.
+    t0 = time.monotonic()
+    wait_for(lambda: hub.server_model(bob.name) is None, CLAIM_WINDOW + 60, interval=0.5,
+             what="bob's unopened server to be stopped after the claim window")
+    assert place(bob) is None
+    wait_for(lambda: server_ready(carol), 120, interval=0.5,
+             what="the line to start carol's server next")
+    print(f"bob's server stopped and carol's ready {time.monotonic() - t0:.0f} s later")
+    assert gpus_of(carol.container)["device_ids"] == [GPU0]
+
+    # carol opens hers: it is hers, and she is out of the line.
+    wait_for(lambda: open_server(carol) and place(carol) is None, 60, interval=2,
+             what="carol's opened server to count as claimed")
+    assert server_ready(carol)
+    bob_page = new_page()
+    submit_login(bob_page, bob.name, bob.token, next_url="/hub/home")
+    notice = bob_page.locator("#gpu-notices").inner_text()
+    assert "Your place in line for GPUs (server) has ended" in notice, notice
+    assert f"did not open it within {CLAIM_WINDOW} s" in notice, notice
+
+
+def test_a_member_leaves_the_line_and_a_request_no_wait_can_serve_is_refused(
+        hub, lab_user, lab_config, gpus_yaml):
+    lab_config.write("gpus.yaml", ONE_GPU.replace("max_gpus: 1", "max_gpus: 2"))
+    alice, bob = lab_user("alice"), lab_user("bob")
+    alice.start_server({"gpus": 1})
+    r = spawn(bob, {"gpus": 2, "wait": True})  # one GPU in all: waiting cannot help
+    assert r.status_code == 409 and "however long you wait" in r.json()["message"], r.text
+    assert place(bob) is None
+    assert spawn(bob, {"gpus": 1, "wait": True}).status_code == 202
+    r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
+                        headers={"Authorization": f"token {alice.token}"}, timeout=30)
+    assert r.status_code == 403, r.text  # not hers to remove
+    r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
+                        headers={"Authorization": f"token {bob.token}"}, timeout=30)
+    assert r.status_code == 204, r.text
+    assert place(bob) is None
+    alice.stop_server()
+    time.sleep(5)  # two rounds of the line service: nothing is started for him
+    assert hub.server_model(bob.name) is None
+
+
+@pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)
+def test_the_line_survives_a_hub_kill(hub, lab_user, lab_config, gpus_yaml):
+    lab_config.write("gpus.yaml", ONE_GPU)
+    alice, bob, carol = lab_user("alice"), lab_user("bob"), lab_user("carol")
+    alice.start_server({"gpus": 1})
+    assert spawn(bob, {"gpus": 1, "wait": True}).status_code == 202
+    assert spawn(carol, {"gpus": 1, "wait": True}).status_code == 202
+
+    before = kill_from_host("gpulab-hub")
+    wait_restarted("gpulab-hub", before)
+    wait_for(hub.is_ready, 90, what="the killed hub to answer again")
+    assert place(bob) == ("waiting", 1, 2) and place(carol) == ("waiting", 2, 2)
+
+    alice.stop_server()
+    wait_for(lambda: server_ready(bob), 120, interval=0.5,
+             what="the restarted hub's line to start bob's server")
+    assert gpus_of(bob.container)["device_ids"] == [GPU0]
+    assert place(carol) == ("waiting", 1, 1)
