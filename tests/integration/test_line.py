@@ -53,6 +53,25 @@ def open_server(user) -> bool:
     return r.status_code == 200
 
 
+# A stand-in for the browser's Notification API (headless Chromium shows none): what the
+# home page would show, recorded in localStorage, which survives the page's reloads.
+RECORDING_NOTIFICATION = """
+window.Notification = class RecordingNotification {
+  constructor(title, options) {
+    const seen = JSON.parse(localStorage.getItem("test-notifications") || "[]");
+    seen.push([title, (options || {}).body || ""]);
+    localStorage.setItem("test-notifications", JSON.stringify(seen));
+  }
+  static get permission() { return "granted"; }
+  static requestPermission() { return Promise.resolve("granted"); }
+};
+"""
+
+
+def notifications(page) -> list:
+    return page.evaluate("JSON.parse(localStorage.getItem('test-notifications') || '[]')")
+
+
 def home_page_line(page, user) -> str:
     submit_login(page, user.name, user.token, next_url="/hub/home")
     return page.locator("#gpu-line").inner_text()
@@ -83,6 +102,11 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
     assert "you are number 2 of 2" in banner, banner
     screenshot(page, "line-waiting.png")
 
+    # bob keeps his home page open, with browser notifications allowed.
+    bob_page = new_page()
+    bob_page.context.add_init_script(RECORDING_NOTIFICATION)
+    assert "you are number 1 of 2" in home_page_line(bob_page, bob)
+
     # The GPU comes free: it is bob's. dave, not in line, cannot take it in between.
     alice.stop_server()
     r = spawn(dave, {"gpus": 1})
@@ -91,6 +115,13 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
              what="the line to start bob's server with the freed GPU")
     assert gpus_of(bob.container)["device_ids"] == [GPU0]
     assert place(bob)[0] == "offered" and place(carol) == ("waiting", 1, 1)
+    # his open home page (it looks again every 10 s) tells him, and so does his browser
+    wait_for(lambda: notifications(bob_page), 30, interval=1,
+             what="bob's home page to notify him that his GPUs are ready")
+    ((title, body),) = notifications(bob_page)
+    assert title == "Your GPUs are ready" and "Open it before" in body, body
+    assert "was started for you" in bob_page.locator("#gpu-line").inner_text()
+    screenshot(bob_page, "line-ready.png")
 
     # bob does not open it: after the claim window it is stopped and carol's turn comes.
     t0 = time.monotonic()
@@ -106,8 +137,7 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
     wait_for(lambda: open_server(carol) and place(carol) is None, 60, interval=2,
              what="carol's opened server to count as claimed")
     assert server_ready(carol)
-    bob_page = new_page()
-    submit_login(bob_page, bob.name, bob.token, next_url="/hub/home")
+    bob_page.goto(f"{HUB_URL}/hub/home")
     notice = bob_page.locator("#gpu-notices").inner_text()
     assert "Your place in line for GPUs (server) has ended" in notice, notice
     assert f"did not open it within {CLAIM_WINDOW} s" in notice, notice
