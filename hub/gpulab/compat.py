@@ -42,6 +42,7 @@ __all__ = [
     "PRIVATE_NAMES",
     "PrivateName",
     "expire_auth",
+    "from_rest_api",
     "mark_cookie_request",
     "render_login",
     "set_current_user",
@@ -140,6 +141,16 @@ IMAGE_NAMES: tuple[PrivateName, ...] = (
 
 
 # ---------------------------------------------------------------- JupyterHub's handlers
+
+
+def from_rest_api(handler: Any) -> bool:
+    """Whether a spawn was asked through the REST API (JupyterHub sets ``spawner.handler``
+    to the request's handler while it spawns), not from the spawn form. The form's
+    handler answers a spawn's ``HTTPError`` with its status and its ``headers`` (checked
+    against jupyterhub 6.1.1, ``SpawnHandler.post``), so a 303 there redirects."""
+    from jupyterhub.apihandlers.base import APIHandler
+
+    return handler is None or isinstance(handler, APIHandler)
 
 
 def set_current_user(handler: Any, user: Any) -> None:

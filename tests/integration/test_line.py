@@ -143,21 +143,38 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
     assert f"did not open it within {CLAIM_WINDOW} s" in notice, notice
 
 
-def test_a_member_leaves_the_line_and_a_request_no_wait_can_serve_is_refused(
-        hub, lab_user, lab_config, gpus_yaml):
+def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
+        hub, lab_user, lab_config, gpus_yaml, new_page):
     lab_config.write("gpus.yaml", ONE_GPU.replace("max_gpus: 1", "max_gpus: 2"))
     alice, bob = lab_user("alice"), lab_user("bob")
     alice.start_server({"gpus": 1})
     r = spawn(bob, {"gpus": 2, "wait": True})  # one GPU in all: waiting cannot help
     assert r.status_code == 409 and "however long you wait" in r.json()["message"], r.text
     assert place(bob) is None
-    assert spawn(bob, {"gpus": 1, "wait": True}).status_code == 202
+
+    page = new_page()
+    submit_login(page, bob.name, bob.token, next_url="/hub/spawn")
+    assert "0 waiting now" not in page.locator("#gpulab-line").inner_text()
+    page.select_option("#gpulab-gpus", "1")
+    page.check("#gpulab-wait")
+    with page.expect_navigation():
+        page.click("#spawn_form [type=submit]")
+    # to his home page, which shows his place
+    page.wait_for_url(f"{HUB_URL}/hub/home")
+    said = page.locator("#gpu-line").inner_text()
+    screenshot(page, "line-joined-from-form.png")
+    assert "you are number 1 of 1" in said, said
+    assert place(bob) == ("waiting", 1, 1)
+
     r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
                         headers={"Authorization": f"token {alice.token}"}, timeout=30)
-    assert r.status_code == 403, r.text  # not hers to remove
-    r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
-                        headers={"Authorization": f"token {bob.token}"}, timeout=30)
-    assert r.status_code == 204, r.text
+    # not hers to remove: JupyterHub's answer to a scope that does not reach
+    assert r.status_code == 404, r.text
+    assert place(bob) == ("waiting", 1, 1)
+
+    with page.expect_navigation():  # the page reloads once he has left
+        page.click(".gpu-line-leave")
+    assert page.locator("#gpu-line").count() == 0
     assert place(bob) is None
     alice.stop_server()
     time.sleep(5)  # two rounds of the line service: nothing is started for him

@@ -29,6 +29,7 @@ import time
 
 import docker.errors
 from dockerspawner import DockerSpawner
+from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, List, Unicode, default
@@ -319,10 +320,16 @@ class GpulabSpawner(DockerSpawner):
         self.log.info("%s waits in line for %d GPU(s): number %d of %d",
                       self.log_name, count, position, waiting)
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"
-        return _http_error(
+        said = _http_error(
             202, f"No {gpus} free now: you are number {position} in line "
                  f"({waiting} waiting). Your server starts by itself when it is your turn; "
                  f"your hub home page shows your place, and you can leave the line there.")
+        if not compat.from_rest_api(getattr(self, "handler", None)):
+            # The spawn form: to her home page, which shows her place (JupyterHub's form
+            # handler answers with the error's status and headers).
+            said.status_code = 303
+            said.headers = {"Location": url_path_join(self.hub.base_url, "home")}
+        return said
 
     async def _preflight(self, settings: Settings) -> None:
         """Check what would otherwise fail halfway (or worse, half-succeed) before
