@@ -46,20 +46,11 @@ from gpulab.line.service import (
 )
 from gpulab.line.store import LineStore
 from gpulab.line.view import line_rows
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def uuid(i: int) -> str:
-    return f"GPU-{i:08d}-0000-0000-0000-000000000000"
+from tests.unit.test_allocator import lease, uuid
 
 
 def gpu(i, pool="default", mode="exclusive", max_users=1):
     return Gpu(i, uuid(i), "A100", pool, mode, max_users)
-
-
-def lease(i, user, server=""):
-    return Lease(uuid(i), user, server, T0)
 
 
 def entry(id_, user, gpus=1, at=None, server="", offered_at=None, groups=()):

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 
 from gpulab.culler.service import GpuCuller
-from gpulab.hubapi import HubApi
 from gpulab.prometheus_api import DEFAULT_URL, Prometheus
-from gpulab.service_loop import run_until_stopped
+from gpulab.service_loop import hub_api_from_environment, run_until_stopped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,13 +22,7 @@ def main(argv: list[str] | None = None) -> None:
                    default=os.environ.get("GPULAB_PROMETHEUS_URL", DEFAULT_URL),
                    help="env GPULAB_PROMETHEUS_URL; default: %(default)s")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
-    try:
-        hub = HubApi(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
-    except KeyError as e:
-        raise SystemExit(f"gpulab.culler: {e.args[0]} is not set: JupyterHub sets it for "
-                         f"the services it starts (hub config: services)") from None
+    hub = hub_api_from_environment("gpulab.culler")
     culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices)
     asyncio.run(run_until_stopped(culler.run, "GPU culler"))
 

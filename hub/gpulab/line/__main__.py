@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
 
-from gpulab.hubapi import HubApi
 from gpulab.line.service import LineService
-from gpulab.service_loop import run_until_stopped
+from gpulab.service_loop import hub_api_from_environment, run_until_stopped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,13 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=5.0,
                    help="seconds between rounds (default: %(default)s)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
-    try:
-        hub = HubApi(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
-    except KeyError as e:
-        raise SystemExit(f"gpulab.line: {e.args[0]} is not set: JupyterHub sets it for "
-                         f"the services it starts (hub config: services)") from None
+    hub = hub_api_from_environment("gpulab.line")
     line = LineService(hub, args.gpus_file, args.notices, args.interval)
     asyncio.run(run_until_stopped(line.run, "line"))
 

@@ -25,7 +25,7 @@ from tornado import web
 
 from gpulab import live_config
 from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
-from gpulab.line.plan import Place, plan, position_of
+from gpulab.line.plan import READY, WAITING, Place, plan
 from gpulab.line.store import LineStore, line_store
 
 
@@ -61,9 +61,13 @@ class LineAPIBase(APIHandler):
         inventory, leases = await self.book.snapshot(config)
         return plan(config, inventory, leases, entries)
 
-    def write_places(self, places: list[Place]) -> None:
-        waiting = position_of(places[0].entry, [p.entry for p in places])[1] if places else 0
-        self.write(json.dumps({"line": [place_model(p, waiting) for p in places]}))
+    def write_places(self, places: list[Place], user: str = "", server: str = "") -> None:
+        """The line's models, or only *user*'s (her *server*'s)."""
+        waiting = sum(p.state in (READY, WAITING) for p in places)
+        self.write(json.dumps({"line": [
+            place_model(p, waiting) for p in places
+            if (not user or p.entry.user == user) and (not server or p.entry.server == server)
+        ]}))
 
 
 class LineAPIHandler(LineAPIBase):
@@ -75,11 +79,7 @@ class LineAPIHandler(LineAPIBase):
 class MemberLineAPIHandler(LineAPIBase):
     @needs_scope("read:servers")
     async def get(self, user_name, server_name=""):
-        places = await self.places()
-        waiting = position_of(places[0].entry, [p.entry for p in places])[1] if places else 0
-        mine = [place_model(p, waiting) for p in places if p.entry.user == user_name
-                and (not server_name or p.entry.server == server_name)]
-        self.write(json.dumps({"line": mine}))
+        self.write_places(await self.places(), user_name, server_name)
 
     @needs_scope("servers")
     def delete(self, user_name, server_name=""):
