@@ -206,6 +206,7 @@ def configure(c) -> None:
         **tornado_settings(public_url),
         # what gpulab.line.api's handlers read
         "gpulab-line": {"file": str(line_path), "gpus_file": str(gpus_path),
+                        "releases_file": str(notices_path),
                         "swarm": bool(settings["hub.swarm"])}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then

@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,9 @@ class Stopped:
 class Notices:
     warnings: Mapping[tuple[str, str], CullWarning]
     stopped: Sequence[Stopped] = ()
+    # GPU UUID -> (when it is expected back, "age" or "idle"): the culler's clocks, which
+    # the line's estimates start from (gpulab.culler.decide.releases)
+    releases: Mapping[str, tuple[float, str]] = field(default_factory=dict)
 
 
 EMPTY = Notices({})
@@ -69,14 +72,18 @@ EMPTY = Notices({})
 
 def dumps(notices: Notices) -> str:
     return json.dumps({"warnings": [asdict(w) for w in notices.warnings.values()],
-                       "stopped": [asdict(s) for s in notices.stopped]}, indent=1)
+                       "stopped": [asdict(s) for s in notices.stopped],
+                       "releases": {u: list(r) for u, r in notices.releases.items()}},
+                      indent=1)
 
 
 def loads(text: str) -> Notices:
     data = json.loads(text)
     warnings = [CullWarning(**w) for w in data.get("warnings", [])]
     return Notices({(w.user, w.server): w for w in warnings},
-                   [Stopped(**s) for s in data.get("stopped", [])])
+                   [Stopped(**s) for s in data.get("stopped", [])],
+                   {u: (float(at), str(kind))
+                    for u, (at, kind) in data.get("releases", {}).items()})
 
 
 def read(path: str | Path) -> Notices:
@@ -117,7 +124,7 @@ def forget_stopped(path: str | Path, user: str, server: str) -> None:
     current = read(path)
     kept = [s for s in current.stopped if (s.user, s.server) != (user, server)]
     if len(kept) != len(current.stopped):
-        write(path, Notices(current.warnings, kept))
+        write(path, Notices(current.warnings, kept, current.releases))
 
 
 def keep_stopped(stopped: Iterable[Stopped], running: Mapping[tuple[str, str], float],

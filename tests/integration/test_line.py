@@ -11,6 +11,7 @@ as JupyterLab makes all the time.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 import requests
@@ -79,9 +80,14 @@ def home_page_line(page, user) -> str:
 
 def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config, gpus_yaml,
                                                        new_page):
-    lab_config.write("gpus.yaml", ONE_GPU + f"line: {{claim_window: {CLAIM_WINDOW}s}}\n")
+    # servers may run for an hour: the line can say by when the GPU comes back
+    lab_config.write("gpus.yaml", ONE_GPU.replace("max_gpus: 1", "max_gpus: 1\n  max_server_age: 1h")
+                     + "culling: {check_every: 2s}\n"
+                     + f"line: {{claim_window: {CLAIM_WINDOW}s}}\n")
     alice, bob, carol, dave = (lab_user(n) for n in ("alice", "bob", "carol", "dave"))
     alice.start_server({"gpus": 1})
+    alice_started = datetime.fromisoformat(
+        hub.server_model(alice.name)["started"].replace("Z", "+00:00")).timestamp()
 
     # Nothing free: without "wait" the 409 stays, and says how to wait instead.
     r = spawn(dave, {"gpus": 1})
@@ -97,15 +103,23 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
     assert r.status_code == 202 and "number 2 in line (2 waiting)" in r.json()["message"]
     assert place(bob) == ("waiting", 1, 2) and place(carol) == ("waiting", 2, 2)
     assert hub.server_model(bob.name) is None  # nothing runs for him yet
+    # the GPU culler says when alice's server reaches its hour; bob is next, carol after
+    wait_for(lambda: line_of(bob)[0]["eta"], 60, interval=1,
+             what="the line to estimate bob's turn from the GPU culler's clocks")
+    (mine,) = line_of(bob)
+    assert mine["eta_kind"] == "age" and abs(mine["eta"] - (alice_started + 3600)) < 60, mine
+    assert line_of(carol)[0]["eta"] is None  # after bob, nobody knows
     page = new_page()
     banner = home_page_line(page, carol)
     assert "you are number 2 of 2" in banner, banner
+    page.wait_for_selector(".gpu-line-eta:has-text('No estimate')")
     screenshot(page, "line-waiting.png")
 
     # bob keeps his home page open, with browser notifications allowed.
     bob_page = new_page()
     bob_page.context.add_init_script(RECORDING_NOTIFICATION)
     assert "you are number 1 of 2" in home_page_line(bob_page, bob)
+    bob_page.wait_for_selector(".gpu-line-eta:has-text('at the latest')")
 
     # The GPU comes free: it is bob's. dave, not in line, cannot take it in between.
     alice.stop_server()

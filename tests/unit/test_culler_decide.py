@@ -183,3 +183,23 @@ def test_duration_text(seconds, text):
 ])
 def test_policy_note_for_the_spawn_form(idle, age, warn, note):
     assert policy_note(policy(idle=idle, age=age), Culling(warn_before=warn)) == note
+
+
+@pytest.mark.parametrize("pol, idle, standing, expected", [
+    # busy, no age limit: nobody knows when its GPU comes back
+    (policy(), {"GPU-a": None}, None, {}),
+    # idle for an hour of two: back in an hour, if it stays idle
+    (policy(), {"GPU-a": NOW - HOUR}, None, {"GPU-a": (NOW + HOUR, IDLE)}),
+    # an age limit: back at start + max_server_age at the latest
+    (policy(idle=0, age=12 * HOUR), {}, None, {"GPU-a": (NOW + 2 * HOUR, AGE)}),
+    # due already but not yet warned: a warning stands warn_before first
+    (policy(idle=0, age=10 * HOUR), {}, None, {"GPU-a": (NOW + 600, AGE)}),
+    # a standing warning says when
+    (policy(idle=0, age=10 * HOUR), {}, warning(ALICE, NOW - 60, NOW + 540, AGE),
+     {"GPU-a": (NOW + 540, AGE)}),
+])
+def test_when_each_gpu_is_expected_back(pol, idle, standing, expected):
+    from gpulab.culler.decide import releases
+
+    standing = {ALICE.key: standing} if standing else {}
+    assert releases([ALICE], {ALICE.key: pol}, CULL, idle, standing, NOW) == expected

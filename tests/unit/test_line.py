@@ -345,3 +345,47 @@ async def test_an_unopened_server_is_stopped_after_the_claim_window_and_she_is_t
     (told,) = notes.read(line.notices_file).stopped
     assert (told.user, told.reason) == ("bob", notes.LINE)
     assert "did not open it within 1 min" in told.message
+
+
+# ---------------------------------------------------------------- estimates
+
+
+@pytest.mark.parametrize("leases, entries, releases, expected", [
+    pytest.param(  # GPU 0 back at 500 at the latest (age), GPU 1 at 300 if it stays idle
+        [lease(0, "alice"), lease(1, "carol")], [entry(1, "bob"), entry(2, "dave")],
+        {uuid(0): (500.0, "age"), uuid(1): (300.0, "idle")},
+        {1: (300.0, "idle"), 2: (500.0, "age")}, id="earliest-first"),
+    pytest.param(  # 2 GPUs: when the later of the two comes back
+        [lease(0, "alice"), lease(1, "carol")], [entry(1, "bob", gpus=2)],
+        {uuid(0): (500.0, "age"), uuid(1): (300.0, "age")},
+        {1: (500.0, "age")}, id="two-gpus"),
+    pytest.param(  # a holder without a clock: no estimate for whoever needs that GPU
+        [lease(0, "alice"), lease(1, "carol")], [entry(1, "bob"), entry(2, "dave")],
+        {uuid(0): (500.0, "age")}, {1: (500.0, "age"), 2: (None, "")}, id="unknown"),
+    pytest.param(  # the one before him is served with GPU 1 now: he waits for GPU 0
+        [lease(0, "alice")], [entry(1, "erin"), entry(2, "bob")],
+        {uuid(0): (500.0, "age")}, {2: (500.0, "age")}, id="behind-a-ready-one"),
+    pytest.param(  # one GPU free and kept for him, the other back at 400
+        [lease(0, "alice")], [entry(1, "bob", gpus=2)],
+        {uuid(0): (400.0, "age")}, {1: (400.0, "age")}, id="kept-and-coming"),
+])
+def test_estimates(leases, entries, releases, expected):
+    from gpulab.line.eta import estimates
+
+    places = plan(CONFIG, FOUR, leases, entries)
+    got = estimates(CONFIG, FOUR, leases, places, releases, now=100.0)
+    assert {i: (e.at, e.kind) for i, e in got.items()} == expected
+
+
+def test_estimates_keep_a_servers_gpus_on_one_machine():
+    from gpulab.line.eta import estimates
+
+    config = parse_gpus_config("defaults: {max_gpus: 2}\n")
+    inventory = [Gpu(0, uuid(0), "A100", node="n1"), Gpu(1, uuid(1), "A100", node="n1"),
+                 Gpu(2, uuid(2), "A100", node="n2"), Gpu(3, uuid(3), "A100", node="n2")]
+    leases = [lease(i, f"u{i}") for i in range(4)]
+    releases = {uuid(0): (200.0, "age"), uuid(2): (300.0, "age"), uuid(3): (350.0, "age"),
+                uuid(1): (900.0, "age")}
+    places = plan(config, inventory, leases, [entry(1, "bob", gpus=2)])
+    # n1's two are back at 900, n2's at 350: n2, though GPU 0 comes back first
+    assert estimates(config, inventory, leases, places, releases, 100.0)[1].at == 350.0

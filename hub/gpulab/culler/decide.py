@@ -121,6 +121,28 @@ def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
                           now) for s in servers]
 
 
+def releases(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
+             culling: Culling, gpus_idle_since: Mapping[str, float | None],
+             standing: Mapping[tuple[str, str], CullWarning], now: float
+             ) -> dict[str, tuple[float, str]]:
+    """When each GPU held now is expected back, if nothing changes: per GPU UUID, the
+    earliest time a server holding it would be stopped, and by which clock (AGE: at the
+    latest; IDLE: only if it stays idle). GPUs of servers no clock runs for are left out
+    (nobody knows when they come back). The line's estimates start from these."""
+    out: dict[str, tuple[float, str]] = {}
+    for s in servers:
+        due = _due(s, policies[s.key], culling, gpus_idle_since)
+        if due is None:
+            continue
+        w = standing.get(s.key)
+        at = w.stop_at if w is not None and w.started == s.started else max(
+            due[0], now + culling.warn_before)
+        for uuid in s.gpus:
+            if uuid not in out or at < out[uuid][0]:
+                out[uuid] = (at, due[1])
+    return out
+
+
 def longest_idle_window(policies: Sequence[Policy]) -> int:
     """Seconds of utilization history the check needs: the longest idle timeout in
     force (0 if none runs: then no history is needed)."""

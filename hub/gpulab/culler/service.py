@@ -32,6 +32,7 @@ from gpulab.culler.decide import (
     longest_idle_window,
     plan,
     query_step,
+    releases,
 )
 from gpulab.gpus.policy import policy_for
 from gpulab.hubapi import HubApi, HubApiError
@@ -160,7 +161,8 @@ class GpuCuller:
         warnings = {d.server.key: d.warning for d in decisions if d.action == WARN}
         running = {(s.user, s.name): s.started for s in ready}
         notes.write(self.notices_file, notes.Notices(
-            warnings, notes.keep_stopped(stopped, running, now)))
+            warnings, notes.keep_stopped(stopped, running, now),
+            releases(servers, policies, config.culling, idle, warnings, now)))
         return decisions
 
     async def idle_since(self, now: float, window: int, below: float) -> dict[str, float | None]:

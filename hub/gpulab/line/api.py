@@ -11,12 +11,14 @@
 
 Members join by asking for a server with ``"wait": true`` (:mod:`gpulab.spawn.spawner`).
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-line"]``:
-``{"file": the store, "gpus_file": gpus.yaml, "swarm": bool}``.
+``{"file": the store, "gpus_file": gpus.yaml, "releases_file": the GPU culler's notices
+(when each GPU is expected back), "swarm": bool}``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -24,17 +26,22 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab import live_config
+from gpulab import notices as notes
 from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
+from gpulab.line.eta import Estimate, estimates
 from gpulab.line.plan import READY, WAITING, Place, plan
 from gpulab.line.store import LineStore, line_store
 
 
-def place_model(p: Place, waiting: int) -> dict[str, Any]:
+def place_model(p: Place, waiting: int, eta: Estimate | None = None) -> dict[str, Any]:
     e = p.entry
     return {"id": e.id, "user": e.user, "server": e.server, "gpus": e.gpus,
             "joined_at": e.joined_at, "offered_at": e.offered_at, "state": p.state,
             "position": p.position, "waiting": waiting,
-            "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason}
+            "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason,
+            # when her turn is expected (None: nobody knows): "age" at the latest,
+            # "idle" if the GPUs' holders stay idle (gpulab.line.eta)
+            "eta": eta.at if eta else None, "eta_kind": eta.kind if eta else ""}
 
 
 class LineAPIBase(APIHandler):
@@ -53,19 +60,23 @@ class LineAPIBase(APIHandler):
     def book(self) -> LeaseBook:
         return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
 
-    async def places(self) -> list[Place]:
+    async def places(self) -> tuple[list[Place], dict[int, Estimate]]:
+        """Every entry's place in line order, and the waiting ones' estimates."""
         entries = self.store.entries()
         if not entries:
-            return []
+            return [], {}
         config = live_config.gpus_file.load(self.line_settings["gpus_file"])
         inventory, leases = await self.book.snapshot(config)
-        return plan(config, inventory, leases, entries)
+        places = plan(config, inventory, leases, entries)
+        releases = notes.read(self.line_settings["releases_file"]).releases
+        return places, estimates(config, inventory, leases, places, releases, time.time())
 
-    def write_places(self, places: list[Place], user: str = "", server: str = "") -> None:
+    async def write_places(self, user: str = "", server: str = "") -> None:
         """The line's models, or only *user*'s (her *server*'s)."""
+        places, etas = await self.places()
         waiting = sum(p.state in (READY, WAITING) for p in places)
         self.write(json.dumps({"line": [
-            place_model(p, waiting) for p in places
+            place_model(p, waiting, etas.get(p.entry.id)) for p in places
             if (not user or p.entry.user == user) and (not server or p.entry.server == server)
         ]}))
 
@@ -73,13 +84,13 @@ class LineAPIBase(APIHandler):
 class LineAPIHandler(LineAPIBase):
     @needs_scope("admin:servers")
     async def get(self):
-        self.write_places(await self.places())
+        await self.write_places()
 
 
 class MemberLineAPIHandler(LineAPIBase):
     @needs_scope("read:servers")
     async def get(self, user_name, server_name=""):
-        self.write_places(await self.places(), user_name, server_name)
+        await self.write_places(user_name, server_name)
 
     @needs_scope("servers")
     def delete(self, user_name, server_name=""):

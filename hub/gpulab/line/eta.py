@@ -1,0 +1,71 @@
+"""When a member's turn in line is expected: pure functions.
+
+It starts from when each GPU held now is expected back, which is the GPU culler's
+knowledge (:func:`gpulab.culler.decide.releases`): a server's ``max_server_age`` gives
+a time at the latest; a server whose GPUs are idle now gives one only if they stay
+idle. GPUs whose holders no clock runs for give no estimate (a lab without
+``max_server_age`` and a busy GPU: nobody knows).
+
+Walking the line in order, each member waiting takes the GPUs she could use that come
+back first (all on one machine); those before her who are being served, and she herself,
+then hold theirs with no known end. Her estimate is when the last of hers comes back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpulab.gpus.allocator import Gpu, Lease, usable_gpus
+from gpulab.gpus.config import GpusConfig
+from gpulab.line.plan import HELD, OFFERED, READY, WAITING, Place
+
+AGE, IDLE = "age", "idle"  # the culler's clocks (gpulab.culler.decide)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    at: float | None  # epoch seconds; None: no estimate
+    kind: str = ""  # AGE: at the latest; IDLE: if the GPUs' holders stay idle; "": now
+
+
+def estimates(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
+              places: Iterable[Place], releases: Mapping[str, tuple[float, str]],
+              now: float) -> dict[int, Estimate]:
+    """Each waiting entry's estimate, by entry id. *leases* are the leases held now (not
+    the line's holds); *places* are :func:`gpulab.line.plan.plan`'s, in line order."""
+    load = Counter(le.gpu_uuid for le in leases if le.user != HELD)
+    free_at: dict[str, tuple[float, str] | None] = {
+        g.uuid: (now, "") if load[g.uuid] < g.capacity else releases.get(g.uuid)
+        for g in inventory}
+    out: dict[int, Estimate] = {}
+    for p in places:
+        if p.state in (READY, OFFERED):
+            for g in p.gpus:
+                free_at[g.uuid] = None  # hers now, for as long as she keeps them
+            continue
+        if p.state != WAITING:
+            continue
+        e = p.entry
+        usable = usable_gpus(config, inventory, e.request())
+        best: tuple[float, str, list[Gpu]] | None = None
+        for node in dict.fromkeys(g.node for g in usable):
+            known = sorted(((free_at[g.uuid], g) for g in usable
+                            if g.node == node and free_at.get(g.uuid) is not None),
+                           key=lambda t: (t[0][0], t[1].index))
+            if len(known) < e.gpus:
+                continue
+            chosen = known[:e.gpus]
+            at = max((t for (t, _), _ in chosen), default=now)
+            kinds = {kind for (_, kind), _ in chosen}
+            kind = IDLE if IDLE in kinds else AGE if AGE in kinds else ""
+            if best is None or at < best[0]:
+                best = (at, kind, [g for _, g in chosen])
+        if best is None:
+            out[e.id] = Estimate(None)
+            continue
+        out[e.id] = Estimate(best[0], best[1])
+        for g in best[2]:
+            free_at[g.uuid] = None
+    return out
