@@ -27,6 +27,8 @@ from gpulab.contract import (
     SERVER_NOTICES_FILE,
     scrape_seconds,
 )
+from gpulab.line import api as line_api
+from gpulab.line.store import line_store
 from gpulab.line.view import home_page_line
 from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
@@ -227,6 +229,10 @@ def configure(c) -> None:
         configure_login(c, settings, DATA_DIR, default_trusted_proxies(settings))
     except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry
         raise SystemExit(f"gpulab: {e}") from None
+    # The line's REST API, and members whose access ends leave it.
+    c.TokenAuthenticator.more_api_handlers = line_api.api_handlers()
+    c.TokenAuthenticator.on_access_ended = [
+        lambda name: line_store(line_path).forget_user(name)]
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
     # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
     # so removing a name from hub.admins removes the right at the next start.

@@ -256,8 +256,6 @@ async def test_the_running_servers_own_token_is_kept(auth, db, alice, alice_toke
 
 
 def test_login_page_and_admin_api_are_the_authenticators_handlers(auth):
-    from gpulab.line import api as line_api
-
     assert auth.get_handlers(app=None) == [
         ("/login", GpulabLoginHandler),
         (r"/api/gpulab/login-tokens/([^/]+)", lt.LoginTokensAPIHandler),
@@ -268,9 +266,6 @@ def test_login_page_and_admin_api_are_the_authenticators_handlers(auth):
         (r"/api/gpulab/ssh-keys/([^/]+)", sshkeys.SshKeysAPIHandler),
         (r"/api/gpulab/ssh-keys/([^/]+)/([^/]+)", sshkeys.SshKeyAPIHandler),
         (r"/api/gpulab/ssh-sign-in", sshkeys.SshSignInAPIHandler),
-        (r"/api/gpulab/line", line_api.LineAPIHandler),
-        (r"/api/gpulab/line/([^/]+)", line_api.MemberLineAPIHandler),
-        (r"/api/gpulab/line/([^/]+)/([^/]+)", line_api.MemberLineAPIHandler),
     ]
     assert issubclass(GpulabLoginHandler, LoginHandler)
     assert issubclass(lt.UserTokensAPIHandler, UserTokenListAPIHandler)

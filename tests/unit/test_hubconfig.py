@@ -161,3 +161,24 @@ def test_with_a_host_name_servers_go_below_it_and_services_stay_on_it(tmp_path, 
     assert hook("alice", "gpu.lab.example", "user") == "alice.gpu.lab.example"
     assert hook("j.smith", "gpu.lab.example", "user").startswith("u-jsmith--")
     assert hook("gpus", "gpu.lab.example", "service") == "gpu.lab.example"
+
+
+def test_the_line_is_wired_into_the_hub(configured, tmp_path):
+    from gpulab.line import api as line_api
+    from gpulab.line.store import line_store
+
+    c = configured
+    data = tmp_path / "data"
+    assert c.GpulabSpawner.line_file == str(data / "gpulab-line.sqlite")
+    assert c.JupyterHub.tornado_settings["gpulab-line"]["file"] == c.GpulabSpawner.line_file
+    assert c.TokenAuthenticator.more_api_handlers == line_api.api_handlers()
+    service = next(s for s in c.JupyterHub.services if s["name"] == "gpu-line")
+    assert service["command"][1:3] == ["-m", "gpulab.line"]
+    role = next(r for r in c.JupyterHub.load_roles if r["name"] == "gpu-line")
+    assert role["services"] == ["gpu-line"] and role["scopes"] == hubconfig.LINE_SCOPES
+    # a member whose access ends leaves the line
+    store = line_store(c.GpulabSpawner.line_file)
+    store.join("alice", "", 1)
+    (forget,) = c.TokenAuthenticator.on_access_ended
+    forget("alice")
+    assert store.entries() == []

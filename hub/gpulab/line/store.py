@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from gpulab import private_db
 from gpulab.line.plan import Entry
-from gpulab.login import private_db
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS line ("

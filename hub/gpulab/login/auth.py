@@ -232,6 +232,19 @@ class TokenAuthenticator(Authenticator):
         """,
     ).tag(config=True)
 
+    more_api_handlers = List(
+        help="""More (route, handler) pairs for the hub to serve under /hub/, beside the
+        login page and the login-token and SSH-key APIs: gpulab.hubconfig puts the
+        line's REST API here (gpulab.line.api).""",
+    ).tag(config=True)
+
+    on_access_ended = List(
+        help="""Callables called with a username whose access ended (an admin ended it
+        with gpulab.login.tokens' access API, or deleted her): each drops what another
+        part keeps for her. gpulab.hubconfig puts the line's here: she leaves the line,
+        so that no server is started for her later.""",
+    ).tag(config=True)
+
     end_sessions_without_token = Bool(
         True,
         help="""End a member's access once they have no valid login token left
@@ -392,17 +405,21 @@ class TokenAuthenticator(Authenticator):
     def get_handlers(self, app):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
-        from gpulab.line import api as line_api  # the line for GPUs: its REST API
-
         return [("/login", GpulabLoginHandler), *lt.api_handlers(),
-                *sshkeys.api_handlers(), *line_api.api_handlers()]
+                *sshkeys.api_handlers(), *self.more_api_handlers]
+
+    def access_ended(self, username: str) -> None:
+        """*username*'s access ended (an admin ended it, or deleted her): the
+        ``on_access_ended`` callables drop what other parts keep for her."""
+        for forget in self.on_access_ended:
+            forget(username)
 
     def delete_user(self, user):
         """A deleted user's login tokens and SSH keys go with her: a new user of the same
         name later is someone else (seen in review: her keys would have signed in)."""
         self.login_tokens.forget_user(user.name)
         self.ssh_keys.forget_user(user.name)
-        lt.forget_in_line(getattr(self.parent, "tornado_settings", None), user.name)
+        self.access_ended(user.name)
         return super().delete_user(user)
 
     def client_address(self, request) -> str:

@@ -42,7 +42,7 @@ from jupyterhub import orm
 from jupyterhub.utils import isoformat
 from tornado import web
 
-from gpulab.login import private_db
+from gpulab import private_db
 from gpulab.login import tokens as lt
 
 SSH_SERVICE = "gpulab-ssh"  # the hub service the SSH gateway signs in as

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpulab.login import private_db
+from gpulab import private_db
 
 USER = "user"
 ADDRESS = "address"

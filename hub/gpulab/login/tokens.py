@@ -35,9 +35,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
@@ -45,8 +44,7 @@ from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
-from gpulab import compat
-from gpulab.login import private_db
+from gpulab import compat, private_db
 
 LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
 JUPYTERHUB_CLIENT = "jupyterhub"  # client_id of API tokens; anything else is an OAuth token
@@ -391,16 +389,6 @@ class UserTokensAPIHandler(UserTokenListAPIHandler):
                               user.name)
 
 
-def forget_in_line(settings: Mapping[str, Any] | None, username: str) -> None:
-    """Take *username* out of the line for GPUs (gpulab.line), if the hub has one: an
-    ended access or a deleted user must not have a server started later."""
-    line = (settings or {}).get("gpulab-line")
-    if line:
-        from gpulab.line.store import line_store
-
-        line_store(line["file"]).forget_user(username)
-
-
 class AccessAPIHandler(LoginTokenAPIBase):
     """``DELETE /hub/api/gpulab/access/{user}`` (body ``{"stop_servers": bool}``): end
     a member's access at once and entirely: every login token and admin-made API token,
@@ -435,7 +423,7 @@ class AccessAPIHandler(LoginTokenAPIBase):
         self.store.forget_user(orm_user.name)
         keys = getattr(self.authenticator, "ssh_keys", None)  # gpulab.login.sshkeys
         removed_keys = keys.forget_user(orm_user.name) if keys is not None else 0
-        forget_in_line(self.settings, orm_user.name)  # no server started for her later
+        self.authenticator.access_ended(orm_user.name)  # what other parts keep for her
         compat.expire_auth(user)
         stopped = []
         if stop:

@@ -1,5 +1,6 @@
 """The small sqlite files gpulab keeps next to the hub database (login tokens, SSH keys,
-the login throttle): created readable and writable by their owner only."""
+the login throttle, the line for GPUs): created readable and writable by their owner
+only."""
 
 from __future__ import annotations
 
