@@ -108,11 +108,12 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
              what="the line to estimate bob's turn from the GPU culler's clocks")
     (mine,) = line_of(bob)
     assert mine["eta_kind"] == "age" and abs(mine["eta"] - (alice_started + 3600)) < 60, mine
-    assert line_of(carol)[0]["eta"] is None  # after bob, nobody knows
+    # carol's turn: after bob's hour on it, at the latest
+    assert abs(line_of(carol)[0]["eta"] - (mine["eta"] + 3600)) < 1, line_of(carol)
     page = new_page()
     banner = home_page_line(page, carol)
     assert "you are number 2 of 2" in banner, banner
-    page.wait_for_selector(".gpu-line-eta:has-text('No estimate')")
+    page.wait_for_selector(".gpu-line-eta:has-text('at the latest')")
     screenshot(page, "line-waiting.png")
 
     # bob keeps his home page open, with browser notifications allowed.

@@ -377,6 +377,19 @@ def test_estimates(leases, entries, releases, expected):
     assert {i: (e.at, e.kind) for i, e in got.items()} == expected
 
 
+def test_the_members_ahead_keep_their_gpus_until_their_own_age_limit():
+    from gpulab.line.eta import estimates
+
+    config = parse_gpus_config("defaults: {max_gpus: 2, max_server_age: 1h}\n")
+    inventory = [gpu(0)]
+    leases = [lease(0, "alice")]
+    places = plan(config, inventory, leases, [entry(1, "bob"), entry(2, "dave")])
+    got = estimates(config, inventory, leases, places, {uuid(0): (500.0, "age")}, 100.0)
+    # bob gets it at 500, and may keep it an hour: dave's turn is at 4100 at the latest
+    assert {i: (e.at, e.kind) for i, e in got.items()} == {1: (500.0, "age"),
+                                                             2: (4100.0, "age")}
+
+
 def test_estimates_keep_a_servers_gpus_on_one_machine():
     from gpulab.line.eta import estimates
 

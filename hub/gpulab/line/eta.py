@@ -8,7 +8,8 @@ idle. GPUs whose holders no clock runs for give no estimate (a lab without
 
 Walking the line in order, each member waiting takes the GPUs she could use that come
 back first (all on one machine); those before her who are being served, and she herself,
-then hold theirs with no known end. Her estimate is when the last of hers comes back.
+then hold theirs until their own ``max_server_age`` (if they have one; else nobody knows
+when they come back). Her estimate is when the last of hers comes back.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from gpulab.gpus.allocator import Gpu, Lease, usable_gpus
 from gpulab.gpus.config import GpusConfig
+from gpulab.gpus.policy import policy_for
 from gpulab.line.plan import HELD, OFFERED, READY, WAITING, Place
 
 AGE, IDLE = "age", "idle"  # the culler's clocks (gpulab.culler.decide)
@@ -40,10 +42,17 @@ def estimates(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lea
         g.uuid: (now, "") if load[g.uuid] < g.capacity else releases.get(g.uuid)
         for g in inventory}
     out: dict[int, Estimate] = {}
+
+    def taken(entry, gpus: Iterable[Gpu], since: float) -> None:
+        """*entry*'s server holds *gpus* from *since*: back after her max_server_age, if
+        she has one; else nobody knows when."""
+        age = policy_for(config, entry.user, entry.groups).max_server_age
+        for g in gpus:
+            free_at[g.uuid] = (since + age, AGE) if age else None
+
     for p in places:
         if p.state in (READY, OFFERED):
-            for g in p.gpus:
-                free_at[g.uuid] = None  # hers now, for as long as she keeps them
+            taken(p.entry, p.gpus, p.entry.offered_at or now)
             continue
         if p.state != WAITING:
             continue
@@ -66,6 +75,5 @@ def estimates(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lea
             out[e.id] = Estimate(None)
             continue
         out[e.id] = Estimate(best[0], best[1])
-        for g in best[2]:
-            free_at[g.uuid] = None
+        taken(e, best[2], best[0])
     return out
