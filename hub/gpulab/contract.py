@@ -102,6 +102,7 @@ SERVER_NOTICES_FILE = "gpulab-server-notices.json"
 LINE_FILE = "gpulab-line.sqlite"
 LINE_SERVICE = "gpu-line"
 LINE_NOTICES_FILE = "gpu-line-notices.json"
+LINE_USAGE_FILE = "gpulab-line-usage.json"  # members' recent GPU-hours (fair share)
 
 # Prometheus' scrape interval in seconds (docker-compose.yml sets it on Prometheus and the
 # hub alike; 15 unless GPULAB_SCRAPE_SECONDS says otherwise: `make test` runs at 2). The

@@ -21,6 +21,7 @@ from gpulab.contract import (
     LINE_FILE,
     LINE_NOTICES_FILE,
     LINE_SERVICE,
+    LINE_USAGE_FILE,
     PROXY_API_PORT,
     PROXY_IP,
     SCRAPE_SECONDS_ENV,
@@ -272,6 +273,7 @@ def configure(c) -> None:
             "url": f"http://{hub_host}:{DASHBOARD_PORT}",
             "command": [sys.executable, "-m", "gpulab.dashboard",
                         "--culler-notices", str(notices_path),
+                        "--line-file", str(line_path),
                         *(["--swarm"] if settings["hub.swarm"] else [])],
             # JupyterHub starts a managed service with only the environment it is given:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.
@@ -329,8 +331,11 @@ def configure(c) -> None:
         "name": LINE_SERVICE,
         "command": [sys.executable, "-m", "gpulab.line", "--gpus-file", str(gpus_path),
                     "--notices", str(line_notices_path),
+                    "--usage-file", str(DATA_DIR / LINE_USAGE_FILE),
                     "--interval", str(min(5, scrape_seconds()))],
-        "environment": {k: os.environ[k] for k in (live_config.LAST_GOOD_DIR_ENV,)
+        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
+                                                   live_config.LAST_GOOD_DIR_ENV,
+                                                   SCRAPE_SECONDS_ENV)
                         if k in os.environ},
     })
     load_roles.append({

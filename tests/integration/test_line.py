@@ -19,7 +19,7 @@ import requests
 from .browser import screenshot, submit_login
 from .restarts import kill_from_host, wait_restarted
 from .stack import HUB_URL, wait_for
-from .standin import GPU0, STANDIN_GPUS, gpus_of
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only
 CLAIM_WINDOW = 20  # seconds (line.claim_window); the test stack's line looks every 2 s
@@ -194,6 +194,58 @@ def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
     alice.stop_server()
     time.sleep(5)  # two rounds of the line service: nothing is started for him
     assert hub.server_model(bob.name) is None
+
+
+def test_a_free_gpu_kept_for_a_member_waiting_for_two_is_nobody_elses_until_she_leaves(
+        hub, hub_admin, lab_user, lab_config, gpus_yaml):
+    lab_config.write("gpus.yaml", STANDIN_GPUS.replace("max_gpus: 1", "max_gpus: 2"))
+    alice, bob, carol = lab_user("alice"), lab_user("bob"), lab_user("carol")
+    alice.start_server({"gpus": 1})  # GPU 0
+    assert spawn(bob, {"gpus": 2, "wait": True}).status_code == 202
+    # GPU 1 is free, and kept for bob: the admins' lease page says so, carol cannot have it
+    r = requests.get(f"{HUB_URL}/services/gpus/api/leases", timeout=30,
+                     headers={"Authorization": f"token {hub_admin.token}"})
+    assert r.status_code == 200, r.text
+    gpus = {g["uuid"]: g for g in r.json()["gpus"]}
+    assert gpus[GPU1]["kept_for"] == ["a member waiting in line (for more GPUs than are free)"]
+    assert (gpus[GPU1]["held"], gpus[GPU1]["free"]) == (0, 0)
+    r = spawn(carol, {"gpus": 1})
+    assert r.status_code == 409, r.text
+    # bob leaves: it is free again at once
+    r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
+                        headers={"Authorization": f"token {bob.token}"}, timeout=30)
+    assert r.status_code == 204, r.text
+    carol.start_server({"gpus": 1})
+    assert gpus_of(carol.container)["device_ids"] == [GPU1]
+
+
+def test_under_fair_share_who_used_fewer_gpu_hours_lately_goes_first(
+        hub, lab_user, lab_config, gpus_yaml):
+    lab_config.write("gpus.yaml", ONE_GPU + "line: {order: fair_share, half_life: 10m}\n")
+    alice, bob, carol = lab_user("alice"), lab_user("bob"), lab_user("carol")
+    alice.start_server({"gpus": 1})  # alice uses the GPU for a while; bob never has
+    time.sleep(10)
+    alice.stop_server()
+    carol.start_server({"gpus": 1})
+    # alice asks first, bob after her
+    assert spawn(alice, {"gpus": 1, "wait": True}).status_code == 202
+    assert spawn(bob, {"gpus": 1, "wait": True}).status_code == 202
+
+    def by_use():
+        r = requests.get(f"{hub.api}/gpulab/line/{alice.name}", timeout=30,
+                         headers={"Authorization": f"token {alice.token}"}).json()
+        return r["by_use"] and (r["line"][0]["gpu_hours"] or 0) > 0
+
+    wait_for(by_use, 60, interval=1,
+             what="the line service to bring alice's GPU-hours from Prometheus")
+    (mine,) = line_of(alice)
+    print(f"alice's recent GPU-hours: {mine['gpu_hours']:.5f}")
+    assert line_of(bob)[0]["gpu_hours"] == 0.0
+    assert place(bob) == ("waiting", 1, 2) and place(alice) == ("waiting", 2, 2)
+    carol.stop_server()
+    wait_for(lambda: server_ready(bob), 120, interval=0.5,
+             what="bob, who used fewer GPU-hours, to be served first")
+    assert hub.server_model(alice.name) is None and place(alice)[1] == 1
 
 
 @pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)

@@ -195,13 +195,34 @@ async def test_lease_model_from_container_dicts(gpus_path):
     assert (rows["carol"]["state"], rows["carol"]["gpu_index"]) == ("orphaned", None)
     assert model["gpus"] == [
         {"index": 0, "uuid": G0, "model": "A100", "pool": "big", "machine": "", "mode": "exclusive",
-         "reserved": False, "capacity": 1, "held": 1, "free": 0, "holders": ["alice"]},
+         "reserved": False, "capacity": 1, "held": 1, "free": 0, "holders": ["alice"],
+         "kept_for": []},
         {"index": 1, "uuid": G1, "model": "T4", "pool": "small", "machine": "", "mode": "shared",
-         "reserved": False, "capacity": 2, "held": 1, "free": 1, "holders": ["bob/small"]},
+         "reserved": False, "capacity": 2, "held": 1, "free": 1, "holders": ["bob/small"],
+         "kept_for": []},
     ]
     assert model["summary"] == {"gpus": 2, "held": 2, "leases": 3, "orphaned": 1,
                                 "text": "3 leases on 2 of 2 GPUs"}
     assert model["config_errors"] == []
+
+
+async def test_the_gpus_the_line_keeps_are_shown_and_not_free(gpus_path, tmp_path):
+    from gpulab.line.store import LineStore
+
+    store = FakeContainers([container("alice", [G0])])
+    line = tmp_path / "line.sqlite"
+    admin = LeaseAdmin(store, HubApi("http://x", HUB_TOKEN, timeout=2), gpus_path,
+                       book=LeaseBook(store.list, discover=no_nvml), now=lambda: NOW,
+                       line_path=line)
+    assert [g["kept_for"] for g in (await admin.model())["gpus"]] == [[], []]
+    # bob waits for alice's A100: nothing is free for him; erin's T4 turn has come
+    LineStore(line).join("bob", "", 1, ["big-users"])
+    LineStore(line).join("erin", "", 1)
+    gpus_path.write_text(GPUS_YAML + "groups:\n  big-users: {pools: [big]}\n"
+                                     "defaults: {pools: [small]}\n")
+    model = await admin.model()
+    assert [(g["kept_for"], g["free"]) for g in model["gpus"]] == [
+        ([], 0), (["erin, whose turn in line it is"], 0 + 1)]  # a shared T4: one place left
 
 
 async def test_refused_gpus_yaml_edit_is_reported_and_last_good_stays(gpus_path):

@@ -23,16 +23,15 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.allocator import NotEnoughGpus as Busy
 from gpulab.gpus.config import parse_gpus_config
+from gpulab.line.order import Entry, position_of
 from gpulab.line.plan import (
     HELD,
     OFFERED,
     READY,
     REFUSED,
     WAITING,
-    Entry,
     holds,
     plan,
-    position_of,
 )
 from gpulab.line.service import (
     CLAIM_MARGIN,
@@ -224,12 +223,13 @@ def test_the_store_keeps_places_across_reopening_and_a_second_join_keeps_the_pla
 def test_the_home_page_shows_her_place_or_until_when_to_open_her_server():
     entries = [entry(1, "alice", at=10, offered_at=100.0), entry(2, "bob", at=20),
                entry(3, "bob", at=30, server="train", gpus=2)]
-    rows = line_rows(entries, "bob", 600)
+    config = parse_gpus_config("line: {claim_window: 10m}\n")
+    rows = line_rows(entries, "bob", config)
     assert [(r["server"], r["state"], r["position"], r["waiting"]) for r in rows] == [
         ("", "waiting", 1, 2), ("train", "waiting", 2, 2)]
-    (alice,) = line_rows(entries, "alice", 600)
+    (alice,) = line_rows(entries, "alice", config)
     assert alice["state"] == "offered" and alice["deadline"]["utc"] == "1970-01-01 00:11"
-    assert line_rows(entries, "carol", 600) == []
+    assert line_rows(entries, "carol", config) == []
 
 
 # ---------------------------------------------------------------- the service
@@ -402,3 +402,118 @@ def test_estimates_keep_a_servers_gpus_on_one_machine():
     places = plan(config, inventory, leases, [entry(1, "bob", gpus=2)])
     # n1's two are back at 900, n2's at 350: n2, though GPU 0 comes back first
     assert estimates(config, inventory, leases, places, releases, 100.0)[1].at == 350.0
+
+
+# ---------------------------------------------------------------- order
+
+
+ORDERED = parse_gpus_config("""\
+line: {order: fair_share, half_life: 7d}
+groups:
+  phd: {line_priority: 1}
+users:
+  zed: {line_priority: -1}
+""")
+
+
+@pytest.mark.parametrize("config, usage, expected", [
+    # first come, first served
+    (parse_gpus_config(""), None, ["ann", "bob", "cat", "dan"]),
+    # priorities come first, in either order: phd (cat) before everyone, zed last
+    (parse_gpus_config("groups: {phd: {line_priority: 1}}\nusers: {ann: {line_priority: -1}}\n"),
+     None, ["cat", "bob", "dan", "ann"]),
+    # fair share: fewer recent GPU-hours first (never used: 0); ties by joining
+    (ORDERED, {"ann": 5.0, "bob": 0.5, "dan": 0.5}, ["cat", "bob", "dan", "ann"]),
+    # fair share without recent usage data: first come, first served (priorities stay)
+    (ORDERED, None, ["cat", "ann", "bob", "dan"]),
+])
+def test_the_lines_order(config, usage, expected):
+    from gpulab.line.order import ranked
+
+    entries = [entry(1, "ann", at=10), entry(2, "bob", at=20),
+               entry(3, "cat", at=30, groups=["phd"]), entry(4, "dan", at=40)]
+    assert [e.user for e in ranked(entries, config, usage)] == expected
+
+
+def test_an_entry_whose_turn_came_stays_first_whatever_its_standing():
+    from gpulab.line.order import ranked, standing
+
+    entries = [entry(1, "cat", at=10, groups=["phd"]), entry(2, "zed", at=5, offered_at=50)]
+    assert [e.user for e in ranked(entries, ORDERED, {"zed": 100.0})] == ["zed", "cat"]
+    assert standing(entries[1], ORDERED, {"zed": 100.0}).priority == -1
+    assert standing(entries[0], ORDERED, {}).gpu_hours == 0.0
+    assert standing(entries[0], ORDERED, None).gpu_hours is None
+
+
+# ---------------------------------------------------------------- usage
+
+
+def test_decayed_gpu_hours_weigh_each_step_by_its_age():
+    from gpulab.line.usage import decayed_gpu_hours
+
+    h = 3600.0
+    series = {"ann": [(0.0, 1.0), (h, 2.0)], "bob": [(h, 0.0)]}  # GPUs held, per hour
+    got = decayed_gpu_hours(series, now=h, half_life=h, step=h)
+    assert got == {"ann": pytest.approx(1.0 * 0.5 + 2.0 * 1.0), "bob": 0.0}
+
+
+@pytest.mark.parametrize("half_life, scrape, expected", [
+    (7 * 86400, 15, (28 * 86400, 2420)),  # 1000 points over four weeks
+    (600, 2, (2400, 3)),
+    (60, 15, (240, 15)),  # never finer than a scrape
+])
+def test_the_history_asked_for(half_life, scrape, expected):
+    from gpulab.line.usage import window_and_step
+
+    assert window_and_step(half_life, scrape) == expected
+
+
+def test_usage_older_than_five_minutes_or_unreadable_is_not_used(tmp_path):
+    from gpulab.line import usage
+
+    path = tmp_path / "usage.json"
+    assert usage.read(path, 100.0) is None  # missing
+    usage.write(path, {"ann": 1.5}, at=100.0, half_life=600)
+    assert usage.read(path, 100.0 + usage.MAX_AGE) == {"ann": 1.5}
+    assert usage.read(path, 101.0 + usage.MAX_AGE) is None
+    path.write_text("{not json")
+    assert usage.read(path, 100.0) is None
+
+
+class RecordingPrometheus:
+    """Stands in for gpulab.prometheus_api.Prometheus's range query: records the query,
+    answers with *matrix*, or raises PrometheusUnavailable when it is None."""
+
+    def __init__(self, matrix):
+        self.matrix, self.asked = matrix, []
+
+    async def query_range(self, expr, start, end, step):
+        from gpulab.prometheus_api import PrometheusUnavailable
+
+        self.asked.append((expr, end - start, step))
+        if self.matrix is None:
+            raise PrometheusUnavailable("Prometheus at http://x did not answer")
+        return self.matrix
+
+
+async def test_the_line_service_writes_members_gpu_hours_under_fair_share(tmp_path):
+    from gpulab.line import usage
+    from gpulab.line.service import LineService
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("line: {order: fair_share, half_life: 10m}\n")
+    prometheus = RecordingPrometheus([{"metric": {"user": "ann"},
+                                       "values": [[1000, "1"], [997, "1"]]}])
+    line = LineService(RecordingHub([]), str(gpus), str(tmp_path / "n.json"), 2,
+                       prometheus, str(tmp_path / "usage.json"))
+    await line.check(now=1000.0)
+    (expr, window, step), = prometheus.asked
+    assert expr == f"sum by (user) (avg_over_time(gpulab:user_gpus_held[{step}s]))"
+    assert window == 2400
+    got = usage.read(tmp_path / "usage.json", 1000.0)
+    assert set(got) == {"ann"} and got["ann"] > 0
+    await line.check(now=1001.0)  # asked again only after a while (here: 6 s)
+    assert len(prometheus.asked) == 1
+    prometheus.matrix = None  # Prometheus down: the file is left to grow old
+    await line.check(now=1010.0)
+    assert len(prometheus.asked) == 2 and usage.read(tmp_path / "usage.json", 1010.0) == got

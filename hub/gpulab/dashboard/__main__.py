@@ -100,6 +100,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     p.add_argument("--culler-notices", default=None, metavar="PATH",
                    help="the GPU culler's notices file, whose standing warnings the table "
                         "shows beside the leases they will end (default: none)")
+    p.add_argument("--line-file", default=None, metavar="PATH",
+                   help="the line's store (gpulab.line), whose kept GPUs the lease page "
+                        "shows (default: none)")
     p.add_argument("--no-leases", action="store_true",
                    help="leave out the admins' lease page (no Docker socket here)")
     p.add_argument("--swarm", action="store_true",
@@ -135,7 +138,8 @@ async def serve(args: argparse.Namespace) -> None:
     if not args.no_leases:
         store = SwarmServices() if args.swarm else DockerContainers()
         leases = LeaseAdmin(store, HubApi(hub_auth.api_url, hub_auth.api_token, timeout=5),
-                            args.gpus_file, settings_path=args.settings_file)
+                            args.gpus_file, settings_path=args.settings_file,
+                            line_path=args.line_file)
     usage = history = None
     if args.prometheus_url.lower() != "none":
         usage = PrometheusUsage(args.prometheus_url)

@@ -30,10 +30,12 @@ from typing import Any
 
 from gpulab import live_config
 from gpulab.contract import label_claims
-from gpulab.gpus.allocator import Gpu
+from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
 from gpulab.gpus.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
 from gpulab.hubapi import HubApi, HubApiError, user_path
+from gpulab.line.plan import HELD, holds, plan
+from gpulab.line.store import line_store
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.dashboard")
@@ -94,27 +96,40 @@ def lease_row(row: LeaseView, now: datetime) -> dict[str, Any]:
     return out
 
 
-def inventory_rows(inventory: Sequence[Gpu], rows: Sequence[LeaseView]) -> list[dict[str, Any]]:
-    """Every leasable GPU with its capacity, leases held and free slots."""
+def inventory_rows(inventory: Sequence[Gpu], rows: Sequence[LeaseView],
+                   kept: Sequence[Lease] = ()) -> list[dict[str, Any]]:
+    """Every leasable GPU with its capacity, leases held and free slots, and whom the
+    line keeps it for (*kept*: :func:`gpulab.line.plan.holds`)."""
     out = []
     for g in inventory:
         holders = [r.lease for r in rows if r.lease.gpu_uuid == g.uuid]
+        keeps = [le for le in kept if le.gpu_uuid == g.uuid]
         out.append({
             "index": g.index, "uuid": g.uuid, "model": g.model, "pool": g.pool,
             "machine": g.machine,
             "mode": g.mode, "reserved": g.reserved, "capacity": g.capacity,
-            "held": len(holders), "free": max(0, g.capacity - len(holders)),
+            "held": len(holders), "free": max(0, g.capacity - len(holders) - len(keeps)),
             "holders": [f"{le.user}/{le.server}" if le.server else le.user for le in holders],
+            "kept_for": [kept_for(le) for le in keeps],
         })
     return out
 
 
+def kept_for(lease: Lease) -> str:
+    """Whom the line keeps a GPU for, in words."""
+    if lease.user == HELD:
+        return "a member waiting in line (for more GPUs than are free)"
+    who = f"{lease.user}/{lease.server}" if lease.server else lease.user
+    return f"{who}, whose turn in line it is"
+
+
 def lease_model(rows: Sequence[LeaseView], inventory: Sequence[Gpu],
                 config_errors: Sequence[str], now: datetime,
-                holder: str = "container") -> dict[str, Any]:
+                holder: str = "container", kept: Sequence[Lease] = ()) -> dict[str, Any]:
     """The whole page / ``api/leases`` model, plain JSON types. *holder*: what holds a
-    lease, and what a release removes ("container"; on a Swarm, "service")."""
-    gpus = inventory_rows(inventory, rows)
+    lease, and what a release removes ("container"; on a Swarm, "service"). *kept*: the
+    GPUs the line keeps for members waiting (they are free for nobody else)."""
+    gpus = inventory_rows(inventory, rows, kept)
     held = sum(1 for g in gpus if g["held"])
     return {
         "timestamp": now.timestamp(),
@@ -275,8 +290,10 @@ class LeaseAdmin:
 
     def __init__(self, store: ContainerStore, hub: HubApi, gpus_path: str | Path,
                  book: LeaseBook | None = None, now=lambda: datetime.now(UTC),
-                 settings_path: str | Path | None = None):
+                 settings_path: str | Path | None = None,
+                 line_path: str | Path | None = None):
         self.store = store
+        self.line_path = str(line_path) if line_path else None  # the line's store
         self.hub = hub
         self.gpus_path = str(gpus_path)
         # gpulab.yaml: read only to report an invalid edit, as the hub's log does
@@ -308,7 +325,21 @@ class LeaseAdmin:
     async def model(self) -> dict[str, Any]:
         config, errors = self.config()
         rows = await self.book.view(config)
-        return lease_model(rows, self.book.inventory(config), errors, self.now(), self.holder)
+        inventory = self.book.inventory(config)
+        return lease_model(rows, inventory, errors, self.now(), self.holder,
+                           self.kept(config, inventory, [r.lease for r in rows]))
+
+    def kept(self, config: GpusConfig, inventory: Sequence[Gpu],
+             leases: Sequence[Lease]) -> list[Lease]:
+        """The GPUs the line keeps for members waiting, as the hub's spawner counts them
+        (from the line's store, which this service reads beside the hub)."""
+        if not self.line_path:
+            return []
+        store = line_store(self.line_path)
+        entries = store.entries()
+        if not entries:
+            return []
+        return holds(plan(config, inventory, leases, entries, store.usage()), leases)
 
     async def release(self, gpu_uuid: str, user: str, server: str, admin: str) -> list[str]:
         """Remove the containers holding *gpu_uuid* for *user*/*server* if the lease is

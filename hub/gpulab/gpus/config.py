@@ -19,7 +19,8 @@ Schema (every key optional; an empty or missing file means the defaults)::
       gpu_idle_timeout: 2h     # stop a server whose GPUs sat idle this long (0: never)
       max_server_age: 0        # stop a server holding GPUs this long after its start
     groups:                    # JupyterHub groups; see "precedence" below
-      <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age}
+      <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age,
+                line_priority}  # line_priority: higher goes first in line (default 0)
     users:                     # one user's own settings win over everything else
       <user>: {the same keys as groups}
     culling:                   # how idle GPUs are found (gpulab.culler)
@@ -29,6 +30,8 @@ Schema (every key optional; an empty or missing file means the defaults)::
     line:                      # members waiting for GPUs (gpulab.line)
       claim_window: 10m        # a server started for the member at the head of the line
                                # is stopped if she does not open it within this time
+      order: first_come        # or fair_share: those who used fewer GPU-hours lately first
+      half_life: 7d            # fair_share: GPU-hours this long ago count half
 
 An explicit inventory entry is ``{index, uuid, model?, pool?, mode?, max_users?,
 reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU left out
@@ -54,6 +57,8 @@ from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml,
 __all__ = [
     "ConfigError",
     "Culling",
+    "FAIR_SHARE",
+    "FIRST_COME",
     "Line",
     "DEFAULT_POOL",
     "EXCLUSIVE",
@@ -93,9 +98,11 @@ _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
 LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
 _DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS)
-_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS)
+_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
+                  "line_priority")
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
-_LINE_KEYS = ("claim_window",)
+_LINE_KEYS = ("claim_window", "order", "half_life")
+FIRST_COME, FAIR_SHARE = "first_come", "fair_share"  # line.order
 
 # Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
 DEFAULT_GPU_IDLE_TIMEOUT = 2 * 3600
@@ -157,6 +164,7 @@ class Override:
     no_gpu: bool | None = None
     gpu_idle_timeout: int | None = None  # seconds; 0 = never
     max_server_age: int | None = None  # seconds; 0 = never
+    line_priority: int | None = None  # higher goes first in line (gpulab.line.order)
     line: int | None = None
 
 
@@ -177,6 +185,8 @@ class Line:
 
     # seconds the member at the head has to open the server started for her
     claim_window: int = 10 * 60
+    order: str = "first_come"  # or "fair_share" (gpulab.line.order)
+    half_life: int = 7 * 86400  # fair_share: seconds after which GPU-hours count half
 
 
 @dataclass(frozen=True)
@@ -465,9 +475,29 @@ def _culling(r: _Reader, raw: Any) -> Culling:
 
 def _line(r: _Reader, raw: Any) -> Line:
     path: Path_ = ("line",)
-    body = r.mapping(path, raw, _LINE_KEYS, "a mapping with claim_window:")
-    return Line(claim_window=r.check(path + ("claim_window",), _positive_seconds,
-                                     body.get("claim_window", Line().claim_window)))
+    body = r.mapping(path, raw, _LINE_KEYS,
+                     "a mapping with claim_window:, order: and half_life:")
+    default = Line()
+    return Line(
+        claim_window=r.check(path + ("claim_window",), _positive_seconds,
+                             body.get("claim_window", default.claim_window)),
+        order=r.check(path + ("order",), _order, body.get("order", default.order)),
+        half_life=r.check(path + ("half_life",), _positive_seconds,
+                          body.get("half_life", default.half_life)),
+    )
+
+
+def _order(value: Any) -> str:
+    if value not in (FIRST_COME, FAIR_SHARE):
+        raise ValueError(f"expected {FIRST_COME} or {FAIR_SHARE}, got {value!r}")
+    return value
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100:
+        raise ValueError(f"expected a whole number from -100 to 100 (higher goes first in "
+                         f"line; default 0), got {value!r}")
+    return value
 
 
 def _pool(r: _Reader, path: Path_, name: str, body: dict) -> Pool:
@@ -567,7 +597,7 @@ def _overrides(
         seen[name] = doc.line_of(path)
         body = r.mapping(path, body, _OVERRIDE_KEYS,
                          "a mapping with gpus:, max_gpus:, pinned:, pools:, no_gpu:, "
-                         "gpu_idle_timeout: or max_server_age:")
+                         "gpu_idle_timeout:, max_server_age: or line_priority:")
         o = Override(
             name=name,
             gpus=r.check(path + ("gpus",), _count, body["gpus"]) if "gpus" in body else None,
@@ -580,6 +610,8 @@ def _overrides(
             no_gpu=r.check(path + ("no_gpu",), _bool, body["no_gpu"]) if "no_gpu" in body else None,
             **{key: r.check(path + (key,), _seconds, body[key])
                for key in LIMIT_KEYS if key in body},
+            line_priority=(r.check(path + ("line_priority",), _priority, body["line_priority"])
+                           if "line_priority" in body else None),
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:

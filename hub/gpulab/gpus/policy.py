@@ -6,10 +6,11 @@ round: parsing, policy and allocation are called downward only.
 
 Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
 ``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
-never, is the longest), except that ``no_gpu: true`` in any of them wins; then every
-field set under ``users:`` replaces the combined value (``no_gpu: false`` there lifts a
-group's ``no_gpu``). Pinned GPUs always fit in the quota (the effective ``max_gpus`` is
-at least the number of pins) and are kept for the users and groups that pin them.
+never, is the longest, the highest ``line_priority``), except that ``no_gpu: true`` in
+any of them wins; then every field set under ``users:`` replaces the combined value
+(``no_gpu: false`` there lifts a group's ``no_gpu``). Pinned GPUs always fit in the
+quota (the effective ``max_gpus`` is at least the number of pins) and are kept for the
+users and groups that pin them.
 Usernames are not case-sensitive.
 """
 
@@ -45,6 +46,7 @@ class Policy:
     # culler stops it; 0 = never.
     gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     max_server_age: int = DEFAULT_MAX_SERVER_AGE
+    line_priority: int = 0  # higher goes first in line (gpulab.line.order)
 
 
 def pin_matches(pin: Pin, index: int, uuid: str, machine: str = "") -> bool:
@@ -86,8 +88,12 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
     limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
                             getattr(config, f"default_{key}"))
               for key in LIMIT_KEYS}
+    priorities = [g.line_priority for g in mine if g.line_priority is not None]
+    line_priority = max(priorities, default=0)
     own = user_override(config, user)
     if own is not None:
+        if own.line_priority is not None:
+            line_priority = own.line_priority
         gpus = own.gpus if own.gpus is not None else gpus
         max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
         pools = own.pools if own.pools is not None else pools
@@ -95,7 +101,8 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
         limits.update({k: getattr(own, k) for k in LIMIT_KEYS if getattr(own, k) is not None})
     if no_gpu:
-        return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True, **limits)
+        return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True,
+                      line_priority=line_priority, **limits)
     max_gpus = max(max_gpus, len(pinned))
     gpus = min(max(gpus, len(pinned)), max_gpus)
     return Policy(
@@ -103,6 +110,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         max_gpus=max_gpus,
         pools=tuple(config.pools) if pools is None else pools,
         pinned=tuple(pinned),
+        line_priority=line_priority,
         **limits,
     )
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from gpulab.line.service import LineService
+from gpulab.prometheus_api import DEFAULT_URL, Prometheus
 from gpulab.service_loop import hub_api_from_environment, run_until_stopped
 
 
@@ -19,9 +21,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="the JSON file of notices the hub's home page reads")
     p.add_argument("--interval", type=float, default=5.0,
                    help="seconds between rounds (default: %(default)s)")
+    p.add_argument("--usage-file", default=None,
+                   help="where members' recent GPU-hours go, for line.order: fair_share "
+                        "(the hub reads them there)")
+    p.add_argument("--prometheus-url",
+                   default=os.environ.get("GPULAB_PROMETHEUS_URL", DEFAULT_URL),
+                   help="where those GPU-hours come from; env GPULAB_PROMETHEUS_URL; "
+                        "default: %(default)s")
     args = p.parse_args(argv)
     hub = hub_api_from_environment("gpulab.line")
-    line = LineService(hub, args.gpus_file, args.notices, args.interval)
+    line = LineService(hub, args.gpus_file, args.notices, args.interval,
+                       Prometheus(args.prometheus_url), args.usage_file)
     asyncio.run(run_until_stopped(line.run, "line"))
 
 

@@ -27,13 +27,16 @@ from tornado import web
 
 from gpulab import live_config
 from gpulab import notices as notes
+from gpulab.gpus.config import FAIR_SHARE
 from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
 from gpulab.line.eta import Estimate, estimates
+from gpulab.line.order import Standing, standing
 from gpulab.line.plan import READY, WAITING, Place, plan
 from gpulab.line.store import LineStore, line_store
 
 
-def place_model(p: Place, waiting: int, eta: Estimate | None = None) -> dict[str, Any]:
+def place_model(p: Place, waiting: int, eta: Estimate | None = None,
+                standing: Standing | None = None) -> dict[str, Any]:
     e = p.entry
     return {"id": e.id, "user": e.user, "server": e.server, "gpus": e.gpus,
             "joined_at": e.joined_at, "offered_at": e.offered_at, "state": p.state,
@@ -41,7 +44,11 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None) -> dict[str
             "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason,
             # when her turn is expected (None: nobody knows): "age" at the latest,
             # "idle" if the GPUs' holders stay idle (gpulab.line.eta)
-            "eta": eta.at if eta else None, "eta_kind": eta.kind if eta else ""}
+            "eta": eta.at if eta else None, "eta_kind": eta.kind if eta else "",
+            # what places her (gpulab.line.order): her line_priority, and her recent
+            # GPU-hours when the line is in fair share order (None otherwise)
+            "priority": standing.priority if standing else 0,
+            "gpu_hours": standing.gpu_hours if standing else None}
 
 
 class LineAPIBase(APIHandler):
@@ -60,25 +67,28 @@ class LineAPIBase(APIHandler):
     def book(self) -> LeaseBook:
         return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
 
-    async def places(self) -> tuple[list[Place], dict[int, Estimate]]:
-        """Every entry's place in line order, and the waiting ones' estimates."""
-        entries = self.store.entries()
-        if not entries:
-            return [], {}
-        config = live_config.gpus_file.load(self.line_settings["gpus_file"])
-        inventory, leases = await self.book.snapshot(config)
-        places = plan(config, inventory, leases, entries)
-        releases = notes.read(self.line_settings["releases_file"]).releases
-        return places, estimates(config, inventory, leases, places, releases, time.time())
-
     async def write_places(self, user: str = "", server: str = "") -> None:
-        """The line's models, or only *user*'s (her *server*'s)."""
-        places, etas = await self.places()
+        """The line's models, or only *user*'s (her *server*'s), with how it is ordered:
+        ``order`` (gpus.yaml's line.order) and ``by_use`` (false when fair share has no
+        recent usage data and falls back to first come, first served)."""
+        config = live_config.gpus_file.load(self.line_settings["gpus_file"])
+        usage = self.store.usage()
+        entries = self.store.entries()
+        places: list[Place] = []
+        etas: dict[int, Estimate] = {}
+        if entries:
+            inventory, leases = await self.book.snapshot(config)
+            places = plan(config, inventory, leases, entries, usage)
+            releases = notes.read(self.line_settings["releases_file"]).releases
+            etas = estimates(config, inventory, leases, places, releases, time.time())
         waiting = sum(p.state in (READY, WAITING) for p in places)
-        self.write(json.dumps({"line": [
-            place_model(p, waiting, etas.get(p.entry.id)) for p in places
-            if (not user or p.entry.user == user) and (not server or p.entry.server == server)
-        ]}))
+        self.write(json.dumps({
+            "order": config.line.order,
+            "by_use": config.line.order == FAIR_SHARE and usage is not None,
+            "line": [place_model(p, waiting, etas.get(p.entry.id),
+                                 standing(p.entry, config, usage)) for p in places
+                     if (not user or p.entry.user == user)
+                     and (not server or p.entry.server == server)]}))
 
 
 class LineAPIHandler(LineAPIBase):

@@ -1,11 +1,11 @@
 """Who in line gets GPUs now, and which free GPUs are kept for whom: pure functions.
 
-First come, first served. Walking the line in the order members joined, each entry
-gets what :func:`gpulab.gpus.allocator.allocate` would give her now, counting the
-leases held and the GPUs given to those before her. An entry that cannot be served yet
-keeps every free GPU she could use: nobody behind her takes it (a member waiting for
-2 GPUs is not overtaken, one freed GPU at a time, by members asking for 1). Members
-whose pools or pins she cannot use pass her by.
+Walking the line in its order (:mod:`gpulab.line.order`: first come, first served, or
+fair share), each entry gets what :func:`gpulab.gpus.allocator.allocate` would give her
+now, counting the leases held and the GPUs given to those before her. An entry that
+cannot be served yet keeps every free GPU she could use: nobody behind her takes it (a
+member waiting for 2 GPUs is not overtaken, one freed GPU at a time, by members asking
+for 1). Members whose pools or pins she cannot use pass her by.
 
 An entry the line has already started a server for (*offered*) keeps its GPUs, through
 its pending lease or its container's, until it is claimed or its claim window ends.
@@ -14,7 +14,7 @@ its pending lease or its container's, until it is claimed or its claim window en
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -29,9 +29,10 @@ from gpulab.gpus.allocator import (
     usable_gpus,
 )
 from gpulab.gpus.config import GpusConfig
+from gpulab.line.order import Entry, ranked
 
 __all__ = ["HELD", "OFFERED", "READY", "REFUSED", "WAITING", "Entry", "Place", "holds",
-           "never_fits", "plan", "position_of"]
+           "never_fits", "plan"]
 
 READY = "ready"  # GPUs are free for her now: the line service starts her server
 WAITING = "waiting"  # not enough GPUs yet; the free ones she could use are kept for her
@@ -44,26 +45,6 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One member's place in line for one of her servers."""
-
-    id: int
-    user: str
-    server: str  # "" for her default server
-    gpus: int
-    joined_at: float  # epoch seconds
-    groups: tuple[str, ...] = ()  # her JupyterHub groups when she joined
-    offered_at: float | None = None  # when the line started her server (epoch seconds)
-
-    def request(self) -> Request:
-        return Request(self.user, self.server, self.groups, self.gpus)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.user, self.server)
-
-
-@dataclass(frozen=True)
 class Place:
     entry: Entry
     state: str  # READY, WAITING, REFUSED or OFFERED
@@ -72,20 +53,15 @@ class Place:
     reason: str = ""  # REFUSED: why, for her
 
 
-def order(entries: Iterable[Entry]) -> list[Entry]:
-    """The line's order: offered entries first (they were at its head), then by when
-    each member joined; the entry's number breaks ties."""
-    return sorted(entries, key=lambda e: (e.offered_at is None, e.joined_at, e.id))
-
-
 def plan(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
-         entries: Iterable[Entry]) -> list[Place]:
-    """Every entry's place, in line order. *leases* are the leases held now (containers
-    and spawns in flight)."""
+         entries: Iterable[Entry], usage: Mapping[str, float] | None = None) -> list[Place]:
+    """Every entry's place, in line order (:mod:`gpulab.line.order`, with members'
+    recent GPU-hours *usage* under fair share). *leases* are the leases held now
+    (containers and spawns in flight)."""
     work = list(leases)
     places: list[Place] = []
     position = 0
-    for e in order(entries):
+    for e in ranked(entries, config, usage):
         request = e.request()
         if e.offered_at is None:
             position += 1
@@ -152,9 +128,3 @@ def holds(places: Iterable[Place], leases: Sequence[Lease],
                     if (g.uuid, p.entry.user, p.entry.server) not in held]
     return out
 
-
-def position_of(entry: Entry, entries: Iterable[Entry]) -> tuple[int, int]:
-    """(her place, how many wait) among the entries not yet offered, in line order."""
-    waiting = [e for e in order(entries) if e.offered_at is None]
-    ids = [e.id for e in waiting]
-    return (ids.index(entry.id) + 1 if entry.id in ids else 0), len(waiting)

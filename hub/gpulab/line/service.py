@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,8 +24,12 @@ from typing import Any
 
 from gpulab import live_config
 from gpulab import notices as notes
+from gpulab.contract import scrape_seconds
+from gpulab.gpus.config import FAIR_SHARE
 from gpulab.hubapi import HubApi, HubApiError
+from gpulab.line import usage as line_usage
 from gpulab.line.plan import OFFERED, READY, REFUSED
+from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
 
@@ -89,21 +94,25 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
 
 class LineService:
     def __init__(self, hub: HubApi, gpus_file: str, notices_file: str,
-                 interval: float = 5.0):
+                 interval: float = 5.0, prometheus: Prometheus | None = None,
+                 usage_file: str | None = None):
         self.hub = hub
         self.gpus_file = gpus_file
         self.notices_file = notices_file
         self.interval = interval
+        self.prometheus = prometheus  # members' recent GPU-hours, for fair share
+        self.usage_file = usage_file
+        self.usage_at = -math.inf  # when they were last asked for
         self.ready_at: dict[int, float] = {}  # entry id -> when its server was seen ready
-
-    def claim_window(self) -> float:
-        return live_config.gpus_file.load(self.gpus_file).line.claim_window
 
     async def check(self, now: float | None = None) -> list[Decision]:
         """One round: the decisions taken."""
         now = time.time() if now is None else now
+        config = live_config.gpus_file.load(self.gpus_file)
+        if config.line.order == FAIR_SHARE:
+            await self.refresh_usage(config.line.half_life, now)
         entries = await self.hub.line()
-        window = self.claim_window()
+        window = config.line.claim_window
         taken = []
         for entry in entries:
             server = None
@@ -119,6 +128,27 @@ class LineService:
             if d.action not in (WAIT, START):
                 self.ready_at.pop(entry["id"], None)
         return taken
+
+    async def refresh_usage(self, half_life: float, now: float) -> None:
+        """Members' recent GPU-hours from Prometheus, into the usage file the hub orders
+        the line by; once a minute (more often for a half-life under 100 minutes). When
+        Prometheus does not answer, the file grows old and the hub falls back to first
+        come, first served."""
+        if self.prometheus is None or not self.usage_file:
+            return
+        if now - self.usage_at < min(60.0, max(self.interval, half_life / 100)):
+            return
+        window, step = line_usage.window_and_step(half_life, scrape_seconds())
+        try:
+            matrix = await self.prometheus.query_range(line_usage.query(step), now - window,
+                                                       now, step)
+        except PrometheusUnavailable as e:
+            log.warning("line: members' GPU-hours not updated (%s); the line is first "
+                        "come, first served once they are %d s old", e, line_usage.MAX_AGE)
+            return
+        self.usage_at = now
+        line_usage.write(self.usage_file, line_usage.decayed_gpu_hours(
+            line_usage.by_user(matrix), now, half_life, step), now, half_life)
 
     async def apply(self, d: Decision) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user

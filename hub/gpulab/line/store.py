@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpulab import private_db
-from gpulab.line.plan import Entry
+from gpulab.contract import LINE_USAGE_FILE
+from gpulab.line import usage as line_usage
+from gpulab.line.order import Entry
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS line ("
@@ -36,6 +38,15 @@ class LineStore:
 
     def _connect(self):
         return private_db.connect(self.path)
+
+    @property
+    def usage_path(self) -> Path:
+        """Where the line service leaves members' recent GPU-hours (beside the store)."""
+        return self.path.parent / LINE_USAGE_FILE
+
+    def usage(self) -> dict[str, float] | None:
+        """Members' recent GPU-hours, for fair share; None when none are recent."""
+        return line_usage.read(self.usage_path, time.time())
 
     def entries(self) -> list[Entry]:
         with self._connect() as db:

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulab import live_config
-from gpulab.line.plan import Entry, position_of
+from gpulab.gpus.config import GpusConfig
+from gpulab.line.order import Entry, position_of
 from gpulab.line.store import line_store
 from gpulab.yamlfile import ConfigError
 
@@ -17,9 +18,10 @@ def _when(t: float) -> dict[str, str]:
     return {"iso": at.isoformat(), "utc": at.strftime("%Y-%m-%d %H:%M")}
 
 
-def line_rows(entries: list[Entry], user: str, claim_window: float) -> list[dict[str, Any]]:
-    """One row per server of *user* in line: waiting (her place) or started for her
-    (until when she has to open it)."""
+def line_rows(entries: list[Entry], user: str, config: GpusConfig,
+              usage: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """One row per server of *user* in line: waiting (her place, in the line's order)
+    or started for her (until when she has to open it)."""
     rows = []
     for e in entries:
         if e.user != user:
@@ -27,10 +29,10 @@ def line_rows(entries: list[Entry], user: str, claim_window: float) -> list[dict
         row = {"server": e.server, "gpus": e.gpus, "joined": _when(e.joined_at)}
         if e.offered_at is None:
             row["state"] = "waiting"
-            row["position"], row["waiting"] = position_of(e, entries)
+            row["position"], row["waiting"] = position_of(e, entries, config, usage)
         else:
             row["state"] = "offered"
-            row["deadline"] = _when(e.offered_at + claim_window)
+            row["deadline"] = _when(e.offered_at + config.line.claim_window)
         rows.append(row)
     return rows
 
@@ -41,13 +43,14 @@ def home_page_line(line_path: str | os.PathLike, gpus_path: str | os.PathLike):
     def gpu_line(user) -> list[dict[str, Any]]:
         if user is None:
             return []
-        entries = line_store(line_path).entries()
+        store = line_store(line_path)
+        entries = store.entries()
         if not any(e.user == user.name for e in entries):
             return []
         try:
-            window = live_config.gpus_file.load(gpus_path).line.claim_window
-        except ConfigError:
-            window = 0
-        return line_rows(entries, user.name, window)
+            config = live_config.gpus_file.load(gpus_path)
+        except ConfigError:  # never a good version: the defaults
+            config = GpusConfig(filename=str(gpus_path))
+        return line_rows(entries, user.name, config, store.usage())
 
     return gpu_line

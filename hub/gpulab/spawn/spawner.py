@@ -45,7 +45,8 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
-from gpulab.line.plan import holds, never_fits, plan, position_of
+from gpulab.line.order import position_of
+from gpulab.line.plan import holds, never_fits, plan
 from gpulab.line.store import LineStore, line_store
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
@@ -183,7 +184,7 @@ class GpulabSpawner(DockerSpawner):
         entries = self.line.entries()
         if not entries:
             return []
-        places = plan(config, inventory, leases, entries)
+        places = plan(config, inventory, leases, entries, self.line.usage())
         return holds(places, leases, spawning=(self.user.name, self.name))
 
     @property
@@ -316,7 +317,8 @@ class GpulabSpawner(DockerSpawner):
             return _http_error(409, never)
         entry = self.line.join(self.user.name, self.name, count,
                                [g.name for g in self.user.groups])
-        position, waiting = position_of(entry, self.line.entries())
+        position, waiting = position_of(entry, self.line.entries(), gpus_config,
+                                        self.line.usage())
         self.log.info("%s waits in line for %d GPU(s): number %d of %d",
                       self.log_name, count, position, waiting)
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"

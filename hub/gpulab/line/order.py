@@ -1,0 +1,82 @@
+"""The line's order: pure functions.
+
+``line.order`` in ``config/gpus.yaml`` says how, and every member's ``line_priority``
+(groups and users, default 0) comes first whatever the order:
+
+1. entries the line already started a server for (their turn came);
+2. higher ``line_priority`` first;
+3. ``fair_share`` only: fewer recent GPU-hours first. A member's GPU-hours are the GPUs
+   she held, hour by hour, each hour weighted by one half for every ``line.half_life``
+   since (:mod:`gpulab.line.usage`); without recent usage data the line falls back to
+   first come, first served, and says so;
+4. who joined first; then the entry's number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpulab.gpus.allocator import Request
+from gpulab.gpus.config import FAIR_SHARE, GpusConfig
+from gpulab.gpus.policy import policy_for
+
+__all__ = ["Entry", "Standing", "position_of", "ranked", "standing"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One member's place in line for one of her servers."""
+
+    id: int
+    user: str
+    server: str  # "" for her default server
+    gpus: int
+    joined_at: float  # epoch seconds
+    groups: tuple[str, ...] = ()  # her JupyterHub groups when she joined
+    offered_at: float | None = None  # when the line started her server (epoch seconds)
+
+    def request(self) -> Request:
+        return Request(self.user, self.server, self.groups, self.gpus)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.server)
+
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What places one member's entry: for her, and for admins asking why."""
+
+    priority: int
+    gpu_hours: float | None  # her decayed GPU-hours; None: not ranked by use
+
+
+def standing(entry: Entry, config: GpusConfig | None,
+             usage: Mapping[str, float] | None) -> Standing:
+    if config is None:
+        return Standing(0, None)
+    priority = policy_for(config, entry.user, entry.groups).line_priority
+    if config.line.order != FAIR_SHARE or usage is None:
+        return Standing(priority, None)
+    return Standing(priority, usage.get(entry.user, 0.0))
+
+
+def ranked(entries: Iterable[Entry], config: GpusConfig | None = None,
+           usage: Mapping[str, float] | None = None) -> list[Entry]:
+    """*entries* in line order (see the module docstring); with no *config*, first come,
+    first served."""
+    def key(e: Entry):
+        s = standing(e, config, usage)
+        return (e.offered_at is None, -s.priority, s.gpu_hours or 0.0, e.joined_at, e.id)
+
+    return sorted(entries, key=key)
+
+
+def position_of(entry: Entry, entries: Iterable[Entry], config: GpusConfig | None = None,
+                usage: Mapping[str, float] | None = None) -> tuple[int, int]:
+    """(her place, how many wait) among the entries not yet offered, in line order."""
+    waiting = [e for e in ranked(entries, config, usage) if e.offered_at is None]
+    ids = [e.id for e in waiting]
+    return (ids.index(entry.id) + 1 if entry.id in ids else 0), len(waiting)
