@@ -79,7 +79,7 @@ def test_hub_killed_from_the_host_five_times_keeps_servers_kernels_routes_and_le
         # While the hub is down, the proxy (its own container) keeps every route.
         assert {f"/user/{u.name}" for u in users} <= proxy_routes()
         wait_restarted(HUB, before)
-        wait_for(hub.is_ready, 90, what=f"the hub to answer again (kill {round_})")
+        wait_for(hub.is_up, 90, what=f"the hub to answer again (kill {round_})")
         for u in users:
             wait_for(lambda u=u: (hub.server_model(u.name) or {}).get("ready"), 60,
                      what=f"{u.name}'s server to be known ready (kill {round_})")
@@ -98,7 +98,7 @@ def test_docker_kill_then_start_five_times_never_crash_loops(hub, lab_user):
     for round_ in range(1, 6):
         docker("kill", "--signal", "KILL", HUB)
         docker("start", HUB)
-        wait_for(hub.is_ready, 90, what=f"the hub to answer after docker start ({round_})")
+        wait_for(hub.is_up, 90, what=f"the hub to answer after docker start ({round_})")
         s = state(HUB)
         assert s["Running"] and not s["Restarting"], s
         wait_for(lambda: (hub.server_model(user.name) or {}).get("ready"), 60,
