@@ -308,16 +308,19 @@ def configure(c) -> None:
         },
         *roles.load_roles,
     ]
+    # What the GPU culler and the line service need of the hub's environment (JupyterHub
+    # starts a managed service with only the environment it is given).
+    gpu_services_env = {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
+                                                   live_config.LAST_GOOD_DIR_ENV,
+                                                   SCRAPE_SECONDS_ENV)
+                        if k in os.environ}
     # Servers whose GPUs sit idle, or that are too old (gpus.yaml: gpu_idle_timeout,
     # max_server_age, culling), are warned, then stopped: their GPUs come back.
     services.append({
         "name": CULLER_SERVICE,
         "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
                     "--notices", str(notices_path)],
-        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
-                                                   live_config.LAST_GOOD_DIR_ENV,
-                                                   SCRAPE_SECONDS_ENV)
-                        if k in os.environ},
+        "environment": gpu_services_env,
     })
     load_roles.append({
         "name": CULLER_SERVICE,
@@ -333,10 +336,7 @@ def configure(c) -> None:
                     "--notices", str(line_notices_path),
                     "--usage-file", str(DATA_DIR / LINE_USAGE_FILE),
                     "--interval", str(min(5, scrape_seconds()))],
-        "environment": {k: os.environ[k] for k in ("GPULAB_PROMETHEUS_URL",
-                                                   live_config.LAST_GOOD_DIR_ENV,
-                                                   SCRAPE_SECONDS_ENV)
-                        if k in os.environ},
+        "environment": gpu_services_env,
     })
     load_roles.append({
         "name": LINE_SERVICE,
