@@ -248,6 +248,40 @@ def test_under_fair_share_who_used_fewer_gpu_hours_lately_goes_first(
     assert hub.server_model(alice.name) is None and place(alice)[1] == 1
 
 
+def test_a_spent_hard_budget_refuses_gpus_until_it_renews_and_the_form_says_so(
+        hub, lab_user, lab_config, gpus_yaml, new_page):
+    # 0.001 GPU-hours (3.6 s) a month, hard; GPU-hours brought every 6 s (half_life / 100)
+    lab_config.write("gpus.yaml", ONE_GPU.replace(
+        "max_gpus: 1", "max_gpus: 1\n  budget: {gpu_hours: 0.001, per: month, enforce: hard}")
+        + "line: {half_life: 10m}\n")
+    alice = lab_user("alice")
+    alice.start_server({"gpus": 1})
+    time.sleep(8)
+    alice.stop_server()
+    page = new_page()
+    submit_login(page, alice.name, alice.token, next_url="/hub/spawn")
+
+    def spent():
+        page.goto(f"{HUB_URL}/hub/spawn")
+        note = page.locator("#gpulab-budget")
+        return note.count() and "GPU-hours this month" in note.inner_text() and \
+            not note.inner_text().startswith("You have used 0 of")
+    wait_for(spent, 60, interval=2, what="the spawn form to show alice's GPU-hours")
+    note = page.locator("#gpulab-budget").inner_text()
+    print(note)
+    assert "of your 0.001 GPU-hours this month (once they are spent, you get no GPU" in note
+    screenshot(page, "budget-spawn-form.png")
+    for options in ({"gpus": 1}, {"gpus": 1, "wait": True}):
+        r = spawn(alice, options)
+        assert r.status_code == 403, r.text
+        said = r.json()["message"]
+        assert "of your 0.001 GPU-hours this month, so no GPU until your budget renews on " \
+               "20" in said and "Start the server with 0 GPUs" in said, said
+    assert place(alice) is None  # a spent hard budget is never queued
+    alice.start_server({"gpus": 0})  # a server without GPUs still starts
+    assert hub.server_model(alice.name)["ready"]
+
+
 @pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)
 def test_the_line_survives_a_hub_kill(hub, lab_user, lab_config, gpus_yaml):
     lab_config.write("gpus.yaml", ONE_GPU)

@@ -44,6 +44,7 @@ from gpulab.line.service import (
     decide,
 )
 from gpulab.line.store import LineStore
+from gpulab.line.usage import Usage
 from gpulab.line.view import line_rows
 from tests.unit.test_allocator import lease, uuid
 
@@ -423,9 +424,10 @@ users:
     (parse_gpus_config("groups: {phd: {line_priority: 1}}\nusers: {ann: {line_priority: -1}}\n"),
      None, ["cat", "bob", "dan", "ann"]),
     # fair share: fewer recent GPU-hours first (never used: 0); ties by joining
-    (ORDERED, {"ann": 5.0, "bob": 0.5, "dan": 0.5}, ["cat", "bob", "dan", "ann"]),
+    (ORDERED, Usage({"ann": 5.0, "bob": 0.5, "dan": 0.5}), ["cat", "bob", "dan", "ann"]),
     # fair share without recent usage data: first come, first served (priorities stay)
     (ORDERED, None, ["cat", "ann", "bob", "dan"]),
+    (ORDERED, Usage(None), ["cat", "ann", "bob", "dan"]),
 ])
 def test_the_lines_order(config, usage, expected):
     from gpulab.line.order import ranked
@@ -439,9 +441,9 @@ def test_an_entry_whose_turn_came_stays_first_whatever_its_standing():
     from gpulab.line.order import ranked, standing
 
     entries = [entry(1, "cat", at=10, groups=["phd"]), entry(2, "zed", at=5, offered_at=50)]
-    assert [e.user for e in ranked(entries, ORDERED, {"zed": 100.0})] == ["zed", "cat"]
-    assert standing(entries[1], ORDERED, {"zed": 100.0}).priority == -1
-    assert standing(entries[0], ORDERED, {}).gpu_hours == 0.0
+    assert [e.user for e in ranked(entries, ORDERED, Usage({"zed": 100.0}))] == ["zed", "cat"]
+    assert standing(entries[1], ORDERED, Usage({"zed": 100.0})).priority == -1
+    assert standing(entries[0], ORDERED, Usage({})).gpu_hours == 0.0
     assert standing(entries[0], ORDERED, None).gpu_hours is None
 
 
@@ -468,16 +470,22 @@ def test_the_history_asked_for(half_life, scrape, expected):
     assert window_and_step(half_life, scrape) == expected
 
 
-def test_usage_older_than_five_minutes_or_unreadable_is_not_used(tmp_path):
+def test_usage_older_than_five_minutes_of_another_period_or_unreadable_is_not_used(tmp_path):
     from gpulab.line import usage
 
     path = tmp_path / "usage.json"
-    assert usage.read(path, 100.0) is None  # missing
-    usage.write(path, {"ann": 1.5}, at=100.0, half_life=600)
-    assert usage.read(path, 100.0 + usage.MAX_AGE) == {"ann": 1.5}
-    assert usage.read(path, 101.0 + usage.MAX_AGE) is None
+    assert usage.read(path, 100.0) == usage.NONE  # missing
+    sunday = datetime(2026, 11, 29, 23, 58, tzinfo=UTC).timestamp()
+    usage.write(path, sunday, {"ann": 1.5}, {"week": {"ann": 3.0}, "month": {"ann": 9.0}})
+    got = usage.read(path, sunday + 60)
+    assert (got.decayed, got.used("ann", "week"), got.used("bob", "month")) == (
+        {"ann": 1.5}, 3.0, 0.0)
+    # Monday: a new week (last week's numbers are not this week's); the month goes on
+    monday = usage.read(path, sunday + 180)
+    assert (monday.used("ann", "week"), monday.used("ann", "month")) == (None, 9.0)
+    assert usage.read(path, sunday + 1 + usage.MAX_AGE) == usage.NONE  # too old
     path.write_text("{not json")
-    assert usage.read(path, 100.0) is None
+    assert usage.read(path, 100.0) == usage.NONE
 
 
 class RecordingPrometheus:
@@ -511,9 +519,118 @@ async def test_the_line_service_writes_members_gpu_hours_under_fair_share(tmp_pa
     assert expr == f"sum by (user) (avg_over_time(gpulab:user_gpus_held[{step}s]))"
     assert window == 2400
     got = usage.read(tmp_path / "usage.json", 1000.0)
-    assert set(got) == {"ann"} and got["ann"] > 0
+    assert set(got.decayed) == {"ann"} and got.decayed["ann"] > 0 and got.periods == {}
     await line.check(now=1001.0)  # asked again only after a while (here: 6 s)
     assert len(prometheus.asked) == 1
     prometheus.matrix = None  # Prometheus down: the file is left to grow old
     await line.check(now=1010.0)
     assert len(prometheus.asked) == 2 and usage.read(tmp_path / "usage.json", 1010.0) == got
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def test_budgets_combine_generously_and_a_users_own_entry_wins():
+    from gpulab.gpus.policy import policy_for
+
+    config = parse_gpus_config("""\
+defaults: {budget: {gpu_hours: 100}}
+groups:
+  students: {budget: {gpu_hours: 20, per: week, enforce: hard}}
+  staff: {budget: none}
+users:
+  zed: {budget: {gpu_hours: 1, enforce: hard}}
+  amy: {budget: none}
+""")
+    def budget(user, groups=()):
+        b = policy_for(config, user, groups).budget
+        return b and (b.gpu_hours, b.per, b.enforce)
+
+    assert budget("ann") == (100.0, "month", "soft")
+    assert budget("sue", ["students"]) == (20.0, "week", "hard")
+    assert budget("tim", ["students", "staff"]) is None  # none is the most generous
+    assert budget("zed", ["staff"]) == (1.0, "month", "hard")
+    assert budget("amy", ["students"]) is None
+
+
+@pytest.mark.parametrize("text, error", [
+    ("defaults: {budget: 5}", "expected none, or a mapping with gpu_hours:"),
+    ("defaults: {budget: {gpu_hours: -1}}", "expected GPU-hours, a number of 0 or more"),
+    ("defaults: {budget: {gpu_hours: 1, per: day}}", "per: expected week or month"),
+    ("defaults: {budget: {gpu_hours: 1, enforce: strict}}", "expected soft or hard"),
+    ("groups: {x: {budget: {per: week}}}", "groups.x.budget: a budget needs gpu_hours:"),
+])
+def test_a_bad_budget_is_a_clear_error_with_its_line(text, error):
+    from gpulab.yamlfile import ConfigError
+
+    with pytest.raises(ConfigError, match="gpus.yaml:1") as e:
+        parse_gpus_config(text)
+    assert error in str(e.value)
+
+
+@pytest.mark.parametrize("now, per, start, reset", [
+    ((2026, 12, 2, 15), "week", (2026, 11, 30), (2026, 12, 7)),  # Wednesday
+    ((2026, 11, 30, 0), "week", (2026, 11, 30), (2026, 12, 7)),  # Monday 00:00
+    ((2026, 12, 2, 15), "month", (2026, 12, 1), (2027, 1, 1)),  # December: a new year
+    ((2027, 2, 28, 23), "month", (2027, 2, 1), (2027, 3, 1)),
+])
+def test_budget_periods_are_calendar_weeks_and_months_in_utc(now, per, start, reset):
+    from gpulab.gpus.budget import next_reset, period_start
+
+    t = datetime(*now, tzinfo=UTC).timestamp()
+    assert period_start(t, per) == datetime(*start, tzinfo=UTC).timestamp()
+    assert next_reset(t, per) == datetime(*reset, tzinfo=UTC).timestamp()
+
+
+def test_a_spent_hard_budget_refuses_and_says_with_what_numbers_until_when():
+    from gpulab.gpus.budget import budget_state
+    from gpulab.gpus.config import Budget
+
+    now = datetime(2026, 12, 2, 15, tzinfo=UTC).timestamp()
+    state = budget_state(Budget(100, "month", "hard"), 101.24, now)
+    assert state.refuses
+    assert state.refusal() == (
+        "You have used 101.2 of your 100 GPU-hours this month, so no GPU until your budget "
+        "renews on 2027-01-01 00:00 UTC. Start the server with 0 GPUs, or ask an admin.")
+    soft = budget_state(Budget(10, "week", "soft"), 12.0, now)
+    assert soft.spent and not soft.refuses
+    assert "you wait behind members within theirs in line" in soft.note()
+    assert not budget_state(Budget(10, "week", "hard"), 9.9, now).spent
+
+
+def test_a_spent_soft_budget_puts_her_behind_those_within_theirs():
+    from gpulab.line.order import ranked, standing
+
+    config = parse_gpus_config("defaults: {budget: {gpu_hours: 1}}\n"
+                               "groups: {phd: {line_priority: 5}}\n")
+    entries = [entry(1, "ann", at=10, groups=["phd"]), entry(2, "bob", at=20),
+               entry(3, "cat", at=30)]
+    usage = Usage(None, {"month": {"ann": 2.0, "bob": 0.5}})
+    # ann's priority does not lift her over members within their budget
+    assert [e.user for e in ranked(entries, config, usage)] == ["bob", "cat", "ann"]
+    assert standing(entries[0], config, usage).over_budget
+    # with no known use, nobody is behind: first come (and priority)
+    assert [e.user for e in ranked(entries, config, Usage())] == ["ann", "bob", "cat"]
+
+
+async def test_the_line_service_brings_this_periods_gpu_hours_where_budgets_count_them(
+        tmp_path):
+    from gpulab.line import usage
+    from gpulab.line.service import LineService
+
+    class InstantPrometheus(RecordingPrometheus):
+        async def query(self, expr, at=None):
+            self.asked.append((expr, at))
+            return [{"metric": {"user": "ann"}, "value": [at, "2.5"]}]
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("groups: {students: {budget: {gpu_hours: 5, per: week}}}\n")
+    prometheus = InstantPrometheus(None)
+    line = LineService(RecordingHub([]), str(gpus), str(tmp_path / "n.json"), 2,
+                       prometheus, str(tmp_path / "usage.json"))
+    now = datetime(2026, 12, 2, 15, tzinfo=UTC).timestamp()
+    await line.check(now=now)
+    ((expr, at),) = prometheus.asked  # this week only: no fair share, no month budget
+    assert expr.startswith(f"sum_over_time(gpulab:user_gpus_held[{2 * 86400 + 15 * 3600}s])")
+    got = usage.read(tmp_path / "usage.json", now)
+    assert (got.decayed, got.used("ann", "week"), got.used("ann", "month")) == (None, 2.5, None)

@@ -19,22 +19,13 @@ import io
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from gpulab.contract import scrape_seconds
+from gpulab.gpu_hours import gpu_hours_query
 from gpulab.hubapi import HubApi, HubApiError
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
-
-RECORD = "gpulab:user_gpus_held"
-# The recording rule's interval (usage.yml: one scrape, GPULAB_SCRAPE_SECONDS).
-SAMPLE_SECONDS = scrape_seconds()
 
 
 class UsageUnavailable(Exception):
     """Prometheus did not answer with usage; the message says why."""
-
-
-def gpu_hours_query(seconds: int, sample_seconds: int = SAMPLE_SECONDS) -> str:
-    """PromQL: {user: GPU-hours held} over the *seconds* before the query's time."""
-    return f"sum_over_time({RECORD}[{seconds}s]) * {sample_seconds} / 3600"
 
 
 def parse_month(text: str | None, today: date) -> date:

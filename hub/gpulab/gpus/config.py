@@ -18,9 +18,10 @@ Schema (every key optional; an empty or missing file means the defaults)::
       pools: [<pool>, ...]     # pools users may draw from (default: all pools)
       gpu_idle_timeout: 2h     # stop a server whose GPUs sat idle this long (0: never)
       max_server_age: 0        # stop a server holding GPUs this long after its start
+      budget: none             # or {gpu_hours: 100, per: week | month, enforce: soft | hard}
     groups:                    # JupyterHub groups; see "precedence" below
       <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age,
-                line_priority}  # line_priority: higher goes first in line (default 0)
+                line_priority, budget}  # line_priority: higher goes first in line (0)
     users:                     # one user's own settings win over everything else
       <user>: {the same keys as groups}
     culling:                   # how idle GPUs are found (gpulab.culler)
@@ -56,6 +57,7 @@ from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml,
 
 __all__ = [
     "ConfigError",
+    "Budget",
     "Culling",
     "FAIR_SHARE",
     "FIRST_COME",
@@ -97,9 +99,12 @@ _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
 LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
-_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS)
+_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS, "budget")
 _OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
-                  "line_priority")
+                  "line_priority", "budget")
+_BUDGET_KEYS = ("gpu_hours", "per", "enforce")
+WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from the 1st)
+SOFT, HARD = "soft", "hard"  # spent: she waits behind the others in line / GPUs refused
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
 _LINE_KEYS = ("claim_window", "order", "half_life")
 FIRST_COME, FAIR_SHARE = "first_come", "fair_share"  # line.order
@@ -153,6 +158,21 @@ class Pin:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """GPU-hours a member may use per week or month (each member's own, also when set
+    for a group); what happens once they are spent: ``soft``, she goes behind everyone
+    within their budget in line; ``hard``, she gets no GPU until the next period."""
+
+    gpu_hours: float
+    per: str = "month"  # WEEK or MONTH
+    enforce: str = "soft"  # SOFT or HARD
+
+    @property
+    def per_day(self) -> float:
+        return self.gpu_hours / (7 if self.per == WEEK else 30)
+
+
+@dataclass(frozen=True)
 class Override:
     """A ``groups:`` or ``users:`` entry; None = not set there."""
 
@@ -165,6 +185,8 @@ class Override:
     gpu_idle_timeout: int | None = None  # seconds; 0 = never
     max_server_age: int | None = None  # seconds; 0 = never
     line_priority: int | None = None  # higher goes first in line (gpulab.line.order)
+    budget: Budget | None = None
+    no_budget: bool = False  # ``budget: none``: her own entry lifts her groups' budget
     line: int | None = None
 
 
@@ -202,6 +224,7 @@ class GpusConfig:
     users: tuple[Override, ...] = ()
     default_gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     default_max_server_age: int = DEFAULT_MAX_SERVER_AGE
+    default_budget: Budget | None = None
     culling: Culling = field(default_factory=Culling)
     line: Line = field(default_factory=Line)
 
@@ -436,6 +459,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
                            d.get("gpu_idle_timeout", DEFAULT_GPU_IDLE_TIMEOUT))
     default_age = r.check(("defaults", "max_server_age"), _seconds,
                           d.get("max_server_age", DEFAULT_MAX_SERVER_AGE))
+    default_budget = _budget(r, ("defaults", "budget"), d.get("budget"))
     culling = _culling(r, top.get("culling"))
     line = _line(r, top.get("line"))
 
@@ -453,6 +477,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         users=users,
         default_gpu_idle_timeout=default_idle,
         default_max_server_age=default_age,
+        default_budget=default_budget,
         culling=culling,
         line=line,
     )
@@ -485,6 +510,36 @@ def _line(r: _Reader, raw: Any) -> Line:
         half_life=r.check(path + ("half_life",), _positive_seconds,
                           body.get("half_life", default.half_life)),
     )
+
+
+def _budget(r: _Reader, path: Path_, raw: Any) -> Budget | None:
+    """``budget:``: None for ``none`` (or absent), else a :class:`Budget`."""
+    if raw is None or raw == "none":
+        return None
+    body = r.mapping(path, raw, _BUDGET_KEYS,
+                     "none, or a mapping with gpu_hours:, per: (week or month) and "
+                     "enforce: (soft or hard)")
+    if "gpu_hours" not in body:
+        raise r.doc.error(path, "a budget needs gpu_hours: (GPU-hours per period)")
+    return Budget(
+        gpu_hours=r.check(path + ("gpu_hours",), _hours, body["gpu_hours"]),
+        per=r.check(path + ("per",), _one_of(WEEK, MONTH), body.get("per", MONTH)),
+        enforce=r.check(path + ("enforce",), _one_of(SOFT, HARD), body.get("enforce", SOFT)),
+    )
+
+
+def _hours(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"expected GPU-hours, a number of 0 or more, got {value!r}")
+    return float(value)
+
+
+def _one_of(*allowed: str):
+    def check(value: Any) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected {' or '.join(allowed)}, got {value!r}")
+        return value
+    return check
 
 
 def _order(value: Any) -> str:
@@ -597,7 +652,7 @@ def _overrides(
         seen[name] = doc.line_of(path)
         body = r.mapping(path, body, _OVERRIDE_KEYS,
                          "a mapping with gpus:, max_gpus:, pinned:, pools:, no_gpu:, "
-                         "gpu_idle_timeout:, max_server_age: or line_priority:")
+                         "gpu_idle_timeout:, max_server_age:, line_priority: or budget:")
         o = Override(
             name=name,
             gpus=r.check(path + ("gpus",), _count, body["gpus"]) if "gpus" in body else None,
@@ -612,6 +667,8 @@ def _overrides(
                for key in LIMIT_KEYS if key in body},
             line_priority=(r.check(path + ("line_priority",), _priority, body["line_priority"])
                            if "line_priority" in body else None),
+            budget=_budget(r, path + ("budget",), body.get("budget")),
+            no_budget="budget" in body and body["budget"] in (None, "none"),
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:

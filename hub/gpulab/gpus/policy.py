@@ -23,6 +23,7 @@ from gpulab.gpus.config import (
     DEFAULT_GPU_IDLE_TIMEOUT,
     DEFAULT_MAX_SERVER_AGE,
     LIMIT_KEYS,
+    Budget,
     Culling,
     GpusConfig,
     Override,
@@ -47,6 +48,7 @@ class Policy:
     gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     max_server_age: int = DEFAULT_MAX_SERVER_AGE
     line_priority: int = 0  # higher goes first in line (gpulab.line.order)
+    budget: Budget | None = None  # GPU-hours per week or month; None: no budget
 
 
 def pin_matches(pin: Pin, index: int, uuid: str, machine: str = "") -> bool:
@@ -90,10 +92,13 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
               for key in LIMIT_KEYS}
     priorities = [g.line_priority for g in mine if g.line_priority is not None]
     line_priority = max(priorities, default=0)
+    budget = _most_generous_budget(mine, config.default_budget)
     own = user_override(config, user)
     if own is not None:
         if own.line_priority is not None:
             line_priority = own.line_priority
+        if own.budget is not None or own.no_budget:
+            budget = own.budget
         gpus = own.gpus if own.gpus is not None else gpus
         max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
         pools = own.pools if own.pools is not None else pools
@@ -102,7 +107,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         limits.update({k: getattr(own, k) for k in LIMIT_KEYS if getattr(own, k) is not None})
     if no_gpu:
         return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True,
-                      line_priority=line_priority, **limits)
+                      line_priority=line_priority, budget=budget, **limits)
     max_gpus = max(max_gpus, len(pinned))
     gpus = min(max(gpus, len(pinned)), max_gpus)
     return Policy(
@@ -111,8 +116,21 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         pools=tuple(config.pools) if pools is None else pools,
         pinned=tuple(pinned),
         line_priority=line_priority,
+        budget=budget,
         **limits,
     )
+
+
+def _most_generous_budget(groups: Sequence[Override], default: Budget | None
+                          ) -> Budget | None:
+    """Of the groups that set a budget (``none`` included, the most generous of all), the
+    most GPU-hours per day; *default* when no group sets one."""
+    setting = [g for g in groups if g.budget is not None or g.no_budget]
+    if not setting:
+        return default
+    if any(g.no_budget for g in setting):
+        return None
+    return max((g.budget for g in setting), key=lambda b: b.per_day)
 
 
 def _longest(limits: Sequence[int], default: int) -> int:

@@ -48,7 +48,8 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
             # what places her (gpulab.line.order): her line_priority, and her recent
             # GPU-hours when the line is in fair share order (None otherwise)
             "priority": standing.priority if standing else 0,
-            "gpu_hours": standing.gpu_hours if standing else None}
+            "gpu_hours": standing.gpu_hours if standing else None,
+            "over_budget": standing.over_budget if standing else False}
 
 
 class LineAPIBase(APIHandler):
@@ -84,7 +85,7 @@ class LineAPIBase(APIHandler):
         waiting = sum(p.state in (READY, WAITING) for p in places)
         self.write(json.dumps({
             "order": config.line.order,
-            "by_use": config.line.order == FAIR_SHARE and usage is not None,
+            "by_use": config.line.order == FAIR_SHARE and usage.decayed is not None,
             "line": [place_model(p, waiting, etas.get(p.entry.id),
                                  standing(p.entry, config, usage)) for p in places
                      if (not user or p.entry.user == user)

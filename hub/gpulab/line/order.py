@@ -4,22 +4,25 @@
 (groups and users, default 0) comes first whatever the order:
 
 1. entries the line already started a server for (their turn came);
-2. higher ``line_priority`` first;
-3. ``fair_share`` only: fewer recent GPU-hours first. A member's GPU-hours are the GPUs
+2. members whose ``soft`` budget is spent (:mod:`gpulab.gpus.budget`) after everyone
+   within theirs;
+3. higher ``line_priority`` first;
+4. ``fair_share`` only: fewer recent GPU-hours first. A member's GPU-hours are the GPUs
    she held, hour by hour, each hour weighted by one half for every ``line.half_life``
    since (:mod:`gpulab.line.usage`); without recent usage data the line falls back to
    first come, first served, and says so;
-4. who joined first; then the entry's number.
+5. who joined first; then the entry's number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpulab.gpus.allocator import Request
 from gpulab.gpus.config import FAIR_SHARE, GpusConfig
 from gpulab.gpus.policy import policy_for
+from gpulab.line.usage import NONE, Usage
 
 __all__ = ["Entry", "Standing", "position_of", "ranked", "standing"]
 
@@ -51,31 +54,35 @@ class Standing:
 
     priority: int
     gpu_hours: float | None  # her decayed GPU-hours; None: not ranked by use
+    over_budget: bool = False  # her soft budget is spent: behind those within theirs
 
 
-def standing(entry: Entry, config: GpusConfig | None,
-             usage: Mapping[str, float] | None) -> Standing:
+def standing(entry: Entry, config: GpusConfig | None, usage: Usage | None) -> Standing:
     if config is None:
         return Standing(0, None)
-    priority = policy_for(config, entry.user, entry.groups).line_priority
-    if config.line.order != FAIR_SHARE or usage is None:
-        return Standing(priority, None)
-    return Standing(priority, usage.get(entry.user, 0.0))
+    usage = usage or NONE
+    policy = policy_for(config, entry.user, entry.groups)
+    used = usage.used(entry.user, policy.budget.per) if policy.budget else None
+    over = bool(policy.budget and used is not None and used >= policy.budget.gpu_hours)
+    decayed = usage.decayed if config.line.order == FAIR_SHARE else None
+    return Standing(policy.line_priority,
+                    None if decayed is None else decayed.get(entry.user, 0.0), over)
 
 
 def ranked(entries: Iterable[Entry], config: GpusConfig | None = None,
-           usage: Mapping[str, float] | None = None) -> list[Entry]:
+           usage: Usage | None = None) -> list[Entry]:
     """*entries* in line order (see the module docstring); with no *config*, first come,
     first served."""
     def key(e: Entry):
         s = standing(e, config, usage)
-        return (e.offered_at is None, -s.priority, s.gpu_hours or 0.0, e.joined_at, e.id)
+        return (e.offered_at is None, s.over_budget, -s.priority, s.gpu_hours or 0.0,
+                e.joined_at, e.id)
 
     return sorted(entries, key=key)
 
 
 def position_of(entry: Entry, entries: Iterable[Entry], config: GpusConfig | None = None,
-                usage: Mapping[str, float] | None = None) -> tuple[int, int]:
+                usage: Usage | None = None) -> tuple[int, int]:
     """(her place, how many wait) among the entries not yet offered, in line order."""
     waiting = [e for e in ranked(entries, config, usage) if e.offered_at is None]
     ids = [e.id for e in waiting]

@@ -14,7 +14,7 @@ its pending lease or its container's, until it is claimed or its claim window en
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -30,6 +30,7 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.config import GpusConfig
 from gpulab.line.order import Entry, ranked
+from gpulab.line.usage import Usage
 
 __all__ = ["HELD", "OFFERED", "READY", "REFUSED", "WAITING", "Entry", "Place", "holds",
            "never_fits", "plan"]
@@ -54,7 +55,7 @@ class Place:
 
 
 def plan(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
-         entries: Iterable[Entry], usage: Mapping[str, float] | None = None) -> list[Place]:
+         entries: Iterable[Entry], usage: Usage | None = None) -> list[Place]:
     """Every entry's place, in line order (:mod:`gpulab.line.order`, with members'
     recent GPU-hours *usage* under fair share). *leases* are the leases held now
     (containers and spawns in flight)."""

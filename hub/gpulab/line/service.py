@@ -25,7 +25,9 @@ from typing import Any
 from gpulab import live_config
 from gpulab import notices as notes
 from gpulab.contract import scrape_seconds
-from gpulab.gpus.config import FAIR_SHARE
+from gpulab.gpu_hours import average_held_query, gpu_hours_query
+from gpulab.gpus.budget import budget_periods, period_start
+from gpulab.gpus.config import FAIR_SHARE, GpusConfig
 from gpulab.hubapi import HubApi, HubApiError
 from gpulab.line import usage as line_usage
 from gpulab.line.plan import OFFERED, READY, REFUSED
@@ -109,8 +111,7 @@ class LineService:
         """One round: the decisions taken."""
         now = time.time() if now is None else now
         config = live_config.gpus_file.load(self.gpus_file)
-        if config.line.order == FAIR_SHARE:
-            await self.refresh_usage(config.line.half_life, now)
+        await self.refresh_usage(config, now)
         entries = await self.hub.line()
         window = config.line.claim_window
         taken = []
@@ -129,26 +130,40 @@ class LineService:
                 self.ready_at.pop(entry["id"], None)
         return taken
 
-    async def refresh_usage(self, half_life: float, now: float) -> None:
-        """Members' recent GPU-hours from Prometheus, into the usage file the hub orders
-        the line by; once a minute (more often for a half-life under 100 minutes). When
-        Prometheus does not answer, the file grows old and the hub falls back to first
-        come, first served."""
-        if self.prometheus is None or not self.usage_file:
+    async def refresh_usage(self, config: GpusConfig, now: float) -> None:
+        """Members' GPU-hours from Prometheus, into the usage file the hub orders the line
+        by and checks budgets with: the decayed ones under fair share, this week's or
+        month's where a budget counts them. Once a minute (more often for a half-life
+        under 100 minutes). When Prometheus does not answer, the file grows old and the
+        hub falls back to first come, first served, with no budget enforced."""
+        fair = config.line.order == FAIR_SHARE
+        periods = budget_periods(config)
+        if self.prometheus is None or not self.usage_file or not (fair or periods):
             return
+        half_life = config.line.half_life
         if now - self.usage_at < min(60.0, max(self.interval, half_life / 100)):
             return
-        window, step = line_usage.window_and_step(half_life, scrape_seconds())
         try:
-            matrix = await self.prometheus.query_range(line_usage.query(step), now - window,
-                                                       now, step)
+            decayed = None
+            if fair:
+                window, step = line_usage.window_and_step(half_life, scrape_seconds())
+                matrix = await self.prometheus.query_range(average_held_query(step),
+                                                           now - window, now, step)
+                decayed = line_usage.decayed_gpu_hours(line_usage.by_user(matrix), now,
+                                                       half_life, step)
+            spent = {}
+            for per in sorted(periods):
+                since = max(1, int(now - period_start(now, per)))
+                vector = await self.prometheus.query(gpu_hours_query(since), now)
+                spent[per] = {s["metric"].get("user", ""): float(s["value"][1])
+                              for s in vector}
         except PrometheusUnavailable as e:
-            log.warning("line: members' GPU-hours not updated (%s); the line is first "
-                        "come, first served once they are %d s old", e, line_usage.MAX_AGE)
+            log.warning("line: members' GPU-hours not updated (%s); after %d s the line is "
+                        "first come, first served and no budget is enforced", e,
+                        line_usage.MAX_AGE)
             return
         self.usage_at = now
-        line_usage.write(self.usage_file, line_usage.decayed_gpu_hours(
-            line_usage.by_user(matrix), now, half_life, step), now, half_life)
+        line_usage.write(self.usage_file, now, decayed, spent)
 
     async def apply(self, d: Decision) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user

@@ -44,8 +44,8 @@ class LineStore:
         """Where the line service leaves members' recent GPU-hours (beside the store)."""
         return self.path.parent / LINE_USAGE_FILE
 
-    def usage(self) -> dict[str, float] | None:
-        """Members' recent GPU-hours, for fair share; None when none are recent."""
+    def usage(self) -> line_usage.Usage:
+        """Members' GPU-hours, for fair share and the budgets (what is recent enough)."""
         return line_usage.read(self.usage_path, time.time())
 
     def entries(self) -> list[Entry]:

@@ -1,11 +1,15 @@
-"""Members' recent GPU-hours, for the line's fair share (:mod:`gpulab.line.order`).
+"""Members' GPU-hours for the line's fair share and the budgets, brought by the line
+service from Prometheus into a small JSON file beside the hub's database, which the hub
+reads when it orders the line and before it gives GPUs (:class:`Usage`).
 
-The line service asks Prometheus for the GPUs each member held (the usage page's
-recording rule, ``gpulab:user_gpus_held``), averaged over steps, across four half-lives;
-:func:`decayed_gpu_hours` weighs each step by one half per ``line.half_life`` since
-(Slurm's and KAI's decay), and the result goes to a small JSON file beside the hub's
-database, which the hub reads when it orders the line. Data older than
-:data:`MAX_AGE` seconds is not used: the line is then first come, first served.
+* Fair share: the GPUs she held, averaged over steps across four ``line.half_life``s,
+  each step weighted by one half per half-life since (:func:`decayed_gpu_hours`; Slurm's
+  and KAI's decay).
+* Budgets: her GPU-hours since the current week's and month's start (UTC), counted as
+  the usage page counts them (:mod:`gpulab.gpu_hours`).
+
+Numbers older than :data:`MAX_AGE` seconds, or of an earlier week or month, are not used:
+the line is then first come, first served, and no budget is enforced.
 """
 
 from __future__ import annotations
@@ -15,12 +19,30 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RECORD = "gpulab:user_gpus_held"  # monitoring/prometheus/usage.yml
-MAX_AGE = 300  # seconds after which the hub no longer orders by these numbers
+from gpulab.gpus.budget import period_start
+from gpulab.gpus.config import MONTH, WEEK
+
+MAX_AGE = 300  # seconds after which the hub no longer uses these numbers
 MAX_POINTS = 1000  # per member and query
+PERIODS = (WEEK, MONTH)
+
+
+@dataclass(frozen=True)
+class Usage:
+    decayed: Mapping[str, float] | None = None  # fair share's; None: none recent
+    periods: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per -> user
+
+    def used(self, user: str, per: str) -> float | None:
+        """Her GPU-hours this *per* (week or month); None when not known."""
+        hours = self.periods.get(per)
+        return None if hours is None else hours.get(user, 0.0)
+
+
+NONE = Usage()
 
 
 def window_and_step(half_life: float, scrape: float) -> tuple[int, int]:
@@ -28,11 +50,6 @@ def window_and_step(half_life: float, scrape: float) -> tuple[int, int]:
     (one scrape, or coarser so that a member's series stays under MAX_POINTS)."""
     window = int(4 * half_life)
     return window, int(max(scrape, math.ceil(window / MAX_POINTS)))
-
-
-def query(step: int) -> str:
-    """PromQL: GPUs each member held on average over each *step* seconds."""
-    return f"sum by (user) (avg_over_time({RECORD}[{step}s]))"
 
 
 def decayed_gpu_hours(series: Mapping[str, Sequence[tuple[float, float]]], now: float,
@@ -51,27 +68,34 @@ def by_user(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, 
             for series in matrix}
 
 
-def write(path: str | os.PathLike, gpu_hours: Mapping[str, float], at: float,
-          half_life: float) -> None:
+def write(path: str | os.PathLike, at: float, decayed: Mapping[str, float] | None = None,
+          periods: Mapping[str, Mapping[str, float]] | None = None) -> None:
     """Replace *path* atomically (the hub never reads half a file)."""
     path = Path(path)
+    data = {"at": at, "decayed": dict(decayed) if decayed is not None else None,
+            "periods": {per: {"start": period_start(at, per), "gpu_hours": dict(hours)}
+                        for per, hours in (periods or {}).items()}}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"at": at, "half_life": half_life, "gpu_hours": dict(gpu_hours)}, f)
+            json.dump(data, f)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def read(path: str | os.PathLike, now: float) -> dict[str, float] | None:
-    """The members' decayed GPU-hours in *path*, or None when there are none recent
-    enough to order by (missing, unreadable, or older than MAX_AGE)."""
+def read(path: str | os.PathLike, now: float) -> Usage:
+    """What *path* holds that is recent enough to use at *now*."""
     try:
         data = json.loads(Path(path).read_text())
         if now - float(data["at"]) > MAX_AGE:
-            return None
-        return {str(u): float(h) for u, h in data["gpu_hours"].items()}
+            return NONE
+        decayed = data.get("decayed")
+        periods = {per: {str(u): float(h) for u, h in p["gpu_hours"].items()}
+                   for per, p in (data.get("periods") or {}).items()
+                   if per in PERIODS and float(p["start"]) == period_start(now, per)}
+        return Usage({str(u): float(h) for u, h in decayed.items()}
+                     if decayed is not None else None, periods)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+        return NONE

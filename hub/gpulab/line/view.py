@@ -10,6 +10,7 @@ from gpulab import live_config
 from gpulab.gpus.config import GpusConfig
 from gpulab.line.order import Entry, position_of
 from gpulab.line.store import line_store
+from gpulab.line.usage import Usage
 from gpulab.yamlfile import ConfigError
 
 
@@ -19,7 +20,7 @@ def _when(t: float) -> dict[str, str]:
 
 
 def line_rows(entries: list[Entry], user: str, config: GpusConfig,
-              usage: dict[str, float] | None = None) -> list[dict[str, Any]]:
+              usage: Usage | None = None) -> list[dict[str, Any]]:
     """One row per server of *user* in line: waiting (her place, in the line's order)
     or started for her (until when she has to open it)."""
     rows = []

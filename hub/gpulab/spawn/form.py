@@ -35,6 +35,7 @@ class SpawnForm:
     landing: str = ""  # on a Swarm: where the server would start
     line: bool = False  # the lab has a line for GPUs: offer to wait in it
     waiting: int = 0  # members waiting in it now
+    budget: str = ""  # her GPU-hour budget and its use (gpulab.gpus.budget)
 
     @property
     def machines(self) -> bool:

@@ -43,6 +43,7 @@ from gpulab.gpus.allocator import (
     validate_user_options,
     wants_to_wait,
 )
+from gpulab.gpus.budget import BudgetState, budget_state
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.line.order import position_of
@@ -217,9 +218,10 @@ class GpulabSpawner(DockerSpawner):
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
         waiting = sum(e.offered_at is None for e in self.line.entries()) if self.line else 0
+        budget = self._budget(policy)
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=self.line is not None,
-                         waiting=waiting)
+                         waiting=waiting, budget=budget.note() if budget else "")
 
     # ------------------------------------------------------------- progress
 
@@ -286,6 +288,12 @@ class GpulabSpawner(DockerSpawner):
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
             wait = wants_to_wait(self.user_options)
+            budget = self._budget(policy)
+            if budget is not None and budget.refuses and (
+                    policy.gpus if count is None else count):
+                self.log.info("Spawn of %s refused: hard budget spent (%.2f of %g GPU-hours)",
+                              self.log_name, budget.used, budget.budget.gpu_hours)
+                raise _http_error(403, budget.refusal())
             gpus = await self.lease_book.acquire(gpus_config, self._request(count),
                                                  holds=self._line_holds)
         except NotEnoughGpus as e:
@@ -307,6 +315,14 @@ class GpulabSpawner(DockerSpawner):
             self.line.remove(self.user.name, self.name)
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
+
+    def _budget(self, policy) -> BudgetState | None:
+        """Her budget and what she used of it, when she has one and her use is known (the
+        line service brings it from Prometheus; unknown, nothing is enforced)."""
+        if policy.budget is None or self.line is None:
+            return None
+        used = self.line.usage().used(self.user.name, policy.budget.per)
+        return None if used is None else budget_state(policy.budget, used, time.time())
 
     async def _join_line(self, gpus_config, count: int) -> web.HTTPError:
         """Put this server in line for *count* GPUs (keeping its place if it is in line

@@ -1,0 +1,24 @@
+"""Members' GPU-hours as Prometheus records them: the PromQL the usage page, the line's
+fair share and the budgets share (one definition of a GPU-hour).
+
+``gpulab:user_gpus_held`` (monitoring/prometheus/usage.yml) is, once a scrape, how many
+GPUs each hub user holds (leases, busy or not).
+"""
+
+from __future__ import annotations
+
+from gpulab.contract import scrape_seconds
+
+RECORD = "gpulab:user_gpus_held"
+# The recording rule's interval (usage.yml: one scrape, GPULAB_SCRAPE_SECONDS).
+SAMPLE_SECONDS = scrape_seconds()
+
+
+def gpu_hours_query(seconds: int, sample_seconds: int = SAMPLE_SECONDS) -> str:
+    """PromQL: {user: GPU-hours held} over the *seconds* before the query's time."""
+    return f"sum_over_time({RECORD}[{seconds}s]) * {sample_seconds} / 3600"
+
+
+def average_held_query(step: int) -> str:
+    """PromQL: GPUs each member held on average over each *step* seconds."""
+    return f"sum by (user) (avg_over_time({RECORD}[{step}s]))"
