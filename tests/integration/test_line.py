@@ -10,6 +10,7 @@ as JupyterLab makes all the time.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 
@@ -264,9 +265,10 @@ def test_a_spent_hard_budget_refuses_gpus_until_it_renews_and_the_form_says_so(
     def spent():
         page.goto(f"{HUB_URL}/hub/spawn")
         note = page.locator("#gpulab-budget")
-        return note.count() and "GPU-hours this month" in note.inner_text() and \
-            not note.inner_text().startswith("You have used 0 of")
-    wait_for(spent, 60, interval=2, what="the spawn form to show alice's GPU-hours")
+        used = re.match(r"You have used ([0-9.e-]+) of", note.inner_text()) \
+            if note.count() else None
+        return used and float(used[1]) >= 0.001
+    wait_for(spent, 60, interval=2, what="the spawn form to show alice's budget spent")
     note = page.locator("#gpulab-budget").inner_text()
     print(note)
     assert "of your 0.001 GPU-hours this month (once they are spent, you get no GPU" in note
