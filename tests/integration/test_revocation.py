@@ -37,8 +37,11 @@ def revoke_every_login_token(hub, name: str) -> None:
 
 def kernel_websocket(member, kernel_id: str) -> websocket.WebSocket:
     url = member.server_url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels"
+    # The handshake may take seconds on a loaded host (CI timed it out once at 1 s, while
+    # the kernel was starting); once open, reads poll with a 1 s timeout (closed_with).
     ws = websocket.create_connection(url, header=[f"Authorization: token {member.token}"],
-                                     timeout=1)
+                                     timeout=30)
+    ws.settimeout(1)
     return ws
 
 
