@@ -634,3 +634,22 @@ async def test_the_line_service_brings_this_periods_gpu_hours_where_budgets_coun
     assert expr.startswith(f"sum_over_time(gpulab:user_gpus_held[{2 * 86400 + 15 * 3600}s])")
     got = usage.read(tmp_path / "usage.json", now)
     assert (got.decayed, got.used("ann", "week"), got.used("ann", "month")) == (None, 2.5, None)
+
+
+def test_what_a_spawn_asks_of_the_line(tmp_path):
+    from gpulab.gpus.policy import policy_for
+    from gpulab.line.spawning import LineAtSpawn
+
+    store = LineStore(tmp_path / "line.sqlite")
+    config = parse_gpus_config("defaults: {max_gpus: 2, budget: {gpu_hours: 1}}\n")
+    bob = LineAtSpawn(store, "bob", "", ["phd"])
+    assert bob.join(config, [gpu(0)], 2).status == 409  # one GPU in all
+    joined = bob.join(config, [gpu(0)], 1)
+    assert (joined.status, joined.message.startswith(
+        "No 1 GPU free now: you are number 1 in line (1 waiting).")) == (202, True)
+    assert store.entry("bob", "").groups == ("phd",) and bob.waiting() == 1
+    assert bob.budget(policy_for(config, "bob")) is None  # use unknown: nothing enforced
+    store.offer("bob", "")
+    assert not bob.got_gpus() and store.entry("bob", "")  # the line started it: it stays
+    store.offer("bob", "", offered=False)
+    assert bob.got_gpus() and store.entry("bob", "") is None

@@ -43,12 +43,10 @@ from gpulab.gpus.allocator import (
     validate_user_options,
     wants_to_wait,
 )
-from gpulab.gpus.budget import BudgetState, budget_state
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
-from gpulab.line.order import position_of
-from gpulab.line.plan import holds, never_fits, plan
-from gpulab.line.store import LineStore, line_store
+from gpulab.line.spawning import HINT, LineAtSpawn
+from gpulab.line.store import line_store
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn.containers import container_options
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
@@ -173,20 +171,17 @@ class GpulabSpawner(DockerSpawner):
         return lease_book()
 
     @property
-    def line(self) -> LineStore | None:
-        """The line of members waiting for GPUs (None without ``line_file``)."""
-        return line_store(self.line_file) if self.line_file else None
+    def line(self) -> LineAtSpawn | None:
+        """The line of members waiting for GPUs, as this server's spawn sees it (None
+        without ``line_file``)."""
+        if not self.line_file:
+            return None
+        return LineAtSpawn(line_store(self.line_file), self.user.name, self.name,
+                           [g.name for g in self.user.groups])
 
     def _line_holds(self, config, inventory, leases) -> list:
-        """The GPUs the line keeps from this spawn: those of members whose turn comes
-        before, and the free ones kept for members still waiting (not its own)."""
-        if self.line is None:
-            return []
-        entries = self.line.entries()
-        if not entries:
-            return []
-        places = plan(config, inventory, leases, entries, self.line.usage())
-        return holds(places, leases, spawning=(self.user.name, self.name))
+        """The GPUs the line keeps from this spawn (LeaseBook's ``holds``)."""
+        return self.line.holds(config, inventory, leases) if self.line else []
 
     @property
     def log_name(self) -> str:
@@ -217,11 +212,12 @@ class GpulabSpawner(DockerSpawner):
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
-        waiting = sum(e.offered_at is None for e in self.line.entries()) if self.line else 0
-        budget = self._budget(policy)
+        line = self.line
+        budget = line.budget(policy) if line else None
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
-                         policy_note(policy, config.culling), line=self.line is not None,
-                         waiting=waiting, budget=budget.note() if budget else "")
+                         policy_note(policy, config.culling), line=line is not None,
+                         waiting=line.waiting() if line else 0,
+                         budget=budget.note() if budget else "")
 
     # ------------------------------------------------------------- progress
 
@@ -285,10 +281,11 @@ class GpulabSpawner(DockerSpawner):
 
     async def _lease(self, gpus_config) -> list:
         policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
+        line = self.line
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
             wait = wants_to_wait(self.user_options)
-            budget = self._budget(policy)
+            budget = line.budget(policy) if line else None
             if budget is not None and budget.refuses and (
                     policy.gpus if count is None else count):
                 self.log.info("Spawn of %s refused: hard budget spent (%.2f of %g GPU-hours)",
@@ -299,49 +296,28 @@ class GpulabSpawner(DockerSpawner):
         except NotEnoughGpus as e:
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
-            if self.line is not None and wait:
-                raise await self._join_line(gpus_config, e.requested) from None
-            if self.line is not None:
-                message += (" To wait in line for them instead, tick \"Wait in line\" on the "
-                            "form (or send \"wait\": true): your server then starts when it "
-                            "is your turn.")
+            if line is not None and wait:
+                raise await self._join_line(line, gpus_config, e.requested) from None
+            if line is not None:
+                message += HINT
             raise _http_error(e.status, message) from None
         except AllocationError as e:
             self.log.info("Spawn of %s refused: %s", self.log_name, e)
             raise _http_error(e.status, str(e)) from None
-        entry = self.line.entry(self.user.name, self.name) if self.line else None
-        if entry is not None and entry.offered_at is None:
-            # her GPUs, without waiting for the line to start her server
-            self.line.remove(self.user.name, self.name)
+        if line is not None and line.got_gpus():
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
 
-    def _budget(self, policy) -> BudgetState | None:
-        """Her budget and what she used of it, when she has one and her use is known (the
-        line service brings it from Prometheus; unknown, nothing is enforced)."""
-        if policy.budget is None or self.line is None:
-            return None
-        used = self.line.usage().used(self.user.name, policy.budget.per)
-        return None if used is None else budget_state(policy.budget, used, time.time())
-
-    async def _join_line(self, gpus_config, count: int) -> web.HTTPError:
-        """Put this server in line for *count* GPUs (keeping its place if it is in line
-        already); the 202 that says so, or the 409 if waiting could never serve it."""
+    async def _join_line(self, line: LineAtSpawn, gpus_config, count: int) -> web.HTTPError:
+        """Put this server in line for *count* GPUs: the 202 that says so (a 303 to her
+        home page from the spawn form), or the 409 if waiting could never serve it."""
         inventory = await self.lease_book.current_inventory(gpus_config)
-        never = never_fits(gpus_config, inventory, self._request(count))
-        if never:
-            return _http_error(409, never)
-        entry = self.line.join(self.user.name, self.name, count,
-                               [g.name for g in self.user.groups])
-        position, waiting = position_of(entry, self.line.entries(), gpus_config,
-                                        self.line.usage())
-        self.log.info("%s waits in line for %d GPU(s): number %d of %d",
-                      self.log_name, count, position, waiting)
-        gpus = "1 GPU" if count == 1 else f"{count} GPUs"
-        said = _http_error(
-            202, f"No {gpus} free now: you are number {position} in line "
-                 f"({waiting} waiting). Your server starts by itself when it is your turn; "
-                 f"your hub home page shows your place, and you can leave the line there.")
+        joined = line.join(gpus_config, inventory, count)
+        said = _http_error(joined.status, joined.message)
+        if joined.status != 202:
+            return said
+        self.log.info("%s waits in line for %d GPU(s): %s", self.log_name, count,
+                      joined.message)
         if not compat.from_rest_api(getattr(self, "handler", None)):
             # The spawn form: to her home page, which shows her place (JupyterHub's form
             # handler answers with the error's status and headers).
