@@ -34,6 +34,7 @@ import inspect
 import json
 import ssl
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -102,6 +103,15 @@ def _tokens_path(user: str, token_id: str = "") -> str:
 
 
 # ---------------------------------------------------------------- answers (pure)
+
+
+def hub_time(iso: str | None) -> float:
+    """Epoch seconds of a timestamp in the hub's models (``2026-12-02T14:00:00.1Z``;
+    a naive one is UTC); 0.0 for none."""
+    if not iso:
+        return 0.0
+    t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def page_of(page: Any) -> tuple[list[Any], int | None]:

@@ -242,3 +242,15 @@ def test_the_gpulab_command_loads_no_tornado_until_it_calls_the_hub():
     code = "import sys, gpulab.cli; print(sorted(m for m in sys.modules if m.startswith('tornado')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("iso, epoch", [
+    ("2026-12-02T14:00:00.500000Z", 1796220000.5),
+    ("2026-12-02T14:00:00+00:00", 1796220000.0),
+    ("2026-12-02T14:00:00", 1796220000.0),  # naive: UTC
+    (None, 0.0), ("", 0.0),
+])
+def test_the_hubs_timestamps(iso, epoch):
+    from gpulab.hubapi import hub_time
+
+    assert hub_time(iso) == epoch

@@ -35,7 +35,7 @@ from gpulab.culler.decide import (
     releases,
 )
 from gpulab.gpus.policy import policy_for
-from gpulab.hubapi import HubApi, HubApiError
+from gpulab.hubapi import HubApi, HubApiError, hub_time
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
@@ -68,14 +68,9 @@ def hub_servers(users: Iterable[Mapping[str, Any]]) -> list[HubServer]:
     for u in users:
         for name, s in (u.get("servers") or {}).items():
             if s.get("ready") and not s.get("pending") and s.get("started"):
-                out.append(HubServer(u["name"], name, _epoch(s["started"]),
+                out.append(HubServer(u["name"], name, hub_time(s["started"]),
                                      tuple(u.get("groups") or ())))
     return out
-
-
-def _epoch(iso: str) -> float:
-    t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def servers_holding_gpus(servers: Sequence[HubServer],

@@ -34,7 +34,8 @@ from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
 from gpulab.gpus.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
 from gpulab.hubapi import HubApi, HubApiError, user_path
-from gpulab.line.plan import HELD, holds, plan
+from gpulab.line.plan import HELD
+from gpulab.line.spawning import kept as kept_by_line
 from gpulab.line.store import line_store
 from gpulab.settings import ConfigError
 
@@ -335,11 +336,7 @@ class LeaseAdmin:
         (from the line's store, which this service reads beside the hub)."""
         if not self.line_path:
             return []
-        store = line_store(self.line_path)
-        entries = store.entries()
-        if not entries:
-            return []
-        return holds(plan(config, inventory, leases, entries, store.usage()), leases)
+        return kept_by_line(line_store(self.line_path), config, inventory, leases)
 
     async def release(self, gpu_uuid: str, user: str, server: str, admin: str) -> list[str]:
         """Remove the containers holding *gpu_uuid* for *user*/*server* if the lease is

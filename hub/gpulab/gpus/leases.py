@@ -149,6 +149,12 @@ class LeaseBook:
         leases += [Lease(u, STOPPING, "", self._now()) for u in self._cooling if u not in held]
         return leases
 
+    async def _taken(self, config: GpusConfig, inventory: Sequence[Gpu],
+                     holds: Holds | None) -> list[Lease]:
+        """The table, and what *holds* keeps besides (the line's GPUs); under the lock."""
+        leases = await self._table()
+        return leases + holds(config, inventory, leases) if holds is not None else leases
+
     def cool(self, gpu_uuids: Sequence[str], seconds: float) -> None:
         """Keep *gpu_uuids* busy for *seconds* more: a removed Swarm service's lease is
         gone from the manager at once, while its container on the machine is still being
@@ -188,9 +194,7 @@ class LeaseBook:
         the GPUs that *holds* names count as taken."""
         inventory = await self.current_inventory(config)
         async with self._lock:
-            leases = await self._table()
-            if holds is not None:
-                leases += holds(config, inventory, leases)
+            leases = await self._taken(config, inventory, holds)
             _, orphaned = reconcile(config, inventory, leases)
             for le in orphaned:
                 log.warning(
@@ -213,9 +217,7 @@ class LeaseBook:
         found."""
         inventory = self.inventory(config, quiet=True)  # its warnings are the form's
         async with self._lock:
-            leases = await self._table()
-            if holds is not None:
-                leases += holds(config, inventory, leases)
+            leases = await self._taken(config, inventory, holds)
         out: list[list[Gpu] | AllocationError] = []
         for request in requests:
             try:
@@ -239,9 +241,8 @@ class LeaseBook:
     async def holders(self, gpu_uuids: Sequence[str], config: GpusConfig | None = None,
                       holds: Holds | None = None) -> dict[str, list[Lease]]:
         async with self._lock:
-            leases = await self._table()
-            if holds is not None and config is not None:
-                leases += holds(config, self.inventory(config, quiet=True), leases)
+            leases = (await self._taken(config, self.inventory(config, quiet=True), holds)
+                      if config is not None else await self._table())
         return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
 
 

@@ -64,29 +64,29 @@ def plan(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
     position = 0
     for e in ranked(entries, config, usage):
         request = e.request()
-        if e.offered_at is None:
-            position += 1
+        offered = e.offered_at is not None
         try:
             too_many = never_fits(config, inventory, request)
             if too_many:
                 raise AllocationError(too_many)
             gpus = allocate(config, inventory, work, request)
         except NotEnoughGpus:
-            if e.offered_at is not None:  # her server stopped or failed: nothing to keep
+            if offered:  # her server stopped or failed: nothing to keep
                 places.append(Place(e, OFFERED, 0))
                 continue
-            kept = _free(inventory, work, usable_gpus(config, inventory, request))
+            kept = _free(work, usable_gpus(config, inventory, request))
             work += [Lease(g.uuid, HELD, "", _EPOCH) for g in kept]
+            position += 1
             places.append(Place(e, WAITING, position, tuple(kept)))
         except AllocationError as err:
-            if e.offered_at is None:
-                position -= 1
-            places.append(Place(e, REFUSED if e.offered_at is None else OFFERED, 0,
-                                reason=err.message))
+            places.append(Place(e, OFFERED if offered else REFUSED, 0, reason=err.message))
         else:
             work = add_leases(work, request, gpus, _EPOCH)
-            state = OFFERED if e.offered_at is not None else READY
-            places.append(Place(e, state, 0 if state == OFFERED else position, tuple(gpus)))
+            if offered:
+                places.append(Place(e, OFFERED, 0, tuple(gpus)))
+            else:
+                position += 1
+                places.append(Place(e, READY, position, tuple(gpus)))
     return places
 
 
@@ -104,8 +104,7 @@ def never_fits(config: GpusConfig, inventory: Sequence[Gpu], request: Request) -
             + ", however long you wait. Ask for fewer.")
 
 
-def _free(inventory: Sequence[Gpu], leases: Sequence[Lease], usable: Sequence[Gpu]
-          ) -> list[Gpu]:
+def _free(leases: Sequence[Lease], usable: Sequence[Gpu]) -> list[Gpu]:
     load = Counter(le.gpu_uuid for le in leases)
     return [g for g in usable if load[g.uuid] < g.capacity]
 

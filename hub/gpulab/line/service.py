@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from gpulab import live_config
@@ -28,7 +27,7 @@ from gpulab.contract import scrape_seconds
 from gpulab.gpu_hours import average_held_query, gpu_hours_query
 from gpulab.gpus.budget import budget_periods, period_start
 from gpulab.gpus.config import FAIR_SHARE, GpusConfig
-from gpulab.hubapi import HubApi, HubApiError
+from gpulab.hubapi import HubApi, HubApiError, hub_time
 from gpulab.line import usage as line_usage
 from gpulab.line.plan import OFFERED, READY, REFUSED
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
@@ -58,12 +57,6 @@ class Decision:
     message: str = ""  # for her (a notice) and the log
 
 
-def _epoch(iso: str | None) -> float:
-    if not iso:
-        return 0.0
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
 def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
            claim_window: float, ready_at: float | None) -> Decision:
     """What to do about one entry of the line (the line API's model), given her server's
@@ -84,7 +77,7 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
         return Decision(GONE, user, name, gpus)  # she (or an admin) stopped it
     if not server.get("ready") or ready_at is None:
         return Decision(WAIT, user, name, gpus)
-    if _epoch(server.get("last_activity")) > ready_at + CLAIM_MARGIN:
+    if hub_time(server.get("last_activity")) > ready_at + CLAIM_MARGIN:
         return Decision(CLAIMED, user, name, gpus)
     if now >= (entry.get("offered_at") or now) + claim_window:
         return Decision(EXPIRED, user, name, gpus,

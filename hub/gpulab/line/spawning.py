@@ -25,6 +25,18 @@ HINT = (" To wait in line for them instead, tick \"Wait in line\" on the form (o
         "\"wait\": true): your server then starts when it is your turn.")
 
 
+def kept(store: LineStore, config: GpusConfig, inventory: Sequence[Gpu],
+         leases: Sequence[Lease], spawning: tuple[str, str] | None = None) -> list[Lease]:
+    """The GPUs the line keeps, from its store and the leases held now: those of
+    members whose turn it is, and the free ones kept for members still waiting (as
+    leases; not those of *spawning*'s own entry)."""
+    entries = store.entries()
+    if not entries:
+        return []
+    return holds(plan(config, inventory, leases, entries, store.usage()), leases,
+                 spawning=spawning)
+
+
 @dataclass(frozen=True)
 class Joined:
     """The answer to a spawn that asked to wait: ``status`` 202 (in line) or 409 (waiting
@@ -45,13 +57,8 @@ class LineAtSpawn:
 
     def holds(self, config: GpusConfig, inventory: Sequence[Gpu],
               leases: Sequence[Lease]) -> list[Lease]:
-        """The GPUs the line keeps from this spawn: those of members whose turn comes
-        before, and the free ones kept for members still waiting (not its own)."""
-        entries = self.store.entries()
-        if not entries:
-            return []
-        places = plan(config, inventory, leases, entries, self.store.usage())
-        return holds(places, leases, spawning=(self.user, self.server))
+        """The GPUs the line keeps from this spawn (not its own entry's)."""
+        return kept(self.store, config, inventory, leases, (self.user, self.server))
 
     def waiting(self) -> int:
         return sum(e.offered_at is None for e in self.store.entries())
