@@ -218,6 +218,19 @@ def test_a_free_gpu_kept_for_a_member_waiting_for_two_is_nobody_elses_until_she_
     assert r.status_code == 204, r.text
     carol.start_server({"gpus": 1})
     assert gpus_of(carol.container)["device_ids"] == [GPU1]
+    # he waits again, and an admin ends his access: he is out of the line at once
+    assert spawn(bob, {"gpus": 1, "wait": True}).status_code == 202
+    admin = {"Authorization": f"token {hub_admin.token}"}
+
+    def waiting() -> list[str]:
+        r = requests.get(f"{hub.api}/gpulab/line", headers=admin, timeout=30)
+        assert r.status_code == 200, r.text
+        return [e["user"] for e in r.json()["line"]]
+
+    assert waiting() == [bob.name]
+    r = requests.delete(f"{hub.api}/gpulab/access/{bob.name}", headers=admin, timeout=30)
+    assert r.status_code == 200, r.text
+    assert waiting() == []
 
 
 def test_under_fair_share_who_used_fewer_gpu_hours_lately_goes_first(
