@@ -36,10 +36,11 @@ from .standin import STANDIN_GPUS, dockerd_has_nvidia_driver
 GPU_FIXTURES = {"gpus_yaml", "fake_control"}
 # Modules that run in that lane too (scripts/test-integration.sh), though their tests
 # use no stand-in GPU: test_docker_proxy_dockerd's containers carry GPU 0's lease labels,
-# which clash only with spawns that ask for a GPU; test_ssh_keys' members hold no GPU and
-# are there to give both lanes about as much to do (measured on 2 cores: the gpus lane
-# 324 s, the members lane 389 s before).
-GPUS_LANE_MODULES = {"test_docker_proxy_dockerd", "test_ssh_keys"}
+# which clash only with spawns that ask for a GPU.
+GPUS_LANE_MODULES = {"test_docker_proxy_dockerd"}
+# Fixtures of tests that edit what every spawn reads (gpulab.yaml's spawn settings): such
+# a test runs in the disruptive lane, alone; its module's other tests need not.
+DISRUPTIVE_FIXTURES = {"spawn_settings"}
 
 
 def pytest_collection_modifyitems(items):
@@ -51,7 +52,8 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.gpus_lane)
             elif item.module.__name__.rpartition(".")[2] in GPUS_LANE_MODULES:
                 item.add_marker(pytest.mark.gpus_lane)
-            if item.get_closest_marker("stack_restart") is not None:
+            if (item.get_closest_marker("stack_restart") is not None
+                    or DISRUPTIVE_FIXTURES & set(item.fixturenames)):
                 item.add_marker(pytest.mark.disruptive)
     # Tests that take the whole stack down and up again run after everything else, so
     # that no other test sees the stack coming back.

@@ -16,9 +16,10 @@ import yaml
 
 from .stack import docker, wait_for
 
-# Runs alone (scripts/test-integration.sh): it edits the spawn settings (gpulab.yaml)
-# that every spawn reads.
-pytestmark = pytest.mark.disruptive
+# The tests that edit the spawn settings (gpulab.yaml) that every spawn reads, through
+# the spawn_settings fixture, run alone (conftest.DISRUPTIVE_FIXTURES); the others beside
+# the rest of the suite.
+pytestmark = pytest.mark.integration
 
 NEVER_READY = "gpulab-test/never-ready:1"
 EXITS_AT_ONCE = "gpulab-test/exits-at-once:1"
