@@ -29,6 +29,7 @@ from gpulab.contract import (
     scrape_seconds,
 )
 from gpulab.line import api as line_api
+from gpulab.line import metrics as line_metrics
 from gpulab.line.store import line_store
 from gpulab.line.view import home_page_line
 from gpulab.login.auth import configure_login, default_trusted_proxies
@@ -234,6 +235,8 @@ def configure(c) -> None:
     c.TokenAuthenticator.more_api_handlers = line_api.api_handlers()
     c.TokenAuthenticator.on_access_ended = [
         lambda name: line_store(line_path).forget_user(name)]
+    # The line's length and waits on the hub's /hub/metrics, which Prometheus scrapes.
+    line_metrics.register(line_path, gpus_path)
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
     # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
     # so removing a name from hub.admins removes the right at the next start.

@@ -154,6 +154,15 @@ gpus_file: LastGood[GpusConfig] = LastGood(parse_gpus_config, missing=_default_g
                                            store=_store())
 
 
+def gpus_or_defaults(path: str | Path) -> GpusConfig:
+    """The last good gpus.yaml at *path*, or the defaults while it never had a good
+    version: for pages and metrics, which show what they can rather than fail."""
+    try:
+        return gpus_file.load(path)
+    except ConfigError:
+        return _default_gpus(str(path))
+
+
 def file_kind(path: str | Path, store: str | Path | None = None) -> LastGood:
     """A reader for *path* by its name (gpus*.yaml or settings), keeping nothing in
     memory between uses: for ``gpulab config check``."""

@@ -49,6 +49,12 @@ def docker(*args: str, check: bool = True) -> str:
     return out.stdout.strip()
 
 
+def prometheus_query(expr: str) -> str:
+    """The stack's Prometheus' answer to *expr* now, as promtool prints it."""
+    return docker("exec", "gpulab-prometheus", "promtool", "query", "instant",
+                  "http://127.0.0.1:9090", expr)
+
+
 def container_logs(name: str, tail: int = 60) -> str:
     """A container's log, stdout and stderr interleaved as docker stored them."""
     out = subprocess.run(["docker", "logs", "--tail", str(tail), name],

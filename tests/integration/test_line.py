@@ -19,11 +19,12 @@ import requests
 
 from .browser import screenshot, submit_login
 from .restarts import kill_from_host, wait_restarted
-from .stack import HUB_URL, wait_for
+from .stack import HUB_URL, prometheus_query, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only
 CLAIM_WINDOW = 20  # seconds (line.claim_window); the test stack's line looks every 2 s
+ALERT_AFTER = 4  # seconds (line.alert_after)
 
 
 def spawn(user, options: dict) -> requests.Response:
@@ -79,12 +80,14 @@ def home_page_line(page, user) -> str:
     return page.locator("#gpu-line").inner_text()
 
 
-def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config, gpus_yaml,
-                                                       new_page):
-    # servers may run for an hour: the line can say by when the GPU comes back
+def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, hub_admin, lab_user, lab_config,
+                                                       gpus_yaml, fake_control, new_page):
+    # servers may run for an hour: the line can say by when the GPU comes back;
+    # operators are alerted when someone waited ALERT_AFTER while a GPU sat idle
     lab_config.write("gpus.yaml", ONE_GPU.replace("max_gpus: 1", "max_gpus: 1\n  max_server_age: 1h")
                      + "culling: {check_every: 2s}\n"
-                     + f"line: {{claim_window: {CLAIM_WINDOW}s}}\n")
+                     + f"line: {{claim_window: {CLAIM_WINDOW}s, alert_after: {ALERT_AFTER}s}}\n")
+    fake_control({"utilization": {"0": 0, "1": 0}})  # alice's GPU will sit idle
     alice, bob, carol, dave = (lab_user(n) for n in ("alice", "bob", "carol", "dave"))
     alice.start_server({"gpus": 1})
     alice_started = datetime.fromisoformat(
@@ -123,6 +126,15 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
     assert "you are number 1 of 2" in home_page_line(bob_page, bob)
     bob_page.wait_for_selector(".gpu-line-eta:has-text('at the latest')")
 
+    # Operators: the GPU dashboard shows who waits, in order, under the table
+    ops = new_page()
+    submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
+
+    def dashboard_line() -> list[list[str]]:
+        return [r.split()[:2] + r.split()[-1:]
+                for r in ops.locator("#line-rows tr").all_inner_texts()]
+    assert dashboard_line() == [["1", bob.name, "waiting"], ["2", carol.name, "waiting"]]
+
     # The GPU comes free: it is bob's. dave, not in line, cannot take it in between.
     alice.stop_server()
     r = spawn(dave, {"gpus": 1})
@@ -131,6 +143,23 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, lab_user, lab_config,
              what="the line to start bob's server with the freed GPU")
     assert gpus_of(bob.container)["device_ids"] == [GPU0]
     assert place(bob)[0] == "offered" and place(carol) == ("waiting", 1, 1)
+    # the dashboard, redrawing itself, says the line started his server
+    wait_for(lambda: dashboard_line() == [["-", bob.name, "yet"], ["1", carol.name, "waiting"]],
+             20, interval=1, what="the GPU dashboard to show bob's started server")
+    screenshot(ops, "line-on-the-gpu-dashboard.png")
+
+    # Prometheus has the line from the hub's /hub/metrics; carol, who has waited past
+    # line.alert_after while the GPU started for bob sits idle (he has not opened it),
+    # gets the operators' alert; bob, whose server the line started, no longer does.
+    def alerted() -> set[str]:
+        out = prometheus_query('ALERTS{alertname="GpulabWaitingWhileGpuIdle",'
+                               'alertstate="firing"}')
+        return {u.name for u in (bob, carol, dave) if f'user="{u.name}"' in out}
+    wait_for(lambda: alerted() == {carol.name}, 30, interval=1,
+             what="GpulabWaitingWhileGpuIdle to fire in Prometheus for carol alone")
+    for family, count in (("gpulab_line_waiting", 1), ("gpulab_line_offered", 1)):
+        out = prometheus_query(family)
+        assert f"=> {count} @" in out, out
     # his open home page (it looks again every 10 s) tells him, and so does his browser
     wait_for(lambda: notifications(bob_page), 30, interval=1,
              what="bob's home page to notify him that his GPUs are ready")

@@ -21,15 +21,10 @@ import requests
 
 from .browser import screenshot, submit_login
 from .fake_gpus import exporter_snapshot
-from .stack import HUB_URL, docker, wait_for
+from .stack import HUB_URL, docker, prometheus_query, wait_for
 from .standin import GPU0, GPU1
 
 GiB = 1 << 30
-
-
-def prometheus_query(expr: str) -> str:
-    return docker("exec", "gpulab-prometheus", "promtool", "query", "instant",
-                  "http://127.0.0.1:9090", expr)
 
 
 def test_prometheus_scrapes_exporter_and_hub(hub):

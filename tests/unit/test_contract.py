@@ -35,15 +35,25 @@ def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced
             contract.METRIC_MEMORY_TOTAL, contract.METRIC_LEASE} <= produced
 
 
-def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_produces(produced):
+def produced_by_the_hub() -> set[str]:
+    """The families the hub itself adds to its /hub/metrics (gpulab.line.metrics)."""
+    from gpulab.gpus.config import parse_gpus_config
+    from gpulab.line.metrics import families
+    from gpulab.line.order import Entry
+
+    return {f.name for f in families([Entry(1, "ann", "", 1, 0.0)], parse_gpus_config(""), 1.0)}
+
+
+def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produces(produced):
     """A renamed metric must not leave a query behind that silently finds nothing."""
     mentioned = {}
     for path in sorted((REPO / "hub" / "gpulab").rglob("*.py")):
         for name in re.findall(r"\bgpulab_[a-z_]*[a-z]\b", path.read_text()):
             if name not in MODULES:
                 mentioned.setdefault(name, path.relative_to(REPO))
-    unknown = {n: str(p) for n, p in mentioned.items() if n not in produced}
-    assert not unknown, f"not produced by the exporter: {unknown}"
+    known = produced | produced_by_the_hub()
+    unknown = {n: str(p) for n, p in mentioned.items() if n not in known}
+    assert not unknown, f"produced neither by the exporter nor by the hub: {unknown}"
 
 
 # gpulab_* words in the hub's code that are not metrics: modules and packages.
@@ -95,3 +105,11 @@ def test_the_scrape_interval_is_read_from_the_environment(environ, seconds):
 def test_a_scrape_interval_that_is_no_whole_number_of_seconds_is_refused(raw):
     with pytest.raises(ValueError, match="GPULAB_SCRAPE_SECONDS must be whole seconds"):
         contract.scrape_seconds({"GPULAB_SCRAPE_SECONDS": raw})
+
+
+def test_every_metric_the_alert_rules_read_is_produced(produced):
+    """An alert on a metric nobody produces never fires, and nothing says so."""
+    text = (REPO / "monitoring" / "prometheus" / "alerts.yml").read_text()
+    read = set(re.findall(r"\bgpulab_[a-z_]*[a-z]\b", text))
+    assert read, "no gpulab_ metric found in alerts.yml"
+    assert read - produced - produced_by_the_hub() == set()

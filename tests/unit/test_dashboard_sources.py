@@ -325,3 +325,27 @@ def test_the_page_shows_active_alerts_and_says_when_alertmanager_is_down():
     banners = build_view(down)["banners"]
     assert any(b.startswith("Alertmanager unreachable (http://alertmanager:9093") for b in banners)
     assert not any(b.startswith("Alert Gpulab") for b in banners)
+
+
+async def test_the_reader_adds_the_line_in_its_order(exporter, tmp_path):
+    """line_in_order reads the real store and gpus.yaml: a higher line_priority goes
+    first, the server the line started already leads, whoever joined first after."""
+    from gpulab.line.store import LineStore
+    from gpulab.line.view import line_in_order
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("users: {cy: {line_priority: 5}}\n")
+    clock = [1000.0]
+    store = LineStore(tmp_path / "line.sqlite", now=lambda: clock[0])
+    for user in ("ann", "bob", "cy", "dee"):
+        store.join(user, "", 1)
+        clock[0] += 10
+    store.offer("dee", "")
+    reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
+                            line=line_in_order(store.path, gpus))
+    snap = await reader.read()
+    assert [(e["user"], e["offered_at"] is not None) for e in snap["line"]] == [
+        ("dee", True), ("cy", False), ("ann", False), ("bob", False)]
+    assert [w["place"] for w in build_view(snap)["line"]] == [None, 1, 2, 3]
+    # without a line file: no line
+    assert (await SnapshotReader([ExporterSource(exporter)], max_age=0).read())["line"] == []

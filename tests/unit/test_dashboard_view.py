@@ -234,3 +234,36 @@ def test_a_holder_the_gpu_culler_warned_says_when_it_will_be_stopped():
                        xsrf_token="t", user="op")
     assert '<span class="cull">to be stopped at 08:00 UTC (its GPU has been idle for 2 h)' \
         in html
+
+
+def test_the_line_shows_under_the_table_in_its_order_with_places_and_waits():
+    now = 1_800_000_000.0
+    snap = snapshot([gpu(0)], timestamp=now, line=[
+        {"user": "bob", "server": "big", "gpus": 2, "joined_at": now - 900,
+         "offered_at": now - 30},  # the line started his server: no place any more
+        {"user": "ann", "server": "", "gpus": 1, "joined_at": now - 4000, "offered_at": None},
+        {"user": "<cy>", "server": "", "gpus": 1, "joined_at": now - 40, "offered_at": None},
+    ])
+    view = build_view(snap)
+    assert [(w["place"], w["user"], w["server"], w["gpus"], w["waited"], w["state_text"])
+            for w in view["line"]] == [
+        (None, "bob", "big", 2, "15m", "server started, not opened yet"),
+        (1, "ann", "", 1, "1h 6m", "waiting"),
+        (2, "<cy>", "", 1, "40s", "waiting")]
+    page = render_page(make_templates(), view, api_url="a", refresh_seconds=5,
+                       xsrf_token="t", user="op")
+    assert '<section id="line">' in page
+    rows = re.findall(r'<tr class="waiting">(.*?)</tr>', page)
+    assert [re.sub(r"<[^>]+>", " ", r).split() for r in rows] == [
+        ["-", "bob", "/big", "2", "15m", "server", "started,", "not", "opened",
+         "yet"],
+        ["1", "ann", "1", "1h", "6m", "waiting"],
+        ["2", "&lt;cy&gt;", "1", "40s", "waiting"]]  # escaped, as every value
+
+
+def test_nobody_in_line_hides_the_section():
+    view = build_view(snapshot([gpu(0)]))
+    assert view["line"] == []
+    page = render_page(make_templates(), view, api_url="a", refresh_seconds=5,
+                       xsrf_token="t", user="op")
+    assert '<section id="line" hidden>' in page

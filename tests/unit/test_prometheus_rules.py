@@ -17,7 +17,7 @@ needs_promtool = pytest.mark.skipif(
     reason="promtool not installed (apt-get install --no-install-recommends prometheus)",
 )
 ALERTS = {"GpulabGpuAllocatedIdle", "GpulabGpuMemoryNearlyFull", "GpulabGpuTemperatureHigh",
-          "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown"}
+          "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown", "GpulabWaitingWhileGpuIdle"}
 
 
 def promtool(*args, cwd=PROM):

@@ -41,6 +41,7 @@ from gpulab.dashboard.sources import (
 )
 from gpulab.dashboard.usage import PrometheusUsage
 from gpulab.hubapi import HubApi
+from gpulab.line.view import line_in_order
 
 log = logging.getLogger("gpulab.dashboard")
 
@@ -101,8 +102,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="the GPU culler's notices file, whose standing warnings the table "
                         "shows beside the leases they will end (default: none)")
     p.add_argument("--line-file", default=None, metavar="PATH",
-                   help="the line's store (gpulab.line), whose kept GPUs the lease page "
-                        "shows (default: none)")
+                   help="the line's store (gpulab.line): who waits, under the table, and "
+                        "the GPUs kept for them, on the lease page (default: none)")
     p.add_argument("--no-leases", action="store_true",
                    help="leave out the admins' lease page (no Docker socket here)")
     p.add_argument("--swarm", action="store_true",
@@ -133,7 +134,9 @@ async def serve(args: argparse.Namespace) -> None:
         alerts = AlertmanagerAlerts(args.alertmanager_url, timeout=args.timeout)
     reader = SnapshotReader(sources, max_age=min(1.0, args.refresh_seconds / 2), alerts=alerts,
                             culler_notices=Path(args.culler_notices)
-                            if args.culler_notices else None)
+                            if args.culler_notices else None,
+                            line=line_in_order(args.line_file, args.gpus_file)
+                            if args.line_file else None)
     leases = None
     if not args.no_leases:
         store = SwarmServices() if args.swarm else DockerContainers()

@@ -178,10 +178,12 @@ class SnapshotReader:
     def __init__(self, sources: Sequence[Source], max_age: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
                  alerts: AlertmanagerAlerts | None = None,
-                 culler_notices: Path | None = None) -> None:
+                 culler_notices: Path | None = None,
+                 line: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.sources = list(sources)
         self.alerts = alerts
         self.culler_notices = culler_notices
+        self.line = line  # members waiting for GPUs, in the line's order
         self.max_age = max_age
         self.clock = clock
         self._value: dict[str, Any] | None = None
@@ -199,7 +201,8 @@ class SnapshotReader:
     async def _read_both(self) -> dict[str, Any]:
         snapshot, alerts = await asyncio.gather(read_first(self.sources),
                                                 read_alerts(self.alerts))
-        return {**snapshot, **alerts, "cull_warnings": self.cull_warnings()}
+        return {**snapshot, **alerts, "cull_warnings": self.cull_warnings(),
+                "line": self.line() if self.line is not None else []}
 
     def cull_warnings(self) -> list[dict[str, Any]]:
         """The GPU culler's standing warnings (its notices file; none without one)."""

@@ -5,7 +5,9 @@ shape rebuilt from Prometheus by :mod:`gpulab.dashboard.sources`, plus keys the
 sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did),
 ``unreachable`` (a list of {"name", "url", "error"}, one per source that failed) and
 ``cull_warnings`` (the GPU culler's standing warnings: {"user", "server", "stop_at",
-"message"} each), shown beside the lease they will end.
+"message"} each), shown beside the lease they will end, and ``line`` (members waiting
+for GPUs, in the line's order: {"user", "server", "gpus", "joined_at", "offered_at"}
+each), shown under the table (:func:`waiting_rows`).
 
 Several machines (a Swarm's GPU nodes, read through Prometheus): each GPU carries its
 ``node``, and ``nodes_down`` lists the exporters Prometheus does not reach. When the data
@@ -95,7 +97,31 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
         "summary": summarize(gpus),
         "nodes": node_totals(gpus, down) if show_nodes(gpus, down) else None,
         "gpus": gpus,
+        "line": waiting_rows(snapshot.get("line") or (), now),
     }
+
+
+def waiting_rows(line: Sequence[dict[str, Any]], now: float | None) -> list[dict[str, Any]]:
+    """The line under the table, in its order: ``place`` (1, 2, ... among those waiting;
+    None once the line started her server), who, how many GPUs, ``waited`` ("12m") and
+    ``state_text``."""
+    rows, place = [], 0
+    for e in line:
+        offered = e.get("offered_at") is not None
+        if not offered:
+            place += 1
+        joined = _number(e.get("joined_at"))
+        rows.append({
+            "place": None if offered else place,
+            "user": str(e.get("user") or ""),
+            "server": str(e.get("server") or ""),
+            "gpus": e.get("gpus"),
+            "waited": format_duration(now - joined if now is not None and joined is not None
+                                      else None) or NA,
+            "state_text": ("server started, not opened yet" if offered
+                           else "waiting"),
+        })
+    return rows
 
 
 def gpu_row(gpu: dict[str, Any], *, now: float | None = None,

@@ -7,7 +7,9 @@ Pure decisions:
 * :mod:`gpulab.line.plan`: who in line gets which GPUs now, and which free GPUs are kept
   for whom;
 * :mod:`gpulab.line.eta`: when each member's turn is expected;
-* :mod:`gpulab.line.view`: what her hub home page says.
+* :mod:`gpulab.line.view`: what her hub home page says (and the line in order for the
+  operators' GPU dashboard);
+* :mod:`gpulab.line.metrics`: the line's metric families (the hub's /hub/metrics).
 
 I/O around them:
 

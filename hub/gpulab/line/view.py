@@ -1,4 +1,5 @@
-"""What a member's hub home page says about her place in line (``template_vars``)."""
+"""What a member's hub home page says about her place in line (``template_vars``), and
+the whole line in its order for the operators' GPU dashboard."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from typing import Any
 
 from gpulab import live_config
 from gpulab.gpus.config import GpusConfig
-from gpulab.line.order import Entry, position_of
+from gpulab.line.order import Entry, position_of, ranked
 from gpulab.line.store import line_store
 from gpulab.line.usage import Usage
-from gpulab.yamlfile import ConfigError
 
 
 def _when(t: float) -> dict[str, str]:
@@ -48,10 +48,21 @@ def home_page_line(line_path: str | os.PathLike, gpus_path: str | os.PathLike):
         entries = store.entries()
         if not any(e.user == user.name for e in entries):
             return []
-        try:
-            config = live_config.gpus_file.load(gpus_path)
-        except ConfigError:  # never a good version: the defaults
-            config = GpusConfig(filename=str(gpus_path))
+        config = live_config.gpus_or_defaults(gpus_path)
         return line_rows(entries, user.name, config, store.usage())
 
     return gpu_line
+
+
+def line_in_order(line_path: str | os.PathLike, gpus_path: str | os.PathLike):
+    """For the operators' GPU dashboard (``SnapshotReader(line=...)``): everyone in line,
+    in the line's order, as {"user", "server", "gpus", "joined_at", "offered_at"}."""
+
+    def read() -> list[dict[str, Any]]:
+        store = line_store(line_path)
+        config = live_config.gpus_or_defaults(gpus_path)
+        return [{"user": e.user, "server": e.server, "gpus": e.gpus,
+                 "joined_at": e.joined_at, "offered_at": e.offered_at}
+                for e in ranked(store.entries(), config, store.usage())]
+
+    return read

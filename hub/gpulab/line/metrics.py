@@ -1,0 +1,100 @@
+"""The line in Prometheus: what operators watch and alert on.
+
+:func:`families` is pure (the line's entries, the settings, the time -> metric
+families); :class:`LineCollector` reads the line's store and the last good gpus.yaml
+at each scrape. The hub registers it, so the families ride on the hub's own
+``/hub/metrics``, which Prometheus already scrapes (job ``gpulab-hub``):
+
+``gpulab_line_waiting``
+    members' servers waiting for GPUs (not yet started for them);
+``gpulab_line_offered``
+    servers the line started for the member at the head, not yet opened (their claim
+    window runs);
+``gpulab_line_wait_seconds{user, server, state}``
+    how long each entry has been in line (``state``: ``waiting`` or ``offered``);
+``gpulab_line_alert_after_seconds``
+    gpus.yaml's ``line.alert_after`` (absent when 0: never);
+``gpulab_gpu_idle_below_ratio``
+    gpus.yaml's ``culling.idle_below``.
+
+``GpulabWaitingWhileGpuIdle`` (monitoring/prometheus/alerts.yml) compares the last
+three with the exporter's utilization, so an admin changes the limit in gpus.yaml,
+without touching Prometheus.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpulab import live_config
+from gpulab.gpus.config import GpusConfig
+from gpulab.line.order import Entry
+from gpulab.line.store import line_store
+
+__all__ = ["LineCollector", "families", "register"]
+
+
+def families(entries: Sequence[Entry], config: GpusConfig, now: float) -> list[Metric]:
+    waiting = GaugeMetricFamily("gpulab_line_waiting",
+                                "Members' servers waiting in line for GPUs.")
+    offered = GaugeMetricFamily(
+        "gpulab_line_offered",
+        "Servers the line started for the member whose turn came, not opened yet.")
+    waits = GaugeMetricFamily("gpulab_line_wait_seconds",
+                              "How long each member's server has been in line.",
+                              labels=["user", "server", "state"])
+    for e in sorted(entries, key=lambda e: (e.joined_at, e.id)):
+        state = "waiting" if e.offered_at is None else "offered"
+        waits.add_metric([e.user, e.server, state], max(0.0, now - e.joined_at))
+    waiting.add_metric([], sum(e.offered_at is None for e in entries))
+    offered.add_metric([], sum(e.offered_at is not None for e in entries))
+    out: list[Metric] = [waiting, offered, waits]
+    if config.line.alert_after:
+        limit = GaugeMetricFamily(
+            "gpulab_line_alert_after_seconds",
+            "gpus.yaml's line.alert_after: how long someone may wait while a GPU is idle "
+            "before operators are alerted.")
+        limit.add_metric([], config.line.alert_after)
+        out.append(limit)
+    idle = GaugeMetricFamily("gpulab_gpu_idle_below_ratio",
+                             "gpus.yaml's culling.idle_below: utilization under which a "
+                             "GPU counts as idle.")
+    idle.add_metric([], config.culling.idle_below)
+    out.append(idle)
+    return out
+
+
+class LineCollector:
+    """Registered in the hub's process (``prometheus_client.REGISTRY``); collected
+    at each scrape of ``/hub/metrics``."""
+
+    def __init__(self, line_path: str | os.PathLike, gpus_path: str | os.PathLike,
+                 now: Callable[[], float] = time.time):
+        self.line_path, self.gpus_path, self.now = line_path, gpus_path, now
+
+    def collect(self) -> Iterator[Metric]:
+        config = live_config.gpus_or_defaults(self.gpus_path)
+        yield from families(line_store(self.line_path).entries(), config, self.now())
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected at each scrape, never at registration
+
+
+_registered: dict[int, LineCollector] = {}  # id(registry) -> the collector it has
+
+
+def register(line_path: str | os.PathLike, gpus_path: str | os.PathLike,
+             registry: CollectorRegistry = REGISTRY) -> LineCollector:
+    """Register the line's collector in *registry* (the hub's process-wide one), in
+    place of one registered before: a config file loaded twice adds no second copy."""
+    old = _registered.pop(id(registry), None)
+    if old is not None:
+        registry.unregister(old)
+    collector = _registered[id(registry)] = LineCollector(line_path, gpus_path)
+    registry.register(collector)
+    return collector
