@@ -187,6 +187,18 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, hub_admin, lab_user, 
     assert "Your place in line for GPUs (server) has ended" in notice, notice
     assert f"did not open it within {CLAIM_WINDOW} s" in notice, notice
 
+    # The PI's usage page counts the time each waited in line beside their GPU-hours:
+    # carol waited a claim window longer than bob; alice and dave never waited.
+    def waited() -> dict[str, float]:
+        r = requests.get(f"{HUB_URL}/services/gpus/api/usage", timeout=60,
+                         headers={"Authorization": f"token {hub_admin.token}"})
+        assert r.status_code == 200, r.text
+        return {m["user"]: m["waited_minutes"] for m in r.json()["members"]}
+    minutes = wait_for(lambda: (w := waited()).get(carol.name) and w, 30, interval=2,
+                       what="the usage page to count carol's time in line")
+    assert 0 < minutes[bob.name] < minutes[carol.name], minutes
+    assert minutes.get(alice.name, 0) == 0 and dave.name not in minutes, minutes
+
 
 def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
         hub, lab_user, lab_config, gpus_yaml, new_page):

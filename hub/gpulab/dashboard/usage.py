@@ -19,7 +19,7 @@ import io
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from gpulab.gpu_hours import gpu_hours_query
+from gpulab.gpu_hours import gpu_hours_query, waiting_minutes_query
 from gpulab.hubapi import HubApi, HubApiError
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
@@ -54,14 +54,18 @@ def month_days(month: date, now: datetime) -> list[tuple[date, datetime, int]]:
 
 
 def usage_model(month: date, per_day: dict[date, dict[str, float]],
-                groups: dict[str, list[str]]) -> dict[str, Any]:
-    """*per_day*: {day: {user: GPU-hours}}; *groups*: {group: [users]}. Rows per member
-    (a column per day and the month's total) and per group, busiest first."""
+                groups: dict[str, list[str]],
+                waited: dict[str, float] | None = None) -> dict[str, Any]:
+    """*per_day*: {day: {user: GPU-hours}}; *groups*: {group: [users]}; *waited*: {user:
+    minutes her servers waited in line in the month}. Rows per member (a column per day,
+    the month's total and her waiting time) and per group, busiest first."""
+    waited = waited or {}
     days = sorted(per_day)
-    users = sorted({u for hours in per_day.values() for u in hours})
+    users = sorted({u for hours in per_day.values() for u in hours} | set(waited))
     members = [{"user": u,
                 "days": [round(per_day[d].get(u, 0.0), 2) for d in days],
-                "total": round(sum(per_day[d].get(u, 0.0) for d in days), 2)}
+                "total": round(sum(per_day[d].get(u, 0.0) for d in days), 2),
+                "waited_minutes": round(waited.get(u, 0.0), 1)}
                for u in users]
     members.sort(key=lambda m: (-m["total"], m["user"]))
     totals = {m["user"]: m["total"] for m in members}
@@ -115,6 +119,17 @@ class PrometheusUsage:
         days = month_days(month, now)
         hours = await asyncio.gather(*(self.gpu_hours(end, seconds) for _, end, seconds in days))
         return {day: h for (day, _, _), h in zip(days, hours, strict=True)}
+
+    async def waited(self, month: date, now: datetime) -> dict[str, float]:
+        """{user: minutes her servers waited in line} in *month* (until *now*)."""
+        days = month_days(month, now)
+        if not days:
+            return {}
+        start = datetime.combine(month, time(), UTC)
+        end = days[-1][1]
+        expr = waiting_minutes_query(int((end - start).total_seconds()))
+        return {s["metric"].get("user", ""): float(s["value"][1])
+                for s in await self._query(expr, end)}
 
 
 async def hub_groups(hub: HubApi) -> dict[str, list[str]]:
