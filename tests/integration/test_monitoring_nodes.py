@@ -238,4 +238,5 @@ def test_swarm_config_discovers_the_ready_gpu_nodes(exporters, docker_api, tmp_p
         assert [(n["node"], n["gpus"]) for n in view["nodes"]] == [("gpu-a", 2), ("gpu-b", 2)]
         # the rules load with this config
         rules = requests.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
-        assert {g["name"] for g in rules} == {"gpulab-gpus", "gpulab-exporter", "gpulab-usage"}
+        assert {g["name"] for g in rules} == {"gpulab-gpus", "gpulab-line", "gpulab-exporter",
+                                             "gpulab-usage"}
