@@ -301,6 +301,19 @@ def test_under_fair_share_who_used_fewer_gpu_hours_lately_goes_first(
     wait_for(lambda: server_ready(bob), 120, interval=0.5,
              what="bob, who used fewer GPU-hours, to be served first")
     assert hub.server_model(alice.name) is None and place(alice)[1] == 1
+    # dave, who never used a GPU either, asks after her and goes before her...
+    dave = lab_user("dave")
+    assert spawn(dave, {"gpus": 1, "wait": True}).status_code == 202
+    assert place(dave) == ("waiting", 1, 2) and place(alice) == ("waiting", 2, 2)
+    # ... until she has waited line.max_wait (the admin shortens it to 5 s): then her
+    # GPU-hours count as none, and she asked first
+    lab_config.write("gpus.yaml", ONE_GPU + "line: {order: fair_share, half_life: 10m, "
+                                            "max_wait: 5s}\n")
+    wait_for(lambda: place(alice) == ("waiting", 1, 2), 30, interval=1,
+             what="alice, who has waited out max_wait, to go before dave")
+    (mine,) = line_of(alice)
+    assert mine["max_wait_reached"] and mine["gpu_hours"] == 0.0, mine
+    assert place(dave) == ("waiting", 2, 2)
 
 
 def test_a_spent_hard_budget_refuses_gpus_until_it_renews_and_the_form_says_so(

@@ -8,6 +8,7 @@ the real hub, spawner and service are exercised by tests/integration/test_line.p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -428,6 +429,18 @@ users:
     # fair share without recent usage data: first come, first served (priorities stay)
     (ORDERED, None, ["cat", "ann", "bob", "dan"]),
     (ORDERED, Usage(None), ["cat", "ann", "bob", "dan"]),
+    # line.max_wait (default 1 day): ann, in line since 10, has waited it out at 86410:
+    # her GPU-hours count as none, and she joined first; bob and dan have not yet
+    (ORDERED, Usage({"ann": 5.0, "bob": 0.5, "dan": 0.5}, now=86410.0),
+     ["cat", "ann", "bob", "dan"]),
+    (ORDERED, Usage({"ann": 5.0, "bob": 0.5, "dan": 0.5}, now=86409.0),
+     ["cat", "bob", "dan", "ann"]),
+    # ... not when max_wait is 0, and never against priorities
+    (parse_gpus_config("line: {order: fair_share, max_wait: 0}\n"),
+     Usage({"ann": 5.0, "bob": 0.5, "dan": 0.5}, now=1e9), ["cat", "bob", "dan", "ann"]),
+    (parse_gpus_config("line: {order: fair_share, max_wait: 1m}\n"
+                       "users: {bob: {line_priority: 1}}\n"),
+     Usage({"ann": 5.0, "bob": 0.5, "dan": 0.5}, now=1e9), ["bob", "ann", "cat", "dan"]),
 ])
 def test_the_lines_order(config, usage, expected):
     from gpulab.line.order import ranked
@@ -435,6 +448,22 @@ def test_the_lines_order(config, usage, expected):
     entries = [entry(1, "ann", at=10), entry(2, "bob", at=20),
                entry(3, "cat", at=30, groups=["phd"]), entry(4, "dan", at=40)]
     assert [e.user for e in ranked(entries, config, usage)] == expected
+
+
+def test_admins_see_whose_gpu_hours_no_longer_count_after_max_wait(tmp_path):
+    import json
+
+    from gpulab.line import usage as line_usage
+    from gpulab.line.order import Standing, standing
+
+    config = parse_gpus_config("line: {order: fair_share, max_wait: 2h}\n")
+    # the hub's Usage keeps the clock it was read by, which max_wait counts on
+    path = tmp_path / "usage.json"
+    path.write_text(json.dumps({"at": 7000.0, "decayed": {"ann": 5.0}}))
+    usage = line_usage.read(path, 10.0 + 7200)
+    assert usage.now == 7210.0
+    assert standing(entry(1, "ann", at=10), config, usage) == Standing(0, 0.0, False, True)
+    assert standing(entry(1, "ann", at=11), config, usage) == Standing(0, 5.0, False, False)
 
 
 def test_an_entry_whose_turn_came_stays_first_whatever_its_standing():
@@ -524,7 +553,7 @@ async def test_the_line_service_writes_members_gpu_hours_under_fair_share(tmp_pa
     assert len(prometheus.asked) == 1
     prometheus.matrix = None  # Prometheus down: the file is left to grow old
     await line.check(now=1010.0)
-    assert len(prometheus.asked) == 2 and usage.read(tmp_path / "usage.json", 1010.0) == got
+    assert len(prometheus.asked) == 2 and usage.read(tmp_path / "usage.json", 1010.0) == replace(got, now=1010.0)
 
 
 # ---------------------------------------------------------------- budgets

@@ -33,6 +33,8 @@ Schema (every key optional; an empty or missing file means the defaults)::
                                # is stopped if she does not open it within this time
       order: first_come        # or fair_share: those who used fewer GPU-hours lately first
       half_life: 7d            # fair_share: GPU-hours this long ago count half
+      max_wait: 1d             # fair_share: after this long in line, her GPU-hours no
+                               # longer count against her (0: they always do)
       alert_after: 30m         # operators are alerted when someone has waited this long
                                # while a GPU sat idle (GpulabWaitingWhileGpuIdle); 0: never
 
@@ -108,7 +110,7 @@ _BUDGET_KEYS = ("gpu_hours", "per", "enforce")
 WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from the 1st)
 SOFT, HARD = "soft", "hard"  # spent: she waits behind the others in line / GPUs refused
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
-_LINE_KEYS = ("claim_window", "order", "half_life", "alert_after")
+_LINE_KEYS = ("claim_window", "order", "half_life", "max_wait", "alert_after")
 FIRST_COME, FAIR_SHARE = "first_come", "fair_share"  # line.order
 
 # Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
@@ -211,6 +213,8 @@ class Line:
     claim_window: int = 10 * 60
     order: str = "first_come"  # or "fair_share" (gpulab.line.order)
     half_life: int = 7 * 86400  # fair_share: seconds after which GPU-hours count half
+    # fair_share: seconds in line after which her GPU-hours count as none; 0: never
+    max_wait: int = 86400
     # seconds someone may wait while a GPU sits idle before operators are alerted; 0: never
     alert_after: int = 30 * 60
 
@@ -505,7 +509,8 @@ def _culling(r: _Reader, raw: Any) -> Culling:
 def _line(r: _Reader, raw: Any) -> Line:
     path: Path_ = ("line",)
     body = r.mapping(path, raw, _LINE_KEYS,
-                     "a mapping with claim_window:, order:, half_life: and alert_after:")
+                     "a mapping with claim_window:, order:, half_life:, max_wait: and "
+                     "alert_after:")
     default = Line()
     return Line(
         claim_window=r.check(path + ("claim_window",), _positive_seconds,
@@ -513,6 +518,8 @@ def _line(r: _Reader, raw: Any) -> Line:
         order=r.check(path + ("order",), _order, body.get("order", default.order)),
         half_life=r.check(path + ("half_life",), _positive_seconds,
                           body.get("half_life", default.half_life)),
+        max_wait=r.check(path + ("max_wait",), _seconds,
+                         body.get("max_wait", default.max_wait)),
         alert_after=r.check(path + ("alert_after",), _seconds,
                             body.get("alert_after", default.alert_after)),
     )

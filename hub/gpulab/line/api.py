@@ -49,7 +49,8 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
             # GPU-hours when the line is in fair share order (None otherwise)
             "priority": standing.priority if standing else 0,
             "gpu_hours": standing.gpu_hours if standing else None,
-            "over_budget": standing.over_budget if standing else False}
+            "over_budget": standing.over_budget if standing else False,
+            "max_wait_reached": standing.waited_out if standing else False}
 
 
 class LineAPIBase(APIHandler):

@@ -10,7 +10,9 @@
 4. ``fair_share`` only: fewer recent GPU-hours first. A member's GPU-hours are the GPUs
    she held, hour by hour, each hour weighted by one half for every ``line.half_life``
    since (:mod:`gpulab.line.usage`); without recent usage data the line falls back to
-   first come, first served, and says so;
+   first come, first served, and says so. Once an entry has waited ``line.max_wait``,
+   her GPU-hours no longer count (as if she had none), so fair share keeps nobody
+   waiting for ever;
 5. who joined first; then the entry's number.
 """
 
@@ -55,6 +57,7 @@ class Standing:
     priority: int
     gpu_hours: float | None  # her decayed GPU-hours; None: not ranked by use
     over_budget: bool = False  # her soft budget is spent: behind those within theirs
+    waited_out: bool = False  # waited line.max_wait: her GPU-hours count as none
 
 
 def standing(entry: Entry, config: GpusConfig | None, usage: Usage | None) -> Standing:
@@ -65,8 +68,10 @@ def standing(entry: Entry, config: GpusConfig | None, usage: Usage | None) -> St
     used = usage.used(entry.user, policy.budget.per) if policy.budget else None
     over = bool(policy.budget and used is not None and used >= policy.budget.gpu_hours)
     decayed = usage.decayed if config.line.order == FAIR_SHARE else None
-    return Standing(policy.line_priority,
-                    None if decayed is None else decayed.get(entry.user, 0.0), over)
+    hours = None if decayed is None else decayed.get(entry.user, 0.0)
+    waited_out = bool(hours is not None and config.line.max_wait and usage.now is not None
+                      and usage.now - entry.joined_at >= config.line.max_wait)
+    return Standing(policy.line_priority, 0.0 if waited_out else hours, over, waited_out)
 
 
 def ranked(entries: Iterable[Entry], config: GpusConfig | None = None,

@@ -35,6 +35,9 @@ PERIODS = (WEEK, MONTH)
 class Usage:
     decayed: Mapping[str, float] | None = None  # fair share's; None: none recent
     periods: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per -> user
+    # when it was read (epoch seconds): the clock fair share's line.max_wait counts by;
+    # None: nobody's wait counts
+    now: float | None = None
 
     def used(self, user: str, per: str) -> float | None:
         """Her GPU-hours this *per* (week or month); None when not known."""
@@ -96,6 +99,6 @@ def read(path: str | os.PathLike, now: float) -> Usage:
                    for per, p in (data.get("periods") or {}).items()
                    if per in PERIODS and float(p["start"]) == period_start(now, per)}
         return Usage({str(u): float(h) for u, h in decayed.items()}
-                     if decayed is not None else None, periods)
+                     if decayed is not None else None, periods, now)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return NONE
