@@ -349,3 +349,15 @@ async def test_the_reader_adds_the_line_in_its_order(exporter, tmp_path):
     assert [w["place"] for w in build_view(snap)["line"]] == [None, 1, 2, 3]
     # without a line file: no line
     assert (await SnapshotReader([ExporterSource(exporter)], max_age=0).read())["line"] == []
+
+
+async def test_an_unreadable_line_store_leaves_the_line_off_and_the_table_on(exporter, tmp_path):
+    """A line store the dashboard cannot open (here: a folder where the file should be)
+    costs the line's section, not the GPU table."""
+    from gpulab.line.view import line_in_order
+
+    (tmp_path / "line.sqlite").mkdir()
+    reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
+                            line=line_in_order(tmp_path / "line.sqlite", tmp_path / "gpus.yaml"))
+    snap = await reader.read()
+    assert snap["line"] == [] and len(snap["gpus"]) == 3

@@ -101,3 +101,10 @@ def test_alert_after_in_gpus_yaml(text, seconds):
 def test_a_bad_alert_after_is_a_clear_error_with_its_line():
     with pytest.raises(ConfigError, match=r"gpus.yaml:2: line.alert_after"):
         parse_gpus_config("# the line\nline: {alert_after: soon}\n")
+
+
+def test_an_unreadable_store_leaves_the_lines_families_out_and_the_rest_served(tmp_path):
+    (tmp_path / "line.sqlite").mkdir()  # a folder where the store should be
+    registry = CollectorRegistry()
+    metrics.register(tmp_path / "line.sqlite", tmp_path / "gpus.yaml", registry)
+    assert samples(registry) == {}  # no exception: the scrape still answers

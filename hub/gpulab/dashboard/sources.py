@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
@@ -47,6 +49,8 @@ PROMETHEUS_SERIES = '{__name__=~"gpulab_(gpu|exporter)_.+"} or up{job="gpulab-ex
 # When Prometheus last scraped the exporter (sample time, not evaluation time).
 PROMETHEUS_SCRAPED = "max(timestamp(gpulab_exporter_nvml_up))"
 
+
+log = logging.getLogger(__name__)
 
 class SourceUnreachable(Exception):
     """A source did not give a usable snapshot; the message says why, for the page."""
@@ -202,7 +206,18 @@ class SnapshotReader:
         snapshot, alerts = await asyncio.gather(read_first(self.sources),
                                                 read_alerts(self.alerts))
         return {**snapshot, **alerts, "cull_warnings": self.cull_warnings(),
-                "line": self.line() if self.line is not None else []}
+                "line": self.waiting()}
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """Who waits in line (none without a line file). An unreadable line store costs
+        the line's section, never the GPU table: it is logged and left out."""
+        if self.line is None:
+            return []
+        try:
+            return self.line()
+        except (OSError, sqlite3.Error) as e:
+            log.warning("the line's store cannot be read, leaving it off the page: %s", e)
+            return []
 
     def cull_warnings(self) -> list[dict[str, Any]]:
         """The GPU culler's standing warnings (its notices file; none without one)."""

@@ -24,7 +24,9 @@ without touching Prometheus.
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -37,6 +39,8 @@ from gpulab.line.order import Entry
 from gpulab.line.store import line_store
 
 __all__ = ["LineCollector", "families", "register"]
+
+log = logging.getLogger(__name__)
 
 
 def families(entries: Sequence[Entry], config: GpusConfig, now: float) -> list[Metric]:
@@ -78,8 +82,15 @@ class LineCollector:
         self.line_path, self.gpus_path, self.now = line_path, gpus_path, now
 
     def collect(self) -> Iterator[Metric]:
+        """The families; none while the store cannot be read (logged), so that the hub's
+        own metrics are still served."""
         config = live_config.gpus_or_defaults(self.gpus_path)
-        yield from families(line_store(self.line_path).entries(), config, self.now())
+        try:
+            entries = line_store(self.line_path).entries()
+        except (OSError, sqlite3.Error) as e:
+            log.warning("the line's store cannot be read, its metrics are left out: %s", e)
+            return
+        yield from families(entries, config, self.now())
 
     def describe(self) -> Iterable[Metric]:
         return []  # collected at each scrape, never at registration
