@@ -47,7 +47,7 @@ def test_waiting_and_offered_servers_with_how_long_each_has_waited():
         ("gpulab_line_wait_seconds", (("server", "big"), ("state", "offered"), ("user", "bob"))): 900.0,
         ("gpulab_line_wait_seconds", (("server", ""), ("state", "waiting"), ("user", "cy"))): 30.0,
         ("gpulab_line_alert_after_seconds", ()): 1800.0,  # the default: 30 minutes
-        ("gpulab_gpu_idle_below_ratio", ()): 0.05,
+        ("gpulab_line_idle_below_ratio", ()): 0.05,
     }
 
 
@@ -55,7 +55,7 @@ def test_an_empty_line_is_zero_and_alert_after_0_exports_no_limit():
     config = parse_gpus_config("line: {alert_after: 0}\nculling: {idle_below: 10}\n")
     got = samples(as_registry(metrics.families([], config, NOW)))
     assert got == {("gpulab_line_waiting", ()): 0.0, ("gpulab_line_offered", ()): 0.0,
-                   ("gpulab_gpu_idle_below_ratio", ()): 0.1}
+                   ("gpulab_line_idle_below_ratio", ()): 0.1}
 
 
 def test_a_clock_behind_a_join_never_makes_a_negative_wait():

@@ -49,8 +49,8 @@ PROMETHEUS_SERIES = '{__name__=~"gpulab_(gpu|exporter)_.+"} or up{job="gpulab-ex
 # When Prometheus last scraped the exporter (sample time, not evaluation time).
 PROMETHEUS_SCRAPED = "max(timestamp(gpulab_exporter_nvml_up))"
 
-
 log = logging.getLogger(__name__)
+
 
 class SourceUnreachable(Exception):
     """A source did not give a usable snapshot; the message says why, for the page."""

@@ -14,8 +14,9 @@ at each scrape. The hub registers it, so the families ride on the hub's own
     how long each entry has been in line (``state``: ``waiting`` or ``offered``);
 ``gpulab_line_alert_after_seconds``
     gpus.yaml's ``line.alert_after`` (absent when 0: never);
-``gpulab_gpu_idle_below_ratio``
-    gpus.yaml's ``culling.idle_below``.
+``gpulab_line_idle_below_ratio``
+    gpus.yaml's ``culling.idle_below`` (named for the line's alert that reads it: the
+    ``gpulab_gpu_*`` names are the exporter's, one series per GPU).
 
 ``GpulabWaitingWhileGpuIdle`` (monitoring/prometheus/alerts.yml) compares the last
 three with the exporter's utilization, so an admin changes the limit in gpus.yaml,
@@ -65,7 +66,7 @@ def families(entries: Sequence[Entry], config: GpusConfig, now: float) -> list[M
             "before operators are alerted.")
         limit.add_metric([], config.line.alert_after)
         out.append(limit)
-    idle = GaugeMetricFamily("gpulab_gpu_idle_below_ratio",
+    idle = GaugeMetricFamily("gpulab_line_idle_below_ratio",
                              "gpus.yaml's culling.idle_below: utilization under which a "
                              "GPU counts as idle.")
     idle.add_metric([], config.culling.idle_below)
