@@ -67,12 +67,17 @@ COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-comp
 # group: they run as nobody in that group, not root.
 export GPULAB_DOCKER_SOCKET ?= /var/run/docker.sock
 export GPULAB_DOCKER_GID = $(shell stat -c %g $(GPULAB_DOCKER_SOCKET) 2>/dev/null || echo 0)
+# Backups (gpulab.backup, docs/operations.md#backups): a restic repository in
+# GPULAB_BACKUP_DIR (a local path: a disk of its own, or a mounted NAS), encrypted with
+# secrets/backup-password. The backup service reads this engine's volumes folder.
+export GPULAB_BACKUP_DIR ?= /var/backups/gpulab
+export GPULAB_DOCKER_VOLUMES = $(or $(shell docker info --format '{{.DockerRootDir}}' 2>/dev/null),/var/lib/docker)/volumes
 # BUILD_IMAGES=no: use the images already on this engine (built elsewhere and loaded).
 BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: backup backups restore help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -80,6 +85,8 @@ help:
 	@echo "make swarm-node    on each GPU server of that Swarm: gpulab-netguard and its GPU exporter"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
+	@echo "make backup        back up the running lab now (restic, into GPULAB_BACKUP_DIR=$(GPULAB_BACKUP_DIR))"
+	@echo "make backups       list the backups;  make restore [SNAPSHOT=id]: put one back, the lab stopped"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
@@ -92,7 +99,7 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token; do \
+	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token backup-password; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
@@ -139,6 +146,7 @@ endif
 up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
+	@install -d -m 700 "$(GPULAB_BACKUP_DIR)"
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Containers that read files only at start are labelled with the files' hashes, so
 	@# that Compose recreates them when the files change: Prometheus (config and rules),
@@ -196,6 +204,21 @@ down:
 
 logs:
 	@$(COMPOSE) logs -f hub
+
+# One backup now (the scheduled ones: gpulab.yaml backup.every), of the running lab.
+backup:
+	@[ "$$(docker inspect -f '{{.State.Running}}' gpulab-backup 2>/dev/null)" = true ] || { \
+	  echo "[gpulab] gpulab-backup is not running: make up first (a backup is made of the running lab)" >&2; exit 1; }
+	@docker exec gpulab-backup gpulab-backup now | sed 's/^/[gpulab] /'
+	@echo "[gpulab] in $(GPULAB_BACKUP_DIR); keep a copy of secrets/backup-password away from this machine: no backup can be read without it"
+
+# Put a backup back (SNAPSHOT=latest or an ID from `make backups`), the lab stopped; then
+# `make up`. CONFIRM=yes replaces volumes that hold data.
+restore: images
+	@scripts/restore.sh "$(or $(SNAPSHOT),latest)" "$(CONFIRM)"
+
+backups:
+	@scripts/restore.sh --list
 
 check-config: venv
 	@$(VENV)/bin/gpulab config check config/gpulab.yaml config/gpus.yaml

@@ -88,6 +88,12 @@ def _bool(value: Any) -> bool:
     return value
 
 
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a whole number, 0 or more, got {value!r}")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"expected a positive whole number, got {value!r}")
@@ -224,6 +230,26 @@ SETTINGS: tuple[Setting, ...] = (
             "GPU servers, shared homes); servers go wherever GPUs are free."),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),
+    Setting("backup.every", parse_duration, 86400,
+            "How often gpulab-backup backs up the lab (homes, the hub's databases, "
+            "config/, secrets/, Prometheus' data) into its restic repository "
+            "(GPULAB_BACKUP_DIR, docs/operations.md): this long after the last good "
+            "backup, or after the service started when there is none yet. 0: only when "
+            "an admin runs `make backup`. Example: 12h"),
+    Setting("backup.keep_daily", _count, 7,
+            "How many daily backups to keep (the newest of each day); older ones are "
+            "forgotten and their data pruned after each backup. Example: 14"),
+    Setting("backup.keep_weekly", _count, 4,
+            "How many weekly backups to keep besides the daily ones. Example: 8"),
+    Setting("backup.keep_monthly", _count, 12,
+            "How many monthly backups to keep besides the weekly ones. Example: 24"),
+    Setting("backup.alert_after", parse_duration, 2 * 86400,
+            "Alert the operators (GpulabBackupTooOld) when the last good backup is older "
+            "than this; 0 turns the alert off. Example: 36h"),
+    Setting("backup.datasets", _bool, False,
+            "Back up the shared datasets volume (spawn.datasets_volume) too. Off by "
+            "default: datasets are large and usually fetched again from where they came "
+            "from. Example: true"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -239,4 +239,4 @@ def test_swarm_config_discovers_the_ready_gpu_nodes(exporters, docker_api, tmp_p
         # the rules load with this config
         rules = requests.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
         assert {g["name"] for g in rules} == {"gpulab-gpus", "gpulab-line", "gpulab-exporter",
-                                             "gpulab-usage"}
+                                             "gpulab-usage", "gpulab-backup"}

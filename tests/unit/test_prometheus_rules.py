@@ -17,7 +17,8 @@ needs_promtool = pytest.mark.skipif(
     reason="promtool not installed (apt-get install --no-install-recommends prometheus)",
 )
 ALERTS = {"GpulabGpuAllocatedIdle", "GpulabGpuMemoryNearlyFull", "GpulabGpuTemperatureHigh",
-          "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown", "GpulabWaitingWhileGpuIdle"}
+          "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown", "GpulabWaitingWhileGpuIdle",
+          "GpulabBackupTooOld", "GpulabBackupFailed", "GpulabBackupServiceDown"}
 
 
 def promtool(*args, cwd=PROM):
@@ -72,6 +73,8 @@ def test_config_scrapes_exporter_and_hub():
     assert hub["metrics_path"] == "/hub/metrics"
     assert hub["static_configs"][0]["targets"] == ["gpulab-hub:8081"]
     assert hub["authorization"]["credentials_file"] == "/etc/prometheus/secrets/metrics-token"
+    # the backup service, by its Compose service name on gpulab-monitoring
+    assert jobs["gpulab-backup"]["static_configs"][0]["targets"] == ["backup:9446"]
     assert config["rule_files"] == ["alerts.yml", "usage.yml"]
 
 

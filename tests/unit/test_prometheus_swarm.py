@@ -40,7 +40,9 @@ def test_swarm_config_differs_only_in_how_exporters_are_found():
     assert {k: v for k, v in swarm.items() if k != "scrape_configs"} == \
         {k: v for k, v in single.items() if k != "scrape_configs"}
     assert jobs(swarm)["gpulab-hub"] == jobs(single)["gpulab-hub"]
-    assert set(jobs(swarm)) == set(jobs(single)) == {"gpulab-exporter", "gpulab-hub"}
+    assert jobs(swarm)["gpulab-backup"] == jobs(single)["gpulab-backup"]
+    assert set(jobs(swarm)) == set(jobs(single)) == {"gpulab-exporter", "gpulab-hub",
+                                                     "gpulab-backup"}
 
 
 def test_swarm_exporter_job_discovers_ready_nodes_through_the_read_only_proxy():

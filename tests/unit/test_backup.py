@@ -1,0 +1,181 @@
+"""gpulab.backup's decisions (what a backup holds, restic's commands, the schedule, where
+a restore puts each part), its metrics, and the sqlite online copy against a writer."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpulab.backup import plan
+from gpulab.backup.metrics import BackupCollector, families
+from gpulab.backup.run import copy_sqlite, restic_time
+from gpulab.settings import defaults
+
+PRESENT = ["gpulab-hub-data", "gpulab-home-ann", "gpulab-home-bob", "gpulab-prometheus-data",
+           "gpulab-datasets", "gpulab-last-good", "gpulab-ssh-data", "gpulab-alertmanager-data",
+           "gpulab-restore-scratch", "someone-elses", "4f2a9c0b1e"]
+
+
+def test_a_backup_holds_the_stack_volumes_and_every_home_not_prometheus_or_strangers():
+    assert plan.volumes_to_back_up(PRESENT, "gpulab-home-{username}", "gpulab-datasets") == [
+        "gpulab-alertmanager-data", "gpulab-home-ann", "gpulab-home-bob", "gpulab-hub-data",
+        "gpulab-last-good", "gpulab-ssh-data"]
+
+
+def test_datasets_only_when_asked_and_homes_follow_the_template():
+    got = plan.volumes_to_back_up(PRESENT, "lab-{username}-home", "gpulab-datasets",
+                                  datasets=True)
+    assert "gpulab-datasets" in got
+    assert not any(v.startswith("gpulab-home-") for v in got)
+    assert plan.home_prefix("lab-{username}-home") == "lab-"
+
+
+def test_paths_and_the_live_databases_excluded():
+    paths = plan.backup_paths(["gpulab-hub-data", "gpulab-home-ann"], with_prometheus=True)
+    assert paths == ["/volumes/gpulab-hub-data/_data", "/volumes/gpulab-home-ann/_data",
+                     "/staging", "/srv/gpulab/config", "/srv/gpulab/secrets",
+                     "/prometheus-data/snapshots/gpulab-backup"]
+    command = plan.backup_command(paths)
+    assert command[:2] == ["restic", "backup"] and command[-len(paths):] == paths
+    assert "/volumes/gpulab-hub-data/_data/*.sqlite" in command
+    assert "/volumes/gpulab-hub-data/_data/*.sqlite-journal" in command
+    assert plan.PROMETHEUS_SNAPSHOT not in plan.backup_paths(["gpulab-hub-data"], False)
+    assert plan.sqlite_files(["a.sqlite", "a.sqlite-journal", "cookie", "b.sqlite"]) == [
+        "a.sqlite", "b.sqlite"]
+
+
+def test_forget_keeps_what_the_settings_say_grouped_by_host_only():
+    command = plan.forget_command(plan.Keep.from_settings(defaults()))
+    assert command[:3] == ["restic", "forget", "--prune"]
+    # paths change as members come and go: grouping by paths would keep every backup
+    assert command[command.index("--group-by") + 1] == "host"
+    assert command[command.index("--keep-daily") + 1] == "7"
+    assert command[command.index("--keep-monthly") + 1] == "12"
+    assert plan.forget_command(plan.Keep(0, 0, 0)) is None
+
+
+def test_restic_summary_is_read_from_its_json_output():
+    output = "\n".join([
+        json.dumps({"message_type": "status", "percent_done": 0.5}),
+        "not json",
+        json.dumps({"message_type": "summary", "snapshot_id": "bcde3620",
+                    "total_files_processed": 12, "total_bytes_processed": 3000,
+                    "data_added": 1751, "total_duration": 0.2}),
+    ])
+    s = plan.parse_summary(output)
+    assert (s.snapshot, s.files, s.processed_bytes, s.added_bytes) == ("bcde3620", 12, 3000, 1751)
+    with pytest.raises(ValueError, match="no summary"):
+        plan.parse_summary(json.dumps({"message_type": "status"}))
+
+
+DAY = 86400
+
+
+def test_schedule_counts_from_the_last_good_backup_or_the_service_start():
+    assert not plan.due(DAY - 1, {}, watched_since=0, every=DAY)
+    assert plan.due(DAY, {}, watched_since=0, every=DAY)
+    ok = {"last_success": 5 * DAY, "last_attempt": 5 * DAY, "last_attempt_ok": True}
+    assert not plan.due(6 * DAY - 1, ok, watched_since=0, every=DAY)
+    assert plan.due(6 * DAY, ok, watched_since=0, every=DAY)
+    assert not plan.due(10 * DAY, ok, watched_since=0, every=0)
+
+
+def test_a_failed_attempt_is_tried_again_after_the_retry_not_at_once():
+    failed = {"last_success": 0, "last_attempt": DAY, "last_attempt_ok": False}
+    assert not plan.due(DAY + 899, failed, watched_since=0, every=DAY)
+    assert plan.due(DAY + 900, failed, watched_since=0, every=DAY)
+    # a schedule shorter than the retry is not slowed down by it
+    assert plan.due(DAY + 60, failed, watched_since=0, every=60)
+
+
+def test_each_part_of_a_snapshot_goes_back_where_it_came_from():
+    paths = plan.backup_paths(["gpulab-hub-data", "gpulab-home-ann"], with_prometheus=True)
+    got = {p.source: (p.volume, p.host_dir) for p in plan.placements(paths)}
+    assert got == {
+        "/volumes/gpulab-hub-data/_data": ("gpulab-hub-data", None),
+        "/volumes/gpulab-home-ann/_data": ("gpulab-home-ann", None),
+        "/staging/gpulab-hub-data": ("gpulab-hub-data", None),
+        "/srv/gpulab/config": (None, "config"),
+        "/srv/gpulab/secrets": (None, "secrets"),
+        "/prometheus-data/snapshots/gpulab-backup": ("gpulab-prometheus-data", None),
+    }
+    assert plan.volumes_of(paths) == ["gpulab-home-ann", "gpulab-hub-data",
+                                      "gpulab-prometheus-data"]
+    with pytest.raises(ValueError, match="does not back up: /etc"):
+        plan.placements(["/etc"])
+
+
+def test_restic_times_keep_their_nanoseconds_apart():
+    assert restic_time("2026-12-02T22:41:24.193604658Z") == pytest.approx(1796251284.193604)
+    assert restic_time("2026-12-02T22:41:24Z") == 1796251284.0
+    assert restic_time("2026-12-02T23:41:24.5+01:00") == 1796251284.5
+    assert restic_time("2026-12-02T17:41:24-05:00") == 1796251284.0
+
+
+def _metrics(status, alert_after=7200.0):
+    registry = CollectorRegistry()
+    registry.register(BackupCollector(lambda: status, lambda: alert_after, watched_since=100.0))
+    return generate_latest(registry).decode()
+
+
+def test_metrics_before_any_backup_say_since_when_only():
+    text = _metrics({})
+    assert "gpulab_backup_watched_since_timestamp_seconds 100.0" in text
+    assert "gpulab_backup_alert_after_seconds 7200.0" in text
+    assert "gpulab_backup_last_success_timestamp_seconds" not in text
+    assert "gpulab_backup_last_attempt_success" not in text
+
+
+def test_metrics_of_a_good_and_of_a_failed_backup():
+    good = {"last_success": 500.0, "last_attempt": 500.0, "last_attempt_ok": True,
+            "last_duration": 12.5, "processed_bytes": 4096, "added_bytes": 1024,
+            "repository_bytes": 9000, "snapshots": 3}
+    text = _metrics(good)
+    for line in ("gpulab_backup_last_success_timestamp_seconds 500.0",
+                 "gpulab_backup_last_attempt_success 1.0",
+                 "gpulab_backup_last_duration_seconds 12.5",
+                 "gpulab_backup_last_processed_bytes 4096.0",
+                 "gpulab_backup_last_added_bytes 1024.0",
+                 "gpulab_backup_repository_bytes 9000.0", "gpulab_backup_snapshots 3.0"):
+        assert line in text
+    failed = dict(good, last_attempt=900.0, last_attempt_ok=False)
+    assert "gpulab_backup_last_attempt_success 0.0" in _metrics(failed)
+    # alert_after 0: the alert is off, its series absent
+    assert "gpulab_backup_alert_after_seconds" not in _metrics(good, alert_after=0)
+    assert {f.name for f in families({}, 0, 1.0)} == {"gpulab_backup_watched_since_timestamp_seconds"}
+
+
+def test_online_copy_of_a_database_being_written_is_a_whole_database(tmp_path):
+    source, copy = tmp_path / "hub.sqlite", tmp_path / "copy.sqlite"
+    with sqlite3.connect(source) as db:
+        db.execute("CREATE TABLE t (n INTEGER)")
+    stop = threading.Event()
+
+    def writer():
+        db = sqlite3.connect(source, timeout=30)
+        n = 0
+        while not stop.is_set():
+            with db:  # one transaction: ten rows at once, never five
+                db.executemany("INSERT INTO t VALUES (?)", [(n,)] * 10)
+            n += 1
+            stop.wait(0.001)
+        db.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(5):
+            copy_sqlite(source, copy)
+            with sqlite3.connect(copy) as db:
+                assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+                rows = db.execute("SELECT count(*) FROM t").fetchone()[0]
+            assert rows % 10 == 0
+        assert rows > 0
+    finally:
+        stop.set()
+        thread.join()
+    assert copy.stat().st_mode & 0o777 == 0o600
