@@ -245,9 +245,10 @@ test-unit: venv
 # exercised end to end.
 # The test stack also runs Prometheus at GPULAB_SCRAPE_SECONDS=2 (a lab's: 15) and the
 # exporter's polls at 1 s, so that what waits on samples waits seconds, not minutes (the
-# unit tests run with neither: they test a lab's values).
+# unit tests run with neither: they test a lab's values). Its backups go to a repository
+# of this checkout's: each clone's secrets/backup-password opens its own.
 TEST_STACK = GPULAB_EXPORTER_FLAGS="$(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2" \
-  GPULAB_SCRAPE_SECONDS=2
+  GPULAB_SCRAPE_SECONDS=2 GPULAB_BACKUP_DIR=$(CURDIR)/.test-backups
 test: venv lint test-unit
 	@$(TEST_STACK) $(MAKE) --no-print-directory test-host up
 	@$(TEST_STACK) scripts/test-integration.sh

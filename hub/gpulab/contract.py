@@ -82,11 +82,14 @@ INFRA_CONTAINERS = (
     "gpulab-prometheus",
     "gpulab-alertmanager",
     "gpulab-ssh",
+    "gpulab-backup",
 )
 
 # The stack's own volumes: no user's home volume may ever be given one of these names.
 INFRA_VOLUMES = ("gpulab-hub-data", "gpulab-prometheus-data", "gpulab-alertmanager-data",
-                 "gpulab-ssh-data", "gpulab-datasets", "gpulab-last-good")
+                 "gpulab-ssh-data", "gpulab-datasets", "gpulab-last-good",
+                 # `make restore`'s scratch volume (gpulab.backup.restore), while it runs
+                 "gpulab-restore-scratch")
 
 # JupyterHub service names.
 DASHBOARD_SERVICE = "gpus"  # the operators' GPU dashboard and the admins' lease page

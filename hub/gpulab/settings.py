@@ -236,6 +236,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(GPULAB_BACKUP_DIR, docs/operations.md): this long after the last good "
             "backup, or after the service started when there is none yet. 0: only when "
             "an admin runs `make backup`. Example: 12h"),
+    Setting("backup.keep_last", _count, 3,
+            "How many of the newest backups to keep whatever their day: a backup made "
+            "by hand before an upgrade outlives the scheduled one that follows it the "
+            "same day. Example: 5"),
     Setting("backup.keep_daily", _count, 7,
             "How many daily backups to keep (the newest of each day); older ones are "
             "forgotten and their data pruned after each backup. Example: 14"),

@@ -60,7 +60,8 @@ class SwarmLab:
         sock = str(node.paths.socket)
         variables = {"BUILD_IMAGES": "no", "GPULAB_CONFIG": str(self.root / "config"),
                      "DOCKER_HOST": f"unix://{sock}", "GPULAB_DOCKER_SOCKET": sock,
-                     "GPULAB_DOCKER_EXEC_ROOT": str(node.paths.exec), **variables}
+                     "GPULAB_DOCKER_EXEC_ROOT": str(node.paths.exec),
+                     "GPULAB_BACKUP_DIR": str(self.root / "backups"), **variables}
         out = subprocess.run(
             ["nsenter", f"--net=/run/netns/{node.plan.netns}", "--",
              "make", "-C", str(REPO), "--no-print-directory", target,

@@ -89,7 +89,9 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     hc = info["HostConfig"]
     assert hc["ReadonlyRootfs"] is True, name
     assert hc["CapDrop"] == ["ALL"], name
-    assert (hc["CapAdd"] or []) == (["NET_ADMIN"] if name == "gpulab-netguard" else []), name
+    # netguard: its firewall rules; gpulab-backup: reading every member's files
+    extra = {"gpulab-netguard": ["NET_ADMIN"], "gpulab-backup": ["DAC_OVERRIDE"]}
+    assert (hc["CapAdd"] or []) == extra.get(name, []), name
     # Docker adds label=disable (no SELinux label) to the exporter, which needs the host's
     # PID namespace to map NVML's host PIDs to containers.
     expected = ["no-new-privileges:true"] + (["label=disable"] if hc["PidMode"] == "host" else [])
@@ -97,8 +99,9 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     assert hc["PidMode"] == ("host" if name == "gpulab-exporter" else ""), name
     assert hc["Privileged"] is False and not hc["Devices"], name
     user = info["Config"]["User"]
-    if name in ("gpulab-hub", "gpulab-netguard"):
-        # root without capabilities (the hub owns its volume and secrets) / NET_ADMIN only
+    if name in ("gpulab-hub", "gpulab-netguard", "gpulab-backup"):
+        # root without capabilities (the hub owns its volume and secrets) / with the one
+        # capability above
         assert user in ("", "0", "root"), (name, user)
     else:
         assert user not in ("", "0", "root") and not user.startswith("0:"), (name, user)
@@ -111,9 +114,13 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
         assert sockets == {}, (name, mounts)
     assert not any(src in ("/", "/run", "/var/run") for src, _ in mounts.values()), mounts
     # Host paths are mounted read-only; only named volumes (the hub's database,
-    # Prometheus' data) are writable.
-    assert all(not rw for src, rw in mounts.values() if src.startswith("/")
-               and "/volumes/" not in src), (name, mounts)
+    # Prometheus' data) are writable, and the backup repository by gpulab-backup.
+    writable = {d for d, (src, rw) in mounts.items() if rw and src.startswith("/")
+                and "/volumes/" not in src}
+    assert writable == ({"/backup"} if name == "gpulab-backup" else set()), (name, mounts)
+    if name == "gpulab-backup":
+        # every volume of the engine, to read homes as members come and go: read-only
+        assert mounts["/volumes"] == ("/var/lib/docker/volumes", False), mounts
 
 
 def test_similar_usernames_get_distinct_containers_and_volumes(hub, lab_user):

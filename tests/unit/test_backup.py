@@ -55,7 +55,9 @@ def test_forget_keeps_what_the_settings_say_grouped_by_host_only():
     assert command[command.index("--group-by") + 1] == "host"
     assert command[command.index("--keep-daily") + 1] == "7"
     assert command[command.index("--keep-monthly") + 1] == "12"
-    assert plan.forget_command(plan.Keep(0, 0, 0)) is None
+    # a backup by hand before an upgrade is not forgotten for the nightly one that day
+    assert command[command.index("--keep-last") + 1] == "3"
+    assert plan.forget_command(plan.Keep(0, 0, 0, 0)) is None
 
 
 def test_restic_summary_is_read_from_its_json_output():

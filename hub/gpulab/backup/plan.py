@@ -92,22 +92,23 @@ def backup_command(paths: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Keep:
+    last: int = 3
     daily: int = 7
     weekly: int = 4
     monthly: int = 12
 
     @classmethod
     def from_settings(cls, settings: Mapping) -> Keep:
-        return cls(settings["backup.keep_daily"], settings["backup.keep_weekly"],
-                   settings["backup.keep_monthly"])
+        return cls(settings["backup.keep_last"], settings["backup.keep_daily"],
+                   settings["backup.keep_weekly"], settings["backup.keep_monthly"])
 
 
 def forget_command(keep: Keep) -> list[str] | None:
     """restic's forget-and-prune for *keep*; None when it keeps everything (all 0)."""
-    if not (keep.daily or keep.weekly or keep.monthly):
+    if not (keep.last or keep.daily or keep.weekly or keep.monthly):
         return None
     return ["restic", "forget", "--prune", "--quiet", "--host", HOST, "--tag", TAG,
-            "--group-by", "host",
+            "--group-by", "host", "--keep-last", str(keep.last),
             "--keep-daily", str(keep.daily), "--keep-weekly", str(keep.weekly),
             "--keep-monthly", str(keep.monthly)]
 

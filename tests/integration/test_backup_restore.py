@@ -1,0 +1,117 @@
+"""`make backup` of the running lab, then the machine wiped and `make restore`: the lab
+comes back as it was when backed up (gpulab.backup, docs/operations.md#backups).
+
+"Wiped" is what a fresh machine has: no Docker volume of gpulab's (hub database, login
+tokens, homes, Prometheus' history, the last good settings, ...) and no secrets/. Only
+the repository and a copy of its password are kept, as an admin keeps them elsewhere.
+Then, from outside: the member signs in with her old login token in Chromium, her file
+is in her home, Prometheus answers the same for a time before the backup, the same
+secrets are back (the SSH host key members trust among them), and the server that ran
+during the backup is known not to run.
+
+It takes the whole stack down, so it is marked ``stack_restart`` (after every other
+test) and brings the stack up again whatever happens.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from gpulab.backup.plan import volumes_to_back_up
+
+from .browser import submit_login
+from .stack import REPO, docker, exporter_flags, make, wait_for
+
+pytestmark = pytest.mark.stack_restart
+
+HISTORY = 'count_over_time(up{job="gpulab-hub"}[5m])'
+
+
+def history_at(moment: float) -> str:
+    """Prometheus' answer to HISTORY at *moment* (a time before the backup)."""
+    return docker("exec", "gpulab-prometheus", "promtool", "query", "instant",
+                  f"--time={moment:.3f}", "http://127.0.0.1:9090", HISTORY)
+
+
+def repository() -> str:
+    """The backup repository the running gpulab-backup writes to (GPULAB_BACKUP_DIR)."""
+    mounts = json.loads(docker("inspect", "gpulab-backup"))[0]["Mounts"]
+    return next(m["Source"] for m in mounts if m["Destination"] == "/backup")
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    compared = filecmp.dircmp(a, b)
+    if compared.left_only or compared.right_only or compared.diff_files or compared.funny_files:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, compared.common_files, shallow=False)
+    return not mismatch and not errors and all(
+        same_tree(a / d, b / d) for d in compared.common_dirs)
+
+
+def test_a_backup_of_the_running_lab_restores_onto_a_wiped_machine(hub, lab_user, new_page,
+                                                                   tmp_path):
+    user = lab_user("saved")
+    user.start_server()  # running while it is backed up: homes are read live
+    note = f"chapter 1 of {user.name}'s thesis\n"
+    r = user.api("PUT", "/contents/thesis.txt",
+                 json={"type": "file", "format": "text", "content": note})
+    assert r.status_code in (200, 201), r.text
+    moment = time.time() - 4
+    before = history_at(moment)
+    assert "=>" in before, before
+
+    flags, repo = exporter_flags(), repository()
+    env = {"GPULAB_BACKUP_DIR": repo}
+    out = make("backup", flags, **env)
+    assert "backup " in out and user.home_volume in out, out
+    assert "not whole" not in out, out
+    # Prometheus sees it (job gpulab-backup): the last attempt backed up everything
+    wait_for(lambda: "=> 1 @" in docker("exec", "gpulab-prometheus", "promtool", "query",
+                                       "instant", "http://127.0.0.1:9090",
+                                       "gpulab_backup_last_attempt_success"),
+             30, what="Prometheus to scrape the backup's metrics")
+
+    password = tmp_path / "backup-password"
+    shutil.copy(REPO / "secrets" / "backup-password", password)
+    secrets, secrets_before = REPO / "secrets", tmp_path / "secrets-before"
+    restored = False
+    try:
+        make("down", flags, **env)
+        present = docker("volume", "ls", "-q").split()
+        wiped = volumes_to_back_up(present, "gpulab-home-{username}") + ["gpulab-prometheus-data"]
+        assert user.home_volume in wiped
+        docker("volume", "rm", *wiped)
+        shutil.move(secrets, secrets_before)
+
+        out = make("restore", flags, GPULAB_BACKUP_PASSWORD_FILE=str(password), **env)
+        restored = True
+        assert "restored; make up starts the lab on it" in out, out
+        assert f"-> {user.home_volume}" in out, out
+        assert same_tree(secrets_before, secrets), "secrets/ came back different"
+    finally:
+        if not restored and secrets_before.exists() and not secrets.exists():
+            shutil.move(secrets_before, secrets)
+        make("up", flags, **env)  # on failure too: the stack is up for whoever is next
+        wait_for(hub.is_ready, 120, what="the hub to answer after make up")
+
+    # her old login token, in a browser
+    page = new_page()
+    response = submit_login(page, user.name, user.token, next_url="/hub/home")
+    assert response.status == 200 and urlsplit(page.url).path == "/hub/home", page.url
+    # the server that ran during the backup does not run on this machine, and the hub
+    # knows it
+    wait_for(lambda: hub.server_model(user.name) is None, 60,
+             what=f"the hub to see that {user.name}'s server is not running")
+    # the same history for a time before the backup
+    assert history_at(moment) == before
+    # her home, in a new server
+    user.start_server()
+    r = user.api("GET", "/contents/thesis.txt", params={"content": "1", "format": "text"})
+    assert r.status_code == 200 and r.json()["content"] == note, r.text
