@@ -209,7 +209,7 @@ logs:
 backup:
 	@[ "$$(docker inspect -f '{{.State.Running}}' gpulab-backup 2>/dev/null)" = true ] || { \
 	  echo "[gpulab] gpulab-backup is not running: make up first (a backup is made of the running lab)" >&2; exit 1; }
-	@docker exec gpulab-backup gpulab-backup now | sed 's/^/[gpulab] /'
+	@set -o pipefail; docker exec gpulab-backup gpulab-backup now | sed 's/^/[gpulab] /'
 	@echo "[gpulab] in $(GPULAB_BACKUP_DIR); keep a copy of secrets/backup-password away from this machine: no backup can be read without it"
 
 # Put a backup back (SNAPSHOT=latest or an ID from `make backups`), the lab stopped; then

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
+import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -115,3 +118,65 @@ def test_a_backup_of_the_running_lab_restores_onto_a_wiped_machine(hub, lab_user
     user.start_server()
     r = user.api("GET", "/contents/thesis.txt", params={"content": "1", "format": "text"})
     assert r.status_code == 200 and r.json()["content"] == note, r.text
+
+
+def prometheus_says(expr: str) -> str:
+    return docker("exec", "gpulab-prometheus", "promtool", "query", "instant",
+                  "http://127.0.0.1:9090", expr)
+
+
+def alert_state(name: str) -> str:
+    """*name*'s state in Prometheus' rule manager ("firing", "pending"; "" when inactive):
+    what it sends to Alertmanager. (The ALERTS series can outlive a Prometheus restart by
+    its lookback, five minutes, with no rule evaluation to mark it stale.)"""
+    return docker("exec", "gpulab-hub", "python3", "-c", (
+        "import json, urllib.request\n"
+        "alerts = json.load(urllib.request.urlopen("
+        "'http://prometheus:9090/api/v1/alerts', timeout=10))['data']['alerts']\n"
+        f"print(' '.join(a['state'] for a in alerts if a['labels']['alertname'] == {name!r}))"))
+
+
+def last_success() -> float:
+    """The last good backup's time, as operators see it in Prometheus (0: none)."""
+    out = prometheus_says("gpulab_backup_last_success_timestamp_seconds")
+    return float(out.split("=>")[1].split("@")[0]) if "=>" in out else 0.0
+
+
+def test_the_schedule_backs_up_by_itself(hub, lab_config):
+    """An admin sets backup.every in gpulab.yaml; the service backs up on it, unasked."""
+    before = last_success()
+    original = lab_config.original("gpulab.yaml")
+    lab_config.write("gpulab.yaml", original + "\nbackup:\n  every: 5s\n")
+    try:
+        newer = wait_for(lambda: last_success() > before and last_success(), 90,
+                         interval=1, what="a scheduled backup to show in Prometheus")
+        assert newer > before
+    finally:
+        lab_config.write("gpulab.yaml", original)
+
+
+def test_a_backup_without_prometheus_keeps_the_rest_says_why_and_alerts(hub, lab_config):
+    """Prometheus down during `make backup`: the homes and databases are backed up, make
+    says what is missing and fails, and once Prometheus is back GpulabBackupFailed fires;
+    the next good backup ends it."""
+    flags, env = exporter_flags(), {"GPULAB_BACKUP_DIR": repository()}
+    docker("stop", "gpulab-prometheus")
+    try:
+        out = subprocess.run(["make", "-s", "backup"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300,
+                             env={**os.environ, "GPULAB_EXPORTER_FLAGS": flags, **env})
+    finally:
+        docker("start", "gpulab-prometheus")
+    said = out.stdout + out.stderr
+    assert out.returncode != 0, said
+    assert "but not whole: Prometheus at http://prometheus:9090 made no snapshot" in said, said
+    # the rest is in a backup of its own
+    made = re.search(r"\[gpulab\] backup (\w+): \d+ files", said)
+    assert made, said
+    listed = docker("exec", "gpulab-backup", "gpulab-backup", "list")
+    assert made.group(1) in listed, listed
+    wait_for(lambda: alert_state("GpulabBackupFailed") == "firing", 120, interval=1,
+             what="GpulabBackupFailed to fire once Prometheus is back")
+    make("backup", flags, **env)
+    wait_for(lambda: alert_state("GpulabBackupFailed") == "", 60, interval=1,
+             what="GpulabBackupFailed to end after a good backup")
