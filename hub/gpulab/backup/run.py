@@ -50,6 +50,10 @@ def last_words(done: subprocess.CompletedProcess) -> str:
 def restic(*args: str) -> str:
     """Run ``restic ARGS``; its standard output, or BackupError with its last words."""
     done = run_restic(*args)
+    if done.returncode != 0 and "wrong password" in done.stderr:
+        raise BackupError("the backup repository does not open with this password: give "
+                          "the one of the lab that made it (its secrets/backup-password; "
+                          "make restore reads GPULAB_BACKUP_PASSWORD_FILE)")
     if done.returncode != 0:
         raise BackupError(f"{' '.join(args[:2])} failed (exit {done.returncode}): "
                           f"{last_words(done)}")
@@ -62,9 +66,10 @@ def ensure_repository() -> bool:
                            check=False)
     if probe.returncode == 0:
         return False
-    if "wrong password" in probe.stderr or "no key found" in probe.stderr:
+    if "wrong password" in probe.stderr:
         raise BackupError("the backup repository does not open with secrets/backup-password "
-                          "(another lab's repository, or the password was changed)")
+                          "(another lab's repository, or the password was changed): give "
+                          "this lab a repository of its own (GPULAB_BACKUP_DIR)")
     restic("restic", "init")
     log.info("made the backup repository %s", os.environ.get("RESTIC_REPOSITORY", "?"))
     return True
