@@ -180,3 +180,47 @@ def test_a_backup_without_prometheus_keeps_the_rest_says_why_and_alerts(hub, lab
     make("backup", flags, **env)
     wait_for(lambda: alert_state("GpulabBackupFailed") == "", 60, interval=1,
              what="GpulabBackupFailed to end after a good backup")
+
+
+def test_a_full_backup_disk_fails_the_backup_says_why_alerts_and_harms_no_one(hub, lab_user,
+                                                                             tmp_path):
+    """The backup repository's disk nearly full (a 4 MiB filesystem the test makes,
+    filled but for 5 %): `make backup` fails saying so, GpulabDiskNearlyFull names the
+    backup disk and GpulabBackupFailed fires, and members go on working."""
+    flags, repo = exporter_flags(), repository()
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(small)],
+                   check=True, timeout=30)
+    try:
+        (small / "filler").write_bytes(bytes(3_900_000))
+        make("up", flags, GPULAB_BACKUP_DIR=str(small))  # gpulab-backup on the small disk
+        out = subprocess.run(["make", "-s", "backup"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300,
+                             env={**os.environ, "GPULAB_EXPORTER_FLAGS": flags,
+                                  "GPULAB_BACKUP_DIR": str(small)})
+        said = out.stdout + out.stderr
+        assert out.returncode != 0 and "no space left on device" in said, said
+        wait_for(lambda: alert_state("GpulabBackupFailed") == "firing", 60, interval=1,
+                 what="GpulabBackupFailed to fire")
+        wait_for(lambda: alert_state("GpulabDiskNearlyFull") == "firing", 60, interval=1,
+                 what="GpulabDiskNearlyFull to fire for the backup disk")
+        disks = prometheus_says('ALERTS{alertname="GpulabDiskNearlyFull",alertstate="firing"}')
+        assert 'disk="backup"' in disks, disks
+        # the volumes' disk as the host sees it
+        host = os.statvfs(json.loads(docker("volume", "inspect", "gpulab-hub-data"))[0]
+                          ["Mountpoint"])
+        size = prometheus_says('gpulab_filesystem_size_bytes{disk="volumes"}')
+        assert f"=> {host.f_blocks * host.f_frsize} @" in size, size
+        # nobody else is harmed: a member starts her server and saves her work
+        user = lab_user("unharmed")
+        user.start_server()
+        r = user.api("PUT", "/contents/saved.txt",
+                     json={"type": "file", "format": "text", "content": "still saving\n"})
+        assert r.status_code in (200, 201), r.text
+    finally:
+        make("up", flags, GPULAB_BACKUP_DIR=repo)
+        subprocess.run(["umount", str(small)], check=True, timeout=30)
+    make("backup", flags, GPULAB_BACKUP_DIR=repo)
+    wait_for(lambda: alert_state("GpulabBackupFailed") == "", 60, interval=1,
+             what="GpulabBackupFailed to end after a good backup")

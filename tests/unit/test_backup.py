@@ -181,3 +181,23 @@ def test_online_copy_of_a_database_being_written_is_a_whole_database(tmp_path):
         stop.set()
         thread.join()
     assert copy.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_disks_the_lab_fills_are_measured_by_name(tmp_path):
+    from gpulab.backup.metrics import disk_usage
+
+    got = disk_usage({"backup": str(tmp_path), "gone": str(tmp_path / "missing")})
+    assert set(got) == {"backup"}  # one it cannot read is left out, not an error
+    size, avail = got["backup"]
+    assert 0 < avail <= size
+    text = generate_latest(_registry_with_disks({"backup": str(tmp_path)})).decode()
+    sizes = [line for line in text.splitlines()
+             if line.startswith('gpulab_filesystem_size_bytes{disk="backup"}')]
+    assert [float(line.split()[-1]) for line in sizes] == [float(size)]
+    assert 'gpulab_filesystem_avail_bytes{disk="backup"}' in text
+
+
+def _registry_with_disks(disks):
+    registry = CollectorRegistry()
+    registry.register(BackupCollector(lambda: {}, lambda: 0, watched_since=1.0, disks=disks))
+    return registry

@@ -47,7 +47,7 @@ def produced_by_the_hub() -> set[str]:
                     "processed_bytes": 1, "added_bytes": 1, "repository_bytes": 1,
                     "snapshots": 1}
     return ({f.name for f in families([Entry(1, "ann", "", 1, 0.0)], parse_gpus_config(""), 1.0)}
-            | {f.name for f in backup_families(every_figure, 1.0, 1.0)})
+            | {f.name for f in backup_families(every_figure, 1.0, 1.0, {"backup": (2, 1)})})
 
 
 def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produces(produced):

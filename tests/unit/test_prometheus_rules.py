@@ -18,7 +18,8 @@ needs_promtool = pytest.mark.skipif(
 )
 ALERTS = {"GpulabGpuAllocatedIdle", "GpulabGpuMemoryNearlyFull", "GpulabGpuTemperatureHigh",
           "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown", "GpulabWaitingWhileGpuIdle",
-          "GpulabBackupTooOld", "GpulabBackupFailed", "GpulabBackupServiceDown"}
+          "GpulabBackupTooOld", "GpulabBackupFailed", "GpulabBackupServiceDown",
+          "GpulabDiskNearlyFull"}
 
 
 def promtool(*args, cwd=PROM):

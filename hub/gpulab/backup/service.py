@@ -4,6 +4,7 @@ and the metrics of the last one on ``--port`` for Prometheus."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,9 @@ from gpulab.backup.run import (
 from gpulab.settings import ConfigError, Settings, defaults
 
 log = logging.getLogger(__name__)
+
+# Where docker-compose.yml mounts GPULAB_BACKUP_DIR (RESTIC_REPOSITORY).
+REPOSITORY = os.environ.get("RESTIC_REPOSITORY", "/backup")
 
 
 def current_settings(config: Path) -> Settings:
@@ -77,7 +81,8 @@ def serve(config: Path, port: int, prometheus_url: str | None, poll: float = 10)
     recover_status()
     registry = CollectorRegistry()
     registry.register(BackupCollector(
-        read_status, lambda: current_settings(config)["backup.alert_after"], watched_since))
+        read_status, lambda: current_settings(config)["backup.alert_after"], watched_since,
+        disks={"volumes": plan.VOLUMES, "backup": REPOSITORY}))
     start_http_server(port, registry=registry)
     log.info("gpulab-backup: metrics on :%d; backing up as %s says (backup.every)",
              port, config)
