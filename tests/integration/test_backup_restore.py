@@ -224,3 +224,32 @@ def test_a_full_backup_disk_fails_the_backup_says_why_alerts_and_harms_no_one(hu
     make("backup", flags, GPULAB_BACKUP_DIR=repo)
     wait_for(lambda: alert_state("GpulabBackupFailed") == "", 60, interval=1,
              what="GpulabBackupFailed to end after a good backup")
+
+
+def test_a_backup_killed_midway_leaves_no_lock_that_fails_the_next(hub):
+    """`docker kill` of gpulab-backup while restic runs (a crash, an OOM kill, a reboot)
+    leaves restic's lock in the repository; restarted, the next backup works at once
+    (restic would refuse to prune for 30 minutes: seen before the fix)."""
+    flags, repo = exporter_flags(), repository()
+    env = {**os.environ, "GPULAB_EXPORTER_FLAGS": flags, "GPULAB_BACKUP_DIR": repo}
+    locks = Path(repo) / "locks"
+    left = []
+    for _ in range(5):  # until the kill lands while restic holds a lock
+        wait_for(lambda: docker("inspect", "-f", "{{.State.Running}}",
+                                "gpulab-backup") == "true", 30, what="gpulab-backup to run")
+        backup = subprocess.Popen(["make", "-s", "backup"], cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not any(locks.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        docker("kill", "gpulab-backup")
+        backup.wait(timeout=60)
+        left = list(locks.iterdir())
+        docker("start", "gpulab-backup")
+        if left:
+            break
+    assert left, "no kill landed while restic held the repository"
+    wait_for(lambda: docker("inspect", "-f", "{{.State.Running}}", "gpulab-backup") == "true",
+             30, what="gpulab-backup to run again")
+    out = make("backup", flags, GPULAB_BACKUP_DIR=repo)
+    assert "not whole" not in out, out

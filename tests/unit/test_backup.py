@@ -109,6 +109,10 @@ def test_each_part_of_a_snapshot_goes_back_where_it_came_from():
                                       "gpulab-prometheus-data"]
     with pytest.raises(ValueError, match="does not back up: /etc"):
         plan.placements(["/etc"])
+    # nothing outside the volumes folder, whatever a snapshot's paths say
+    for odd in ("/volumes/../_data", "/volumes/.hidden/_data", "/volumes/a/b/_data"):
+        with pytest.raises(ValueError, match="does not back up"):
+            plan.placements([odd])
 
 
 def test_restic_times_keep_their_nanoseconds_apart():
@@ -155,7 +159,7 @@ def test_online_copy_of_a_database_being_written_is_a_whole_database(tmp_path):
     source, copy = tmp_path / "hub.sqlite", tmp_path / "copy.sqlite"
     with sqlite3.connect(source) as db:
         db.execute("CREATE TABLE t (n INTEGER)")
-    stop = threading.Event()
+    stop, wrote = threading.Event(), threading.Event()
 
     def writer():
         db = sqlite3.connect(source, timeout=30)
@@ -163,6 +167,7 @@ def test_online_copy_of_a_database_being_written_is_a_whole_database(tmp_path):
         while not stop.is_set():
             with db:  # one transaction: ten rows at once, never five
                 db.executemany("INSERT INTO t VALUES (?)", [(n,)] * 10)
+            wrote.set()
             n += 1
             stop.wait(0.001)
         db.close()
@@ -170,6 +175,7 @@ def test_online_copy_of_a_database_being_written_is_a_whole_database(tmp_path):
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        assert wrote.wait(30)
         for _ in range(5):
             copy_sqlite(source, copy)
             with sqlite3.connect(copy) as db:
@@ -201,3 +207,19 @@ def _registry_with_disks(disks):
     registry = CollectorRegistry()
     registry.register(BackupCollector(lambda: {}, lambda: 0, watched_since=1.0, disks=disks))
     return registry
+
+
+def test_one_backup_at_a_time_waits_a_little_then_says_why(tmp_path, monkeypatch):
+    import time as clock
+
+    from gpulab.backup import run
+
+    monkeypatch.setattr(run, "STATE_DIR", tmp_path)
+    with run.one_at_a_time():
+        started = clock.monotonic()
+        with pytest.raises(run.BackupError, match="a backup is running already"):
+            with run.one_at_a_time(wait=0.5):
+                pass
+        assert clock.monotonic() - started >= 0.5
+    with run.one_at_a_time(wait=0.5):  # free again
+        pass

@@ -19,6 +19,7 @@ A restore (:mod:`gpulab.backup.restore`) puts each back where it came from.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -169,12 +170,17 @@ class Placement:
     host_dir: str | None = None
 
 
+# Docker's rule for volume names: a restore creates and writes nothing else.
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")
+
+
 def placements(paths: Iterable[str]) -> list[Placement]:
     """Where each of a snapshot's *paths* (restic's list) goes back to on restore."""
     out = []
     for path in paths:
         p = PurePosixPath(path)
-        if p.parent.parent == PurePosixPath(VOLUMES) and p.name == "_data":
+        if p.parent.parent == PurePosixPath(VOLUMES) and p.name == "_data" \
+                and _VOLUME_NAME.fullmatch(p.parent.name) and p.parent.name != "..":
             out.append(Placement(path, volume=p.parent.name))
         elif path == STAGING:
             out.append(Placement(f"{STAGING}/{HUB_VOLUME}", volume=HUB_VOLUME))

@@ -177,14 +177,21 @@ def write_status(status: Mapping[str, Any]) -> None:
 
 
 @contextmanager
-def one_at_a_time() -> Iterator[None]:
+def one_at_a_time(wait: float = 0) -> Iterator[None]:
+    """This container's one backup (or lock clearing) at a time; waits up to *wait*
+    seconds for the one that runs (the service's start clears locks for a second)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait
     with open(STATE_DIR / "lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BackupError("a backup is running already; try again when it is done") \
-                from None
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise BackupError("a backup is running already; try again when it "
+                                      "is done") from None
+                time.sleep(0.2)
         yield
 
 
@@ -197,8 +204,11 @@ def back_up(settings: Mapping[str, Any], prometheus_url: str | None) -> dict[str
     status.update(last_attempt=started)
     problems: list[str] = []
     try:
-        with one_at_a_time():
+        with one_at_a_time(wait=30):
             ensure_repository()
+            # a lock that a killed restic left (an OOM kill, a crash) would fail every
+            # prune after it for 30 minutes: no other restic of ours runs now
+            restic("restic", "unlock")
             stage_databases()
             with_prometheus = False
             if prometheus_url:

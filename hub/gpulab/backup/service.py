@@ -18,10 +18,13 @@ from gpulab.backup.metrics import BackupCollector
 from gpulab.backup.run import (
     BackupError,
     back_up,
+    last_words,
     latest_snapshot,
+    one_at_a_time,
     read_status,
     repository_facts,
     restic_time,
+    run_restic,
     write_status,
 )
 from gpulab.settings import ConfigError, Settings, defaults
@@ -40,6 +43,20 @@ def current_settings(config: Path) -> Settings:
     except ConfigError as e:
         log.error("%s; backing up with the default settings meanwhile", e)
         return defaults()
+
+
+def clear_locks() -> None:
+    """At the service's start, nothing of this container can hold the repository: the
+    locks of a restic killed with the last one (docker kill, a reboot mid-backup) go.
+    (The repository is this lab's backup service's alone; `make restore` runs only while
+    the lab, this service with it, is down.)"""
+    try:
+        with one_at_a_time():  # not under a `make backup` that already runs
+            done = run_restic("restic", "unlock", "--remove-all")
+    except BackupError:
+        return  # that backup clears stale locks itself
+    if done.returncode != 0 and "unable to open config file" not in done.stderr:
+        log.warning("cannot clear the repository's locks: %s", last_words(done))
 
 
 def recover_status() -> None:
@@ -78,6 +95,7 @@ def run_once(settings: Mapping[str, Any], prometheus_url: str | None) -> bool:
 
 def serve(config: Path, port: int, prometheus_url: str | None, poll: float = 10) -> None:
     watched_since = time.time()
+    clear_locks()
     recover_status()
     registry = CollectorRegistry()
     registry.register(BackupCollector(
