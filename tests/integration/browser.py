@@ -160,6 +160,24 @@ def jupyterlab_shows(page, timeout_ms: float) -> bool:
 NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
 
 
+def goto_through_network_changes(page, url: str, tries: int = 3):
+    """``page.goto(url)``, opened again (up to *tries* times, with a warning) only when
+    Chromium aborted it with net::ERR_NETWORK_CHANGED: it drops navigations in flight
+    when this host's interfaces change, and the other lanes of make test start and stop
+    containers (veths) all the time. Any other error, a refused certificate included,
+    is raised at once."""
+    from playwright.sync_api import Error
+
+    for attempt in range(tries):
+        try:
+            return page.goto(url)
+        except Error as e:
+            if NETWORK_CHANGED not in str(e) or attempt == tries - 1:
+                raise
+            warnings.warn(f"{url}: {NETWORK_CHANGED}; opened it again", stacklevel=2)
+            page.wait_for_timeout(1000)  # let the error page commit
+
+
 class FailedRequests:
     """The requests a page lost, with Chromium's reason (``requestfailed``)."""
 

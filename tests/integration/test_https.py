@@ -33,6 +33,7 @@ from .browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
     FailedRequests,
+    goto_through_network_changes,
     lab_shows_or_reload_once,
     screenshot,
     wait_for_lab_url,
@@ -235,7 +236,8 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
         untrusting = chromium(p, tmp_path_factory.mktemp("untrusting-home"))
         try:
             with pytest.raises(Error, match="ERR_CERT_AUTHORITY_INVALID"):
-                untrusting.new_page().goto(f"{URL}/hub/login")
+                # (retried only if a lane's veth aborted it: CI saw ERR_NETWORK_CHANGED)
+                goto_through_network_changes(untrusting.new_page(), f"{URL}/hub/login")
         finally:
             untrusting.close()
 
@@ -244,7 +246,7 @@ def test_chromium_signs_in_over_https_with_the_ca_trusted(https_stack, trusting_
             page = browser.new_page()
             trouble = Trouble(page)
             failed = FailedRequests(page)
-            page.goto(f"http://{HOST}/hub/login")  # typed without https://
+            goto_through_network_changes(page, f"http://{HOST}/hub/login")  # no https://
             assert page.url.startswith(f"{URL}"), page.url
             assert page.evaluate("window.isSecureContext") is True
             assert "hidden" in page.get_attribute("#insecure-login-warning", "class")
@@ -424,15 +426,17 @@ def test_a_members_page_cannot_act_as_an_admin_who_opens_it(https_stack, trustin
             try:
                 page = browser.new_page()
                 # to her home page, not her lab: the test starts no server of the admin's
-                page.goto(f"{URL}/hub/login?next=%2Fhub%2Fhome")
+                goto_through_network_changes(page, f"{URL}/hub/login?next=%2Fhub%2Fhome")
                 page.fill("#username_input", admin)
                 page.fill("#password_input", tokens[admin][0])
                 with page.expect_navigation():
                     page.click("#login_submit")
-                page.goto(f"{URL}/services/gpus/members")  # signed in to the dashboard too
+                # signed in to the dashboard too
+                goto_through_network_changes(page, f"{URL}/services/gpus/members")
                 assert page.locator("#member-table").count() == 1, page.content()[:500]
                 link = f"https://{mallory}.{HOST}/user/{mallory}/proxy/8765/"
-                page.goto(link)  # the admin opens the link the member sent her
+                # the admin opens the link the member sent her
+                goto_through_network_changes(page, link)
                 # JupyterHub first asks her to let mallory's server identify her (her
                 # server is not the admin's own); she clicks Authorize, as people do.
                 assert "/hub/api/oauth2/authorize" in page.url, page.url
