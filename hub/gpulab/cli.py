@@ -3,6 +3,8 @@
     gpulab config check [FILE...]       validate config/gpulab.yaml and config/gpus.yaml
     gpulab config describe              every setting, its default and what it does
     gpulab config get KEY [FILE]        one setting's value, checked (scripts: true/false)
+    gpulab config changes --from OLD    what changed since the version that printed OLD
+                                        with describe (used by `make upgrade`)
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
     gpulab token revoke USER TOKEN_ID [--stop-server]
@@ -123,6 +125,27 @@ def _cmd_config_get(args) -> int:
 
 def _cmd_config_describe(args) -> int:
     print(describe())
+    return 0
+
+
+def _cmd_config_changes(args) -> int:
+    """What changes from the version whose describe output is in --from to this one."""
+    from gpulab.upgrade import config_changes, parse_describe
+    from gpulab.yamlfile import read_yaml
+
+    old_text = sys.stdin.read() if args.old == "-" else Path(args.old).read_text()
+    try:
+        old = parse_describe(old_text)
+    except ValueError as e:
+        print(f"error: {args.old}: {e}", file=sys.stderr)
+        return 1
+    try:
+        set_here = {".".join(path) for path, _ in read_yaml(args.file).leaves()}
+    except (ConfigError, OSError):
+        set_here = set()  # config check says why; nothing set is the cautious reading
+    lines = config_changes(old, parse_describe(describe()), set_here)
+    for line in lines or ["no setting was added or removed, and no default changed"]:
+        print(line)
     return 0
 
 
@@ -254,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "good version there is a warning, not an error")
     check.set_defaults(func=_cmd_config_check)
     csub.add_parser("describe", help="list every setting").set_defaults(func=_cmd_config_describe)
+    changes = csub.add_parser("changes", help="what changed since another version: new "
+                                               "settings, changed defaults, removed ones")
+    changes.add_argument("--from", dest="old", required=True, metavar="FILE",
+                         help="what the other version's `gpulab config describe` printed "
+                              "(- for standard input)")
+    changes.add_argument("file", nargs="?", default=DEFAULT_CONFIG,
+                         help="the lab's gpulab.yaml: which changed defaults reach it")
+    changes.set_defaults(func=_cmd_config_changes)
     get = csub.add_parser("get", help="print one setting's value (checked)")
     get.add_argument("key", help="e.g. hub.swarm")
     get.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
