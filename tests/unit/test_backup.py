@@ -34,6 +34,14 @@ def test_datasets_only_when_asked_and_homes_follow_the_template():
     assert plan.home_prefix("lab-{username}-home") == "lab-"
 
 
+def test_a_stopped_prometheus_is_backed_up_as_its_volume_and_restored_into_it():
+    got = plan.volumes_to_back_up(PRESENT, "gpulab-home-{username}", prometheus=True)
+    assert "gpulab-prometheus-data" in got
+    paths = plan.backup_paths(got, with_prometheus=False)
+    assert plan.PROMETHEUS_SNAPSHOT not in paths
+    assert "gpulab-prometheus-data" in plan.volumes_of(paths)
+
+
 def test_paths_and_the_live_databases_excluded():
     paths = plan.backup_paths(["gpulab-hub-data", "gpulab-home-ann"], with_prometheus=True)
     assert paths == ["/volumes/gpulab-hub-data/_data", "/volumes/gpulab-home-ann/_data",

@@ -1,7 +1,8 @@
 """gpulab-backup: back up the lab, serve the backup's metrics, restore a backup.
 
   gpulab-backup serve    the service: scheduled backups (gpulab.yaml backup.*), metrics
-  gpulab-backup now      one backup now (`make backup`), its summary printed
+  gpulab-backup now      one backup now (`make backup`; `make upgrade` with
+                         --prometheus-stopped), its summary printed
   gpulab-backup list     the repository's backups
   gpulab-backup volumes  the Docker volumes a backup restores into (for scripts/restore.sh)
   gpulab-backup restore  put a backup back, the lab stopped (`make restore`)
@@ -35,7 +36,7 @@ def _size(n: float) -> str:
 def _now(args: argparse.Namespace) -> int:
     from gpulab.backup.run import read_status
 
-    ok = run_once(current_settings(CONFIG), args.prometheus_url)
+    ok = run_once(current_settings(CONFIG), args.prometheus_url, args.prometheus_stopped)
     status = read_status()
     if not ok:
         print(f"gpulab-backup: backup failed: {status.get('last_error')}", file=sys.stderr)
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=lambda a: serve(CONFIG, a.port, a.prometheus_url))
     p = sub.add_parser("now", help="one backup now")
     p.add_argument("--prometheus-url", default=prometheus)
+    p.add_argument("--prometheus-stopped", action="store_true",
+                   help="Prometheus is stopped (make upgrade): back up its volume as it "
+                        "lies instead of asking it for a snapshot")
     p.set_defaults(run=_now)
     p = sub.add_parser("list", help="the repository's backups")
     p.set_defaults(run=_list)

@@ -54,14 +54,17 @@ def home_prefix(home_volume: str) -> str:
 
 
 def volumes_to_back_up(present: Iterable[str], home_volume: str,
-                       datasets_volume: str = "", datasets: bool = False) -> list[str]:
+                       datasets_volume: str = "", datasets: bool = False,
+                       prometheus: bool = False) -> list[str]:
     """The volumes of *present* (the engine's volume names) that a backup holds, sorted:
     the stack's own, every home (named by *home_volume*'s template), and the datasets
-    volume when *datasets*. Prometheus' is not among them: its snapshot is."""
+    volume when *datasets*. Prometheus' only when *prometheus* (it is stopped): while it
+    runs, its snapshot is backed up instead."""
     prefix = home_prefix(home_volume)
     wanted = []
     for name in present:
         if name in STACK_VOLUMES or (prefix and name.startswith(prefix)) \
+                or (prometheus and name == PROMETHEUS_VOLUME) \
                 or (datasets and datasets_volume and name == datasets_volume):
             wanted.append(name)
     return sorted(set(wanted))

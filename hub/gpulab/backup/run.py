@@ -195,10 +195,13 @@ def one_at_a_time(wait: float = 0) -> Iterator[None]:
         yield
 
 
-def back_up(settings: Mapping[str, Any], prometheus_url: str | None) -> dict[str, Any]:
+def back_up(settings: Mapping[str, Any], prometheus_url: str | None,
+            prometheus_stopped: bool = False) -> dict[str, Any]:
     """One whole backup, then the old ones forgotten as the settings keep; the status
     (written for the metrics too). A part that fails (Prometheus not answering) leaves
-    the rest backed up and the attempt marked failed, with why."""
+    the rest backed up and the attempt marked failed, with why. *prometheus_stopped*:
+    Prometheus is stopped (``make upgrade``; an older gpulab's has no snapshot API), so
+    its volume is backed up as it lies, like any other."""
     started = time.time()
     status = read_status()
     status.update(last_attempt=started)
@@ -211,7 +214,7 @@ def back_up(settings: Mapping[str, Any], prometheus_url: str | None) -> dict[str
             restic("restic", "unlock")
             stage_databases()
             with_prometheus = False
-            if prometheus_url:
+            if prometheus_url and not prometheus_stopped:
                 try:
                     prometheus_snapshot(prometheus_url)
                     with_prometheus = True
@@ -219,7 +222,8 @@ def back_up(settings: Mapping[str, Any], prometheus_url: str | None) -> dict[str
                     problems.append(str(e))
             volumes = plan.volumes_to_back_up(
                 present_volumes(), settings["spawn.home_volume"],
-                settings["spawn.datasets_volume"], settings["backup.datasets"])
+                settings["spawn.datasets_volume"], settings["backup.datasets"],
+                prometheus=prometheus_stopped)
             try:
                 done = run_restic(*plan.backup_command(plan.backup_paths(volumes,
                                                                          with_prometheus)))

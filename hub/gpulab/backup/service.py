@@ -77,9 +77,10 @@ def recover_status() -> None:
     write_status(status)
 
 
-def run_once(settings: Mapping[str, Any], prometheus_url: str | None) -> bool:
+def run_once(settings: Mapping[str, Any], prometheus_url: str | None,
+             prometheus_stopped: bool = False) -> bool:
     try:
-        status = back_up(settings, prometheus_url)
+        status = back_up(settings, prometheus_url, prometheus_stopped)
     except BackupError as e:
         log.error("backup failed: %s", e)
         return False
