@@ -77,7 +77,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -87,6 +87,7 @@ help:
 	@echo "make logs          follow the hub's log"
 	@echo "make backup        back up the running lab now (restic, into GPULAB_BACKUP_DIR=$(GPULAB_BACKUP_DIR))"
 	@echo "make backups       list the backups;  make restore [SNAPSHOT=id]: put one back, the lab stopped"
+	@echo "make upgrade       after git pull: back up, migrate and start this version; make upgrade-back: the one before"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
@@ -159,6 +160,8 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
+	@# which version runs, for make upgrade's way back
+	@git rev-parse --short HEAD > .gpulab-running 2>/dev/null || rm -f .gpulab-running
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
 
@@ -220,6 +223,14 @@ restore: images
 backups:
 	@scripts/restore.sh --list
 
+# After git pull: back up, migrate and start this version, keeping everything
+# (docs/operations.md#upgrading); upgrade-back: the version before, as it was.
+upgrade:
+	@COMPOSE="$(COMPOSE)" scripts/upgrade.sh
+
+upgrade-back:
+	@COMPOSE="$(COMPOSE)" scripts/upgrade.sh --back
+
 check-config: venv
 	@$(VENV)/bin/gpulab config check config/gpulab.yaml config/gpus.yaml
 
@@ -252,6 +263,11 @@ TEST_STACK = GPULAB_EXPORTER_FLAGS="$(if $(HAS_NVIDIA),,--fake-gpus 2) --interva
 test: venv lint test-unit
 	@$(TEST_STACK) $(MAKE) --no-print-directory test-host up
 	@$(TEST_STACK) scripts/test-integration.sh
+
+# make upgrade from an older gpulab (GPULAB_UPGRADE_FROM, a commit) to this checkout's
+# HEAD, in a clone on this engine; it takes the engine's stack (make up brings it back).
+test-upgrade: venv docker
+	@$(VENV)/bin/pytest -q -p no:cacheprovider tests/upgrade
 
 # Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
 # nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh).

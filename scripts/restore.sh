@@ -17,7 +17,8 @@ password=${GPULAB_BACKUP_PASSWORD_FILE:-secrets/backup-password}
 config=${GPULAB_CONFIG:-$PWD/config}
 [ -f "$repo/config" ] || die "no backup repository in $repo (GPULAB_BACKUP_DIR): copy the lab's there first"
 [ -s "$password" ] || die "$password is missing: put the lab's secrets/backup-password there (or set GPULAB_BACKUP_PASSWORD_FILE); no backup can be read without it"
-docker image inspect gpulab/hub:latest >/dev/null 2>&1 || die "gpulab/hub:latest is not on this Docker engine: make images"
+image=${GPULAB_HUB_IMAGE:-gpulab/hub:latest}  # make upgrade-back: the newer version's tools
+docker image inspect "$image" >/dev/null 2>&1 || die "$image is not on this Docker engine: make images"
 volumes_dir="$(docker info --format '{{.DockerRootDir}}')/volumes"
 install -d -m 700 secrets
 
@@ -29,7 +30,7 @@ in_hub_image() {
     -e RESTIC_CACHE_DIR=/tmp/restic-cache \
     -v "$repo:/backup" -v "$(realpath "$password"):/run/backup-password:ro" \
     -v "$volumes_dir:/volumes" -v "$config:/srv/gpulab/config" -v "$PWD/secrets:/srv/gpulab/secrets" \
-    --entrypoint gpulab-backup gpulab/hub:latest "$@"
+    --entrypoint gpulab-backup "$image" "$@"
 }
 
 if [ "${1:-}" = --list ]; then in_hub_image list; exit; fi
