@@ -130,8 +130,11 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
 
     # The lab as it was used: an admin's edit, members with login tokens, a home, history.
     settings = lab / "config" / "gpulab.yaml"
-    settings.write_text(settings.read_text().replace(
-        "hub:\n  admins: [admin]\n", "hub:\n  admins: [admin]\n  idle_timeout: 2h\n", 1))
+    text = settings.read_text()
+    assert "\n  admins: [admin]\n" in text, text
+    settings.write_text(text.replace("\n  admins: [admin]\n",
+                                     "\n  admins: [admin]\n  idle_timeout: 2h\n", 1))
+    line = settings.read_text().splitlines().index("  idle_timeout: 2h") + 1
     wait_for(lambda: docker("exec", "gpulab-hub", "gpulab", "config", "get",
                             "hub.idle_timeout") == "7200", 30, what="the edit to be read")
     name = f"upg-{os.urandom(3).hex()}"
@@ -156,7 +159,7 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
     settings.write_text(edited.replace("  idle_timeout: 2h\n", "  idle_timeout: 2 hours\n"))
     said = lab_make(lab, "upgrade", ok=False)
     assert "refuses this lab's configuration" in said, said
-    assert "gpulab.yaml:3" in said and "hub.idle_timeout" in said, said
+    assert f"gpulab.yaml:{line}" in said and "hub.idle_timeout" in said, said
     assert "the old version still runs, unchanged" in said, said
     assert docker("inspect", "-f", "{{.Id}}", "gpulab-hub") == old_hub
     assert docker("image", "inspect", "-f", "{{.Id}}", "gpulab/hub:latest") == \
