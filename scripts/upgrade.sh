@@ -23,7 +23,10 @@ images=(hub exporter prometheus singleuser)
 docker info >/dev/null 2>&1 || die "the Docker engine is not answering (scripts/ensure-docker.sh starts it)"
 
 image_of() {  # the image the container $1 runs, else what gpulab/$2:latest is now
-  docker inspect -f '{{.Image}}' "$1" 2>/dev/null || docker image inspect -f '{{.Id}}' "gpulab/$2:latest" 2>/dev/null || true
+  local id
+  id=$(docker container inspect -f '{{.Image}}' "$1" 2>/dev/null) \
+    || id=$(docker image inspect -f '{{.Id}}' "gpulab/$2:latest" 2>/dev/null) || id=
+  echo "$id"
 }
 tag_all() {  # tag_all FROM TO: gpulab/NAME:FROM -> gpulab/NAME:TO for each image there
   for name in "${images[@]}"; do
@@ -60,7 +63,7 @@ running=$(docker ps -q --filter name='^gpulab-hub$')
 say "upgrading from ${before} to ${now}$([ -n "$running" ] || echo ' (the lab is stopped)')"
 
 # 1. The images that run now are kept as :previous, for the way back.
-for pair in gpulab-hub:hub gpulab-exporter:exporter gpulab-prometheus:prometheus x:singleuser; do
+for pair in gpulab-hub:hub gpulab-exporter:exporter gpulab-prometheus:prometheus -:singleuser; do
   id=$(image_of "${pair%%:*}" "${pair##*:}")
   if [ -n "$id" ]; then docker tag "$id" "gpulab/${pair##*:}:previous"; fi
 done

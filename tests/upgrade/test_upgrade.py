@@ -6,7 +6,7 @@ backups and make upgrade existed) is the lab's checkout: its own `make up` build
 starts the older version on this Docker engine, from fresh volumes. An admin edits
 config/gpulab.yaml, issues members login tokens with the older CLI, a member writes a
 file into her home and leaves her server running, Prometheus records history. Then, as
-after `git pull`: `git checkout HEAD's commit` in the clone and `make upgrade`:
+after `git pull`: the clone's branch fast-forwarded to HEAD's commit, and `make upgrade`:
 - first with a config/ the new version refuses: the upgrade stops, the older version
   goes on running, unchanged (the same hub container, answering her token);
 - then fixed: everything is checked from outside: her old login token signs her in
@@ -109,7 +109,7 @@ def lab(tmp_path):
     if run(["git", "cat-file", "-e", f"{OLD}^{{commit}}"], lab).returncode != 0:
         pytest.fail(f"{OLD} (GPULAB_UPGRADE_FROM) is not in this repository's history: "
                     f"a shallow clone? git fetch --unshallow")
-    git(lab, "checkout", "-q", OLD)
+    git(lab, "checkout", "-q", "-B", "main", OLD)  # the lab's branch, at the older gpulab
     for wheels in WHEELHOUSES:  # what make images downloaded already, not again
         if (REPO / wheels).is_dir():
             shutil.copytree(REPO / wheels, lab / wheels, dirs_exist_ok=True)
@@ -154,7 +154,7 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
 
     # After git pull: a config/ the new version refuses stops the upgrade before anything
     # that runs changes.
-    git(lab, "checkout", "-q", new)
+    git(lab, "merge", "-q", "--ff-only", new)  # what git pull does (ORIG_HEAD: the older)
     edited = settings.read_text()
     settings.write_text(edited.replace("  idle_timeout: 2h\n", "  idle_timeout: 2 hours\n"))
     said = lab_make(lab, "upgrade", ok=False)
