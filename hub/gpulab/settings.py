@@ -19,8 +19,8 @@ from typing import Any
 from gpulab.contract import INFRA_VOLUMES
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
-__all__ = ["SETTINGS", "Setting", "Settings", "duration_text", "load_settings", "parse_bytes",
-           "parse_duration"]
+__all__ = ["SETTINGS", "Setting", "Settings", "bytes_text", "duration_text", "load_settings",
+           "parse_bytes", "parse_duration"]
 
 
 # ---------------------------------------------------------------- value parsers
@@ -40,6 +40,14 @@ def parse_bytes(value: Any) -> int:
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"expected a size such as 2g or 512m, got {value!r}")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def bytes_text(size: int) -> str:
+    """2147483648 -> '2g', 1536 * 1024**2 -> '1536m': the largest unit that divides it."""
+    for unit in ("t", "g", "m", "k"):
+        if size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return str(size)
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -155,6 +163,12 @@ def _homes(value: Any) -> str:
     return value
 
 
+def _home_size(value: Any) -> int:
+    if value in (None, "", 0, "0"):
+        return 0
+    return parse_bytes(value)
+
+
 def _optional_string(value: Any) -> str:
     if value in (None, ""):
         return ""
@@ -207,6 +221,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spawn.home_volume", _volume_template, "gpulab-home-{username}",
             "Name of each user's persistent home volume; {username} is the user's "
             "escaped name, {servername} the named server's (empty for the default)."),
+    Setting("spawn.home_size", _home_size, 0,
+            "Most a member's home volume may hold; 0 for no limit (homes then share the "
+            "disk with each other and with the hub's data). Applied by Docker when the "
+            "home is created, so only to homes made after it is set: it needs Docker's "
+            "volumes folder on XFS mounted with project quotas (pquota); where they are "
+            "not, make up refuses to start and spawns of new homes fail, saying so "
+            "(docs/operations.md, Home sizes). Not with hub.swarm. Example: 50g"),
     Setting("spawn.home_path", _abs_path, "/home/jovyan",
             "Where the home volume is mounted in the container."),
     Setting("spawn.datasets_volume", _optional_string, "gpulab-datasets",
@@ -299,6 +320,10 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
             values[key] = setting.parse(raw)
         except ValueError as e:
             raise doc.error(path, str(e)) from None
+    if values["hub.swarm"] and values["spawn.home_size"]:
+        raise doc.error(("spawn", "home_size"),
+                        "spawn.home_size is not applied with hub.swarm yet (each machine "
+                        "creates its homes itself): remove it, or set it to 0")
     return Settings(values, doc.filename)
 
 

@@ -1,6 +1,7 @@
 from gpulab.contract import label_claims
-from gpulab.settings import defaults
-from gpulab.spawn.containers import container_options
+from gpulab.settings import Settings, defaults
+from gpulab.spawn.containers import container_options, home_volume_create
+from gpulab.spawn.naming import volume_name
 
 
 def test_cpu_only_container_matches_expected_structure():
@@ -63,3 +64,13 @@ def test_label_claims_read_back_what_container_options_wrote():
     assert label_claims({"Labels": opts.labels}) == ("bob", "train", ["GPU-aaaa", "GPU-bbbb"])
     assert label_claims({"Labels": container_options(defaults(), "eve").labels}) == ("eve", "", [])
     assert label_claims({"Labels": None}) == ("", "", [])
+
+
+def test_a_home_is_created_apart_only_when_its_size_is_limited():
+    assert home_volume_create(defaults(), "alice") is None
+    sized = Settings({**defaults(), "spawn.home_size": 10 * 1024**3})
+    assert home_volume_create(sized, "Zoë.K", "run") == {
+        "name": "gpulab-home-zo-k---" + volume_name("{username}", "Zoë.K")[-8:],
+        "driver": "local",
+        "driver_opts": {"size": str(10 * 1024**3)},
+    }

@@ -99,7 +99,7 @@ def test_the_calls_the_hub_makes_pass(method, target):
     ("POST", "/v1.41/containers/abc/exec"), ("POST", "/v1.41/exec/abc/start"),
     ("POST", "/v1.41/images/create?fromImage=evil"), ("POST", "/v1.41/build"),
     ("POST", "/v1.41/containers/abc/attach"), ("GET", "/v1.41/containers/abc/archive"),
-    ("PUT", "/v1.41/containers/abc/archive"), ("POST", "/v1.41/volumes/create"),
+    ("PUT", "/v1.41/containers/abc/archive"), ("POST", "/v1.41/volumes/prune"),
     ("DELETE", "/v1.41/volumes/gpulab-home-alice"), ("POST", "/v1.41/networks/create"),
     ("POST", "/v1.41/swarm/init"), ("GET", "/v1.41/secrets"), ("POST", "/v1.41/plugins/pull"),
     ("GET", "/v1.41/containers/../../info"), ("GET", "/v1.41/info"),
@@ -503,9 +503,58 @@ def test_per_container_calls_name_their_container():
 
 def test_is_create():
     assert is_create("POST", "/v1.41/containers/create?name=x")
+    assert is_create("POST", "/v1.41/volumes/create")
     assert is_create("POST", "/containers/create")
     assert not is_create("GET", "/v1.41/containers/create")
     assert not is_create("POST", "/v1.41/containers/v1.41/create")
+
+
+# ---------------------------------------------------------------- a home of spawn.home_size
+
+SIZED = Settings({**defaults(), "spawn.home_size": 10 * 1024**3})
+VOLUMES = "/v1.41/volumes/create"
+
+
+def home(**change) -> dict:
+    """What docker-py's create_volume sends for home_volume_create(SIZED, "alice")."""
+    body = {"Name": "gpulab-home-alice", "Driver": "local",
+            "DriverOpts": {"size": str(10 * 1024**3)}}
+    return {**body, **change}
+
+
+def test_a_home_of_the_labs_size_may_be_created():
+    d = create(home(), VOLUMES, SIZED)
+    assert d.allowed, d.reason
+    assert json.loads(d.body) == home() and d.target() == VOLUMES
+    assert create(home(Name="gpulab-home-zo-k---1b2c3d4e", Labels={}), VOLUMES, SIZED).allowed
+
+
+@pytest.mark.parametrize("change, why", [
+    # the local driver's other options mount a host folder, a device or a share
+    ({"DriverOpts": {"size": "1", "type": "none", "o": "bind", "device": "/"}},
+     "only a home's size is set"),
+    ({"DriverOpts": {"type": "nfs", "o": "addr=10.0.0.1", "device": ":/x"}}, "'size' is required"),
+    ({"DriverOpts": {"Size": str(10 * 1024**3)}}, "did you mean 'size'"),
+    ({"Driver": "rexray"}, "homes use Docker's local driver"),
+    ({"Name": "gpulab-hub-data"}, "only members' homes"),
+    ({"Name": "gpulab-datasets"}, "only members' homes"),
+    ({"Name": "gpulab-home-"}, "only members' homes"),
+    ({"Name": "evil"}, "only members' homes"),
+    ({"DriverOpts": {"size": "1048576"}}, "homes hold 10737418240 bytes"),
+    ({"DriverOpts": {"size": "10g"}}, "is not a size in bytes"),
+    ({"Labels": {"a": "b"}}, "must be null or {}"),
+    ({"CreateOptions": {}}, "key 'CreateOptions' is not allowed"),
+])
+def test_any_other_volume_is_refused(change, why):
+    assert why in refused_for(home(**change), VOLUMES, SIZED)
+
+
+def test_no_volume_is_created_while_homes_have_no_size():
+    assert "spawn.home_size is not set" in refused_for(home(), VOLUMES)
+    assert "duplicate key" in refused_for(
+        b'{"Name": "gpulab-home-alice", "Name": "x", "Driver": "local", '
+        b'"DriverOpts": {"size": "10737418240"}}', VOLUMES, SIZED)
+    assert "query parameter" in refused_for(home(), VOLUMES + "?name=x", SIZED)
 
 
 def test_read_only_clients_may_only_list():

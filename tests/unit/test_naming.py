@@ -2,8 +2,14 @@ import re
 
 import pytest
 
-from gpulab.contract import INFRA_CONTAINERS
-from gpulab.spawn.naming import MAX_SLUG, container_name, safe_slug, volume_name
+from gpulab.contract import INFRA_CONTAINERS, INFRA_VOLUMES
+from gpulab.spawn.naming import (
+    MAX_SLUG,
+    container_name,
+    home_volume_pattern,
+    safe_slug,
+    volume_name,
+)
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 
@@ -69,3 +75,15 @@ def test_no_username_takes_an_infrastructure_containers_name(username, servernam
     # ... nor a name that Docker would resolve as one of them on a shared network
     assert not any(name.startswith(infra + "-") or infra.startswith(name)
                    for infra in INFRA_CONTAINERS), name
+
+
+@pytest.mark.parametrize("template", ["gpulab-home-{username}", "home-{username}-{servername}",
+                                      "lab.{servername}.{username}"])
+def test_the_home_pattern_matches_every_home_name_and_no_other(template):
+    pattern = home_volume_pattern(template)
+    for username, servername in [("alice", ""), ("Zoë.K", ""), ("bob", "Big Run"),
+                                 ("x" * 80, "train"), ("a--b", "")]:
+        assert pattern.fullmatch(volume_name(template, username, servername))
+    assert not any(pattern.fullmatch(v) for v in INFRA_VOLUMES)
+    assert not pattern.fullmatch(template.replace("{username}", "Alice"))  # not a slug
+    assert not pattern.fullmatch("other-" + volume_name(template, "alice"))

@@ -5,6 +5,7 @@ import pytest
 from gpulab.cli import main
 from gpulab.settings import (
     ConfigError,
+    bytes_text,
     load_settings,
     parse_bytes,
     parse_duration,
@@ -45,6 +46,9 @@ def test_empty_file_gives_defaults():
          "not an IP address or network"),
         ("hub:\n  trusted_proxies: 10.0.0.1\n", "gpulab.yaml:2: hub.trusted_proxies",
          "expected a list"),
+        ("spawn:\n  home_size: plenty\n", "gpulab.yaml:2: spawn.home_size", "expected a size"),
+        ("hub:\n  swarm: true\nspawn:\n  home_size: 10g\n", "gpulab.yaml:4: spawn.home_size",
+         "not applied with hub.swarm"),
         ("spawn:\n  home_path: home\n", "gpulab.yaml:2: spawn.home_path", "absolute path"),
         ("spawn:\n  start_timeout: soon\n", "gpulab.yaml:2: spawn.start_timeout", "duration"),
         ("spawn:\n  image: a\n  image: b\n", "gpulab.yaml:3", "duplicate key 'image' (first on line 2)"),
@@ -59,6 +63,21 @@ def test_bad_settings_name_file_line_and_key(text, where, words):
         load_text(text)
     assert str(e.value).startswith(where), str(e.value)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("0", 0), (0, 0), ('""', 0), ("null", 0), ("50g", 50 * 1024**3), ("512m", 512 * 1024**2),
+])
+def test_home_size_is_a_size_or_no_limit(value, expected):
+    assert load_text(f"spawn:\n  home_size: {value}\n")["spawn.home_size"] == expected
+
+
+@pytest.mark.parametrize("size, text", [
+    (2 * 1024**3, "2g"), (1536 * 1024**2, "1536m"), (3 * 1024**4, "3t"), (1000, "1000"),
+])
+def test_bytes_text_is_the_largest_whole_unit(size, text):
+    assert bytes_text(size) == text
+    assert parse_bytes(text) == size
 
 
 def test_missing_file_says_where_it_looked(tmp_path):

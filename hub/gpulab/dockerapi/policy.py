@@ -84,6 +84,7 @@ from gpulab.dockerapi.schema import (
     user,
 )
 from gpulab.settings import defaults
+from gpulab.spawn.naming import home_volume_pattern
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
 # checked one; DeviceRequests need 1.40. Older clients are refused.
@@ -200,6 +201,46 @@ CREATE_BODY = obj({
 
 
 
+# A volume create: only a member's home with the size spawn.home_size gives it. The local
+# driver's other options (type, device, o) would mount a host folder or device, or another
+# machine's share, into whatever mounts the volume.
+VOLUME_CREATE_BODY = obj({
+    "Name": text(REF, "a volume name"),
+    "Driver": exactly("local", why="homes use Docker's local driver"),
+    "DriverOpts": obj({"size": text(re.compile(r"[1-9][0-9]{0,18}"), "a size in bytes")},
+                      required=("size",),
+                      unknown="only a home's size is set; the local driver's other options "
+                              "mount host folders, devices or shares"),
+    "Labels": exactly(None, {}),
+}, required=("Name", "Driver", "DriverOpts"), unknown="gpulab's homes never need it")
+
+
+def _volume_verdict(body: bytes, settings: Mapping[str, Any], path: str, query: str
+                    ) -> ProxyVerdict:
+    try:
+        spec = strict_json(body)
+    except BodyError as e:
+        return _refused(f"volume create body: {e}", status=400)
+    reasons = VOLUME_CREATE_BODY(spec, "")
+    if not reasons:
+        name, template = spec["Name"], settings["spawn.home_volume"]
+        if name in INFRA_VOLUMES or name == settings["spawn.datasets_volume"] \
+                or not home_volume_pattern(template).fullmatch(name):
+            reasons.append(f"Name: only members' homes ({template}, spawn.home_volume) are "
+                           f"created, got {name!r}")
+        size, asked = settings["spawn.home_size"], spec["DriverOpts"]["size"]
+        if not size:
+            reasons.append("DriverOpts.size: spawn.home_size is not set, so no home is "
+                           "created apart from its container")
+        elif asked != str(size):
+            reasons.append(f"DriverOpts.size: homes hold {size} bytes (spawn.home_size), "
+                           f"got {asked!r}")
+    if reasons:
+        return _refused(*reasons)
+    return ProxyVerdict(True, path=path, query=query,
+                        body=json.dumps(spec, allow_nan=False).encode())
+
+
 def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str, Any]
                   ) -> list[str]:
     """What the allow-list cannot say alone: the lab's settings and the lease. *spec*
@@ -309,6 +350,7 @@ ROUTES: tuple[Route, ...] = (
     _route("DELETE", "/containers/{ref}", v=_BOOL, force=_BOOL, link=_FALSE),
     _route("GET", f"/images/{_IMAGE_PATH}/json"),
     _route("GET", f"/volumes/{NAME}"),
+    _route("POST", "/volumes/create"),  # a member's home of spawn.home_size, below
     # A Swarm manager: what a SwarmSpawner-style spawner calls (docker-py's create_service,
     # inspect_service, services, remove_service, tasks) and the nodes the hub places
     # servers on (their GPUs are in each node's engine label). No updates of services or
@@ -341,7 +383,7 @@ def is_create(method: str, target: str) -> bool:
     """Will :func:`proxy_verdict` need the lab's settings for this call (a container or service
     create)?"""
     return method == "POST" and _split_version(target.split("?", 1)[0])[1] in (
-        "/containers/create", "/services/create")
+        "/containers/create", "/services/create", "/volumes/create")
 
 
 def is_service_create(method: str, target: str) -> bool:
@@ -424,6 +466,9 @@ def proxy_verdict(method: str, target: str, body: bytes = b"", *,
             return _refused(*reasons, status=status)
         return ProxyVerdict(True, path=forward_path, query=query,
                             body=json.dumps(spec, allow_nan=False).encode())
+    if method == "POST" and path == "/volumes/create":
+        return _volume_verdict(body, defaults() if settings is None else settings,
+                               forward_path, query)
     if not (method == "POST" and path == "/containers/create"):
         if body:
             return _refused(f"{method} {path} takes no request body")

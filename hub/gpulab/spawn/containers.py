@@ -29,6 +29,19 @@ class ContainerOptions:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+def home_volume_create(settings: Mapping[str, Any], username: str, servername: str = ""
+                       ) -> dict[str, Any] | None:
+    """The home volume the spawner creates before the container when ``spawn.home_size``
+    limits it (docker-py's ``create_volume`` keywords: Docker's local driver takes the
+    size only at creation, on XFS with project quotas), or None when there is no limit
+    and Docker creates the home itself with the container."""
+    size = settings["spawn.home_size"]
+    if not size:
+        return None
+    return {"name": volume_name(settings["spawn.home_volume"], username, servername),
+            "driver": "local", "driver_opts": {"size": str(size)}}
+
+
 def container_options(
     settings: Mapping[str, Any],
     username: str,

@@ -49,3 +49,15 @@ def volume_name(template: str, username: str, servername: str = "") -> str:
         username=safe_slug(username),
         servername=safe_slug(servername) if servername else "",
     )
+
+
+_SLUG = r"[a-z0-9][a-z0-9-]*"  # what safe_slug can return, plain or hashed
+
+
+def home_volume_pattern(template: str) -> re.Pattern:
+    """Every name :func:`volume_name` can give *template*, and no other (the Docker
+    proxy lets the hub create only those volumes)."""
+    parts = re.split(r"(\{username\}|\{servername\})", template)
+    return re.compile("".join(
+        _SLUG if p == "{username}" else f"(?:{_SLUG})?" if p == "{servername}"
+        else re.escape(p) for p in parts))

@@ -47,8 +47,8 @@ from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
-from gpulab.settings import ConfigError, Settings
-from gpulab.spawn.containers import container_options
+from gpulab.settings import ConfigError, Settings, bytes_text
+from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
@@ -336,6 +336,7 @@ class GpulabSpawner(DockerSpawner):
                                    "servers cannot start right now. Try again in a minute; "
                                    "if it persists, tell an admin.") from None
         await self._check_host_objects(settings)
+        await self._ensure_home(settings)
 
     async def _check_host_objects(self, settings: Settings) -> None:
         """The image and the datasets volume are on this host (a Swarm's spawner checks
@@ -350,6 +351,40 @@ class GpulabSpawner(DockerSpawner):
                     503, f"The shared datasets volume {volume!r} does not exist; an admin "
                          f"must create it (docker volume create {volume}) or set "
                          f"spawn.datasets_volume to '' in gpulab.yaml.") from None
+
+    async def _ensure_home(self, settings: Settings) -> None:
+        """With ``spawn.home_size``: a new home is created with that size now (Docker
+        creates a home without a size itself, with the container). A home made before
+        keeps what it was made with."""
+        create = home_volume_create(settings, self.user.name, self.name)
+        if create is None:
+            return
+        name, size = create["name"], bytes_text(settings["spawn.home_size"])
+        try:
+            volume = await self.docker("inspect_volume", name)
+        except docker.errors.NotFound:
+            pass
+        else:
+            made = (volume.get("Options") or {}).get("size")
+            if made != create["driver_opts"]["size"]:
+                was = f"with a size of {made} bytes" if made else "without a size"
+                _log_once(self.log.warning,
+                          f"{name} was made {was}: spawn.home_size ({size}) applies to "
+                          f"homes made after it was set (docs/operations.md, Home sizes)")
+            return
+        try:
+            await self.docker("create_volume", **create)
+        except docker.errors.APIError as e:
+            said = policy_refusal(e) or str(getattr(e, "explanation", "") or e)
+            self.log.error("Could not create %s's home %s of %s: %s", self.log_name, name,
+                           size, said)
+            raise _http_error(
+                503, f"Your home cannot be made: the lab limits homes to {size} "
+                     f"(spawn.home_size), and this host's Docker could not apply that "
+                     f"limit ({said}). An admin must put Docker's volumes on XFS with "
+                     f"project quotas or remove spawn.home_size (docs/operations.md, "
+                     f"Home sizes).") from None
+        self.log.info("Created %s's home %s of %s", self.log_name, name, size)
 
     async def _image_id(self, settings: Settings, where: str) -> str:
         """``spawn.image``'s ID on the engine the hub talks to (*where*, in words), or a
