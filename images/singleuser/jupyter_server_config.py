@@ -21,6 +21,11 @@ def _no_token_from_the_url(self, handler):
 HubAuth._get_token_url = _no_token_from_the_url
 
 
+# A full home said clearly when JupyterLab saves, instead of "Unexpected error while saving
+# file" (gpulab_home_full.py): jupyter_server's own contents manager, with that one change.
+c.ServerApp.contents_manager_class = "gpulab_home_full.HomeFullContentsManager"  # noqa: F821
+
+
 # Behind HTTPS (the hub passes its public URL: docker-compose.https.yml), the server's
 # XSRF cookie is Secure like the hub's own cookies; tornado cannot tell by itself.
 if os.environ.get("JUPYTERHUB_PUBLIC_URL", "").startswith("https://"):

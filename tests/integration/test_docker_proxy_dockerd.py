@@ -42,6 +42,7 @@ PREFIX = "gpulab-user-difftest-"
 HOME_VOLUME = "gpulab-difftest-home"
 DATASETS_VOLUME = "gpulab-difftest-datasets"
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
+HOME_SIZE = str(16 * 1024**2)  # spawn.home_size of this module's settings, in bytes
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_DEFAULTS: dict[str, object] = {}  # what a plain container gets from this dockerd
 
@@ -124,7 +125,8 @@ def proxy(tmp_path_factory):
         config = log.with_name("gpulab.yaml")
         config.write_text(f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n"
                           f"  home_volume: '{HOME_VOLUME}-{{username}}'\n"
-                          f"  datasets_volume: {DATASETS_VOLUME}\n")
+                          f"  datasets_volume: {DATASETS_VOLUME}\n"
+                          f"  home_size: {HOME_SIZE}\n")
         port = free_port()
         with open(log, "wb") as out:
             process = subprocess.Popen(
@@ -555,6 +557,50 @@ def test_per_container_calls_reach_only_gpulab_containers(proxy):
     assert status == 204, payload
     assert dockerd("GET", f"/containers/{managed_id}/json")[0] == 404
     assert dockerd("GET", f"/containers/{unmanaged_id}/json")[0] == 200
+
+
+def test_a_volume_is_created_only_as_a_home_of_the_labs_size(proxy):
+    """The one volume create the hub makes (spawn.home_size): hostile local-driver options
+    through the proxy create nothing; the body docker-py sends for the spawner reaches
+    dockerd, whose own answer comes back (on an engine without project quotas, such as
+    this machine's ext4, its refusal that the spawner tells the member)."""
+    import docker
+
+    name = f"{HOME_VOLUME}-vol"
+    bind_root = {"Name": name, "Driver": "local",
+                 "DriverOpts": {"type": "none", "o": "bind", "device": "/"}}
+    hostile = [
+        bind_root,
+        {**bind_root, "DriverOpts": {**bind_root["DriverOpts"], "size": HOME_SIZE}},
+        # Go merges a repeated object and matches field names case-insensitively
+        Pairs([("Name", name), ("Driver", "local"), ("DriverOpts", {"size": HOME_SIZE}),
+               ("DriverOpts", {"type": "tmpfs", "device": "tmpfs"})]),
+        {"Name": name, "Driver": "local", "DriverOpts": {"size": HOME_SIZE},
+         "driverOpts": {"type": "tmpfs", "device": "tmpfs"}},
+        {"Name": "gpulab-hub-data", "Driver": "local", "DriverOpts": {"size": HOME_SIZE}},
+        {"Name": name, "Driver": "local", "DriverOpts": {"size": "1"}},
+    ]
+    for body in hostile:
+        status, payload = proxy.send(_request("POST", "/v1.41/volumes/create", dump(body)))
+        assert status in (400, 403), (body, status, payload)
+        assert dockerd("GET", f"/volumes/{name}")[0] == 404, body
+    # live: dockerd alone makes the root folder a volume that any container could mount
+    status, out = dockerd("POST", "/v1.41/volumes/create", dump(bind_root))
+    assert status == 201, out
+    assert dockerd("DELETE", f"/volumes/{name}")[0] == 204
+
+    api = docker.APIClient(base_url=f"tcp://127.0.0.1:{proxy.port}", version="1.41")
+    probe, _ = dockerd("POST", "/v1.41/volumes/create", json.dumps(
+        {"Name": f"{HOME_VOLUME}-probe", "DriverOpts": {"size": HOME_SIZE}}).encode())
+    dockerd("DELETE", f"/volumes/{HOME_VOLUME}-probe")
+    if probe == 201:  # a Docker whose volumes are on XFS with pquota
+        api.create_volume(name, driver="local", driver_opts={"size": HOME_SIZE})
+        assert api.inspect_volume(name)["Options"] == {"size": HOME_SIZE}
+    else:
+        with pytest.raises(docker.errors.APIError) as refused:
+            api.create_volume(name, driver="local", driver_opts={"size": HOME_SIZE})
+        assert "quota size requested but no quota support" in str(refused.value), refused.value
+        assert dockerd("GET", f"/volumes/{name}")[0] == 404
 
 
 def test_the_calls_the_hub_makes_pass_through_docker_py(proxy):

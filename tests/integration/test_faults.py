@@ -8,13 +8,15 @@ hub reads (restored afterwards); spawn settings take effect at the next spawn.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 
 import pytest
 import requests
 import yaml
 
-from .stack import docker, wait_for
+from .stack import REPO, docker, wait_for
 
 # The tests that edit the spawn settings (gpulab.yaml) that every spawn reads, through
 # the spawn_settings fixture, run alone (conftest.DISRUPTIVE_FIXTURES); the others beside
@@ -92,6 +94,57 @@ def test_missing_datasets_volume_is_a_clear_503(hub, lab_user, spawn_settings):
     assert containers_of(user) == []
     # docker did not quietly create an empty root-owned volume either
     assert docker("volume", "ls", "-q", "--filter", "name=gpulab-test-no-such-volume") == ""
+
+
+def test_a_home_size_the_engine_cannot_apply_fails_new_homes_clearly_and_old_ones_go_on(
+        hub, lab_user, spawn_settings):
+    """spawn.home_size on a Docker whose volumes have no project quotas (this machine's
+    ext4): a member without a home is told why her server cannot start, and nothing of
+    her is made; a member whose home exists starts as before (docs/operations.md)."""
+    new, old = lab_user("newhome"), lab_user("oldhome")
+    docker("volume", "create", old.home_volume)  # her home, made before the setting
+    probe = subprocess.run(["docker", "volume", "create", "--opt", "size=16m",
+                            "gpulab-size-probe"], capture_output=True, text=True)
+    docker("volume", "rm", "-f", "gpulab-size-probe", check=False)
+    spawn_settings(home_size="16m")
+    r = post_spawn(new)
+    if probe.returncode == 0:  # a Docker whose volumes are on XFS with pquota
+        assert r.status_code in (201, 202), r.text
+        assert docker("volume", "inspect", "-f", "{{.Options.size}}", new.home_volume) \
+            == str(16 * 1024**2)
+    else:
+        assert "no quota support" in probe.stderr, probe.stderr
+        assert r.status_code == 503, r.text
+        message = r.json()["message"]
+        assert "the lab limits homes to 16m (spawn.home_size)" in message, message
+        assert "quota size requested but no quota support" in message, message
+        assert "XFS with project quotas" in message, message
+        assert containers_of(new) == [] and hub.server_model(new.name) is None
+        assert docker("volume", "ls", "-q", "--filter", f"name={new.home_volume}") == ""
+    old.start_server()
+    assert docker("volume", "inspect", "-f", "{{.Options}}", old.home_volume) == "map[]"
+
+
+def test_make_up_refuses_a_home_size_the_engine_cannot_apply(tmp_path):
+    """make up's preflight (scripts/preflight.sh, its first step) with spawn.home_size in
+    the admin's gpulab.yaml tries a sized volume on the real engine."""
+    config = tmp_path / "config"
+    shutil.copytree(REPO / "config", config)
+    settings = config / "gpulab.yaml"
+    text = settings.read_text()
+    assert "\nspawn:\n" in text
+    settings.write_text(text.replace("\nspawn:\n", "\nspawn:\n  home_size: 50g\n", 1))
+    out = subprocess.run([str(REPO / "scripts" / "preflight.sh"), "single"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "GPULAB_CONFIG": str(config)})
+    said = out.stdout + out.stderr
+    assert docker("volume", "ls", "-q", "--filter", "name=gpulab-size-probe") == ""
+    if "no quota support" not in said:  # a Docker whose volumes are on XFS with pquota
+        assert out.returncode == 0 and "new homes hold at most 53687091200 bytes" in said, said
+        return
+    assert out.returncode == 1, said
+    assert "config/gpulab.yaml sets spawn.home_size, and this Docker engine cannot give a " \
+           "volume a size" in said, said
+    assert "on XFS mounted with pquota, or remove spawn.home_size" in said, said
 
 
 def test_server_that_exits_at_once_fails_with_its_log(hub, lab_user, spawn_settings, broken_images):

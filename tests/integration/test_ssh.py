@@ -34,6 +34,7 @@ import termios
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -96,6 +97,31 @@ class SSH:
                               ([command] if command is not None else []),
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout)
+
+    @contextmanager
+    def terminal(self, user: str, password: str, rows: int = 24, cols: int = 80):
+        """`ssh -tt` on a real pseudo-terminal of *rows* x *cols* (as when a member types):
+        yields the terminal's master side (:func:`read_until`, os.write); the session must
+        end (``exit``) inside the block, else it is hung up."""
+        master, slave = pty.openpty()
+        set_winsize(slave, rows, cols)
+
+        def controlling_tty():
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(self.args(user, "-tt"), stdin=slave, stdout=slave,
+                                stderr=slave, env=self.env(password),
+                                preexec_fn=controlling_tty)
+        os.close(slave)
+        try:
+            yield master
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=10)
+            os.close(master)
 
     def env(self, password: str) -> dict:
         secret = self.folder / f"password-{time.monotonic_ns()}"
@@ -179,18 +205,7 @@ def test_interactive_shell_follows_the_window_size(ssh, lab_user):
     resize reach the server's terminal (`stty size` there)."""
     alice = lab_user("sshtty")
     alice.start_server()
-    master, slave = pty.openpty()
-    set_winsize(slave, 33, 101)
-
-    def controlling_tty():
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen(ssh.args(alice.name, "-tt"), stdin=slave, stdout=slave,
-                            stderr=slave, env=ssh.env(alice.token),
-                            preexec_fn=controlling_tty)
-    os.close(slave)
-    try:
+    with ssh.terminal(alice.name, alice.token, 33, 101) as master:
         os.write(master, b"echo size=$(stty size) user=$(whoami)\r")
         seen = read_until(master, "size=33 101 user=jovyan")
         assert "size=33 101 user=jovyan" in seen
@@ -199,12 +214,6 @@ def test_interactive_shell_follows_the_window_size(ssh, lab_user):
         os.write(master, b"echo size=$(stty size)\r")
         assert "size=45 120" in read_until(master, "size=45 120")
         os.write(master, b"exit\r")
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
-        os.close(master)
 
 
 def test_her_token_under_another_name_is_refused(ssh, lab_user):
