@@ -26,6 +26,9 @@ command -v rsync >/dev/null 2>&1 || need+=(rsync)
 # The simulated Swarm (tests/swarm): network namespaces (ip), nsenter and unshare.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 { command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need+=(util-linux)
+# test_full_home.py: a member's home as a small ext4 filesystem in a loop file.
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need+=(mount)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "The tests need ${need[*]}: apt-get install --no-install-recommends ${need[*]}"

@@ -231,3 +231,40 @@ def test_one_backup_at_a_time_waits_a_little_then_says_why(tmp_path, monkeypatch
         assert clock.monotonic() - started >= 0.5
     with run.one_at_a_time(wait=0.5):  # free again
         pass
+
+
+VANISHED = ("error: lstat /volumes/gpulab-home-bea/_data: no such file or directory\n"
+            "error: open /volumes/gpulab-home-bea/_data/notes.txt: no such file or directory\n"
+            "Warning: at least one source file could not be read\n")
+# what gpulab-backup's restic (--json) printed when a home was removed under it (seen)
+VANISHED_JSON = "\n".join(
+    '{"message_type":"error","error":{"Op":"lstat","Path":"/volumes/gpulab-home-bea/_data/'
+    f'{n}","Err":2}},"during":"archival","item":"/volumes/gpulab-home-bea/_data/{n}"}}'
+    for n in (67, 72)) + "\nWarning: at least one source file could not be read\n"
+HOMES = {"gpulab-home-bea"}
+
+
+def gone(stderr: str, homes=HOMES, exists=lambda path: False) -> bool:
+    return plan.only_vanished_from_homes(stderr, homes, exists)
+
+
+def test_files_gone_from_homes_while_they_were_read_leave_the_backup_whole():
+    assert gone(VANISHED)  # restic's text (seen here, restic 0.14)
+    assert gone(VANISHED_JSON)
+    assert not gone(VANISHED_JSON, {"gpulab-home-be"})  # another home
+    assert not gone(VANISHED, set())  # no home in the backup
+    denied = VANISHED_JSON.replace('_data/72","Err":2', '_data/72","Err":13')
+    assert denied != VANISHED_JSON and not gone(denied)
+    unreadable = VANISHED + "error: open /volumes/gpulab-home-cy/_data/x: permission denied\n"
+    assert not gone(unreadable, {"gpulab-home-bea", "gpulab-home-cy"})
+    assert not gone("Warning: at least one source file could not be read\n")
+    # gone from the lab's own volumes: not whole
+    assert not gone(VANISHED_JSON.replace("gpulab-home-bea", "gpulab-hub-data"))
+
+
+def test_an_error_without_a_cause_counts_as_gone_only_where_nothing_is_there_now():
+    # restic gives some errors no cause (seen for files of a home being removed)
+    line = ('{"message_type":"error","error":{},"during":"archival",'
+            '"item":"/volumes/gpulab-home-bea/_data/30/98"}\n')
+    assert gone(line)
+    assert not gone(line, exists=lambda path: True)

@@ -18,9 +18,10 @@ A restore (:mod:`gpulab.backup.restore`) puts each back where it came from.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -68,6 +69,36 @@ def volumes_to_back_up(present: Iterable[str], home_volume: str,
                 or (datasets and datasets_volume and name == datasets_volume):
             wanted.append(name)
     return sorted(set(wanted))
+
+
+def only_vanished_from_homes(stderr: str, homes: Iterable[str],
+                             exists: Callable[[str], bool]) -> bool:
+    """Did restic (exit 3: some files could not be read) miss only files that were gone
+    from members' *homes* (volume names) by the time it read them: deleted or moved by
+    their owner, or the whole home removed with its member, while the backup ran? Homes
+    are read live, and a file that no longer exists is not lost. Each error restic
+    reported (``--json``: a ``message_type`` "error" line; else an ``error:`` line) must
+    be under one of them and say "no such file or directory", or, where restic gives no
+    cause (``"error": {}``, seen for files of a home being removed), name a path that
+    does not *exist* now. Anything else unreadable, or gone from the lab's own volumes,
+    is a backup that is not whole."""
+    prefixes = tuple(f"{VOLUMES}/{name}/" for name in homes)
+    errors = []  # (path, gone)
+    for line in stderr.splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            if line.startswith("error: "):
+                errors.append((line, line.endswith("no such file or directory")))
+            continue
+        if isinstance(message, dict) and message.get("message_type") == "error":
+            error = message.get("error") or {}
+            path = str(message.get("item") or error.get("Path") or "")
+            gone = error.get("Err") == errno.ENOENT or (
+                not error and bool(path) and not exists(path))
+            errors.append((path + "/", gone))
+    return bool(prefixes) and bool(errors) and all(
+        gone and any(p in where for p in prefixes) for where, gone in errors)
 
 
 def sqlite_files(names: Iterable[str]) -> list[str]:

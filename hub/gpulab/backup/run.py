@@ -229,7 +229,13 @@ def back_up(settings: Mapping[str, Any], prometheus_url: str | None,
                                                                          with_prometheus)))
             finally:
                 drop_prometheus_snapshot()
-            if done.returncode == 3:  # the snapshot is made, without some files
+            homes = [v for v in volumes
+                     if v.startswith(plan.home_prefix(settings["spawn.home_volume"]))]
+            if done.returncode == 3 and plan.only_vanished_from_homes(done.stderr, homes,
+                                                                     os.path.lexists):
+                log.info("files gone from members' homes while the backup read them (deleted "
+                         "or moved, or the home removed) are not in it; the rest is whole")
+            elif done.returncode == 3:  # the snapshot is made, without some files
                 problems.append(f"some files could not be read: {last_words(done)}")
             elif done.returncode != 0:
                 raise BackupError(f"restic backup failed (exit {done.returncode}): "
