@@ -215,30 +215,37 @@ VOLUME_CREATE_BODY = obj({
 }, required=("Name", "Driver", "DriverOpts"), unknown="gpulab's homes never need it")
 
 
-def _volume_verdict(body: bytes, settings: Mapping[str, Any], path: str, query: str
-                    ) -> ProxyVerdict:
+def _body_verdict(body: bytes, what: str, schema, rules, path: str, query: str
+                  ) -> ProxyVerdict:
+    """A create's *body*: strict JSON, on the allow-list (*schema*), then the lab's
+    *rules* (spec -> reasons); forwarded as the checked object, re-serialized."""
     try:
         spec = strict_json(body)
     except BodyError as e:
-        return _refused(f"volume create body: {e}", status=400)
-    reasons = VOLUME_CREATE_BODY(spec, "")
-    if not reasons:
-        name, template = spec["Name"], settings["spawn.home_volume"]
-        if name in INFRA_VOLUMES or name == settings["spawn.datasets_volume"] \
-                or not home_volume_pattern(template).fullmatch(name):
-            reasons.append(f"Name: only members' homes ({template}, spawn.home_volume) are "
-                           f"created, got {name!r}")
-        size, asked = settings["spawn.home_size"], spec["DriverOpts"]["size"]
-        if not size:
-            reasons.append("DriverOpts.size: spawn.home_size is not set, so no home is "
-                           "created apart from its container")
-        elif asked != str(size):
-            reasons.append(f"DriverOpts.size: homes hold {size} bytes (spawn.home_size), "
-                           f"got {asked!r}")
+        return _refused(f"{what} body: {e}", status=400)
+    reasons = schema(spec, "") or rules(spec)
     if reasons:
         return _refused(*reasons)
     return ProxyVerdict(True, path=path, query=query,
                         body=json.dumps(spec, allow_nan=False).encode())
+
+
+def _volume_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """What :data:`VOLUME_CREATE_BODY` cannot say alone: a home's name and size."""
+    reasons = []
+    name, template = spec["Name"], settings["spawn.home_volume"]
+    if name in INFRA_VOLUMES or name == settings["spawn.datasets_volume"] \
+            or not home_volume_pattern(template).fullmatch(name):
+        reasons.append(f"Name: only members' homes ({template}, spawn.home_volume) are "
+                       f"created, got {name!r}")
+    size, asked = settings["spawn.home_size"], spec["DriverOpts"]["size"]
+    if not size:
+        reasons.append("DriverOpts.size: spawn.home_size is not set, so no home is "
+                       "created apart from its container")
+    elif asked != str(size):
+        reasons.append(f"DriverOpts.size: homes hold {size} bytes (spawn.home_size), "
+                       f"got {asked!r}")
+    return reasons
 
 
 def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str, Any]
@@ -467,22 +474,15 @@ def proxy_verdict(method: str, target: str, body: bytes = b"", *,
         return ProxyVerdict(True, path=forward_path, query=query,
                             body=json.dumps(spec, allow_nan=False).encode())
     if method == "POST" and path == "/volumes/create":
-        return _volume_verdict(body, defaults() if settings is None else settings,
-                               forward_path, query)
+        lab = defaults() if settings is None else settings
+        return _body_verdict(body, "volume create", VOLUME_CREATE_BODY,
+                             lambda spec: _volume_rules(spec, lab), forward_path, query)
     if not (method == "POST" and path == "/containers/create"):
         if body:
             return _refused(f"{method} {path} takes no request body")
         return ProxyVerdict(True, path=forward_path, query=query, container=ref, service=service)
 
-    try:
-        spec = strict_json(body)
-    except BodyError as e:
-        return _refused(f"container create body: {e}", status=400)
-    reasons = CREATE_BODY(spec, "")
-    if not reasons:
-        reasons = _create_rules(spec, dict(params).get("name"),
-                                defaults() if settings is None else settings)
-    if reasons:
-        return _refused(*reasons)
-    return ProxyVerdict(True, path=forward_path, query=query,
-                        body=json.dumps(spec, allow_nan=False).encode())
+    lab = defaults() if settings is None else settings
+    return _body_verdict(body, "container create", CREATE_BODY,
+                         lambda spec: _create_rules(spec, dict(params).get("name"), lab),
+                         forward_path, query)
