@@ -87,7 +87,7 @@ help:
 	@echo "make logs          follow the hub's log"
 	@echo "make backup        back up the running lab now (restic, into GPULAB_BACKUP_DIR=$(GPULAB_BACKUP_DIR))"
 	@echo "make backups       list the backups;  make restore [SNAPSHOT=id]: put one back, the lab stopped"
-	@echo "make upgrade       after git pull: back up, migrate and start this version; make upgrade-back: the one before"
+	@echo "make upgrade       after git pull --autostash: back up, migrate and start this version; make upgrade-back: the one before"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
@@ -223,7 +223,7 @@ restore: images
 backups:
 	@scripts/restore.sh --list
 
-# After git pull: back up, migrate and start this version, keeping everything
+# After git pull --autostash: back up, migrate and start this version, keeping everything
 # (docs/operations.md#upgrading); upgrade-back: the version before, as it was.
 upgrade:
 	@COMPOSE="$(COMPOSE)" scripts/upgrade.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make upgrade: from the gpulab that runs on this engine to this checkout's (git pull
+# make upgrade: from the gpulab that runs on this engine to this checkout's (git pull --autostash
 # first). Nothing that runs changes until the new images are built and the new version
 # accepts the lab's config/; then the hub and Prometheus stop (members' servers keep
 # running), everything is backed up, JupyterHub's database is migrated, and make up

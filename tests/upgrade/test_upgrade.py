@@ -6,7 +6,7 @@ backups and make upgrade existed) is the lab's checkout: its own `make up` build
 starts the older version on this Docker engine, from fresh volumes. An admin edits
 config/gpulab.yaml, issues members login tokens with the older CLI, a member writes a
 file into her home and leaves her server running, Prometheus records history. Then, as
-after `git pull`: the clone's branch fast-forwarded to HEAD's commit, and `make upgrade`:
+after `git pull --autostash`: the clone's branch fast-forwarded to HEAD's commit, and `make upgrade`:
 - first with a config/ the new version refuses: the upgrade stops, the older version
   goes on running, unchanged (the same hub container, answering her token);
 - then fixed: everything is checked from outside: her old login token signs her in
@@ -154,7 +154,9 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
 
     # After git pull: a config/ the new version refuses stops the upgrade before anything
     # that runs changes.
-    git(lab, "merge", "-q", "--ff-only", new)  # what git pull does (ORIG_HEAD: the older)
+    # what `git pull --autostash` does (ORIG_HEAD: the older), with the admin's edit of
+    # gpulab.yaml carried over the new version's own changes to that file
+    git(lab, "merge", "-q", "--ff-only", "--autostash", new)
     edited = settings.read_text()
     settings.write_text(edited.replace("  idle_timeout: 2h\n", "  idle_timeout: 2 hours\n"))
     said = lab_make(lab, "upgrade", ok=False)
