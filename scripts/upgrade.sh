@@ -41,14 +41,14 @@ if [ "${1:-}" = --back ]; then
   [ -f "$record" ] || die "no upgrade is recorded here ($record): nothing to go back to"
   # shellcheck source=/dev/null
   . "./$record"
-  docker image inspect gpulab/hub:previous >/dev/null 2>&1 || die "gpulab/hub:previous is gone: git checkout $before && make images builds its images; then make restore SNAPSHOT=$snapshot CONFIRM=yes and make up"
+  docker image inspect gpulab/hub:previous >/dev/null 2>&1 || die "gpulab/hub:previous is gone: git checkout -m $before && make images builds its images; then make restore SNAPSHOT=$snapshot CONFIRM=yes and make up"
   say "back to $before: the lab as backup $snapshot holds it (made just before the upgrade), and its images"
   docker tag gpulab/hub:latest gpulab/hub:upgraded  # the restore's tools are this version's
   make -s down
   GPULAB_HUB_IMAGE=gpulab/hub:upgraded scripts/restore.sh "$snapshot" yes
   tag_all previous latest
   rm -f "$record" .gpulab-running
-  say "the lab's data are as they were before the upgrade and $before's images are gpulab/*:latest again; start it: git checkout $before && make up BUILD_IMAGES=no"
+  say "the lab's data are as they were before the upgrade and $before's images are gpulab/*:latest again; start it: git checkout -m $before && make up BUILD_IMAGES=no"
   exit 0
 fi
 
@@ -103,7 +103,7 @@ fi
 echo "$out" | grep -v '^Creating\|^Starting\|^Removing\|variable is not set' | sed 's/^/[gpulab] /'
 snapshot=$(echo "$out" | sed -n 's/^backup \([0-9a-f]\{8,\}\):.*/\1/p' | tail -1)
 printf 'before=%s\nsnapshot=%s\n' "$before" "$snapshot" >"$record"
-way_back="the way back: make upgrade-back, then git checkout $before && make up BUILD_IMAGES=no (its images are kept as gpulab/*:previous, the lab as backup $snapshot)"
+way_back="the way back: make upgrade-back, then git checkout -m $before && make up BUILD_IMAGES=no (its images are kept as gpulab/*:previous, the lab as backup $snapshot)"
 
 # 4. JupyterHub's own database migration (a copy of the file is kept beside it first).
 say "migrating the hub's database (jupyterhub upgrade-db) ..."

@@ -200,8 +200,8 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
                  json={"type": "file", "format": "text", "content": "written after\n"})
     assert r.status_code in (200, 201), r.text
     said = lab_make(lab, "upgrade-back")
-    assert f"start it: git checkout {OLD[:7]} && make up BUILD_IMAGES=no" in said, said
-    git(lab, "checkout", "-q", OLD)
+    assert f"start it: git checkout -m {OLD[:7]} && make up BUILD_IMAGES=no" in said, said
+    git(lab, "checkout", "-q", "-m", OLD)  # as the way back says
     lab_make(lab, "up", BUILD_IMAGES="no")
     assert docker("ps", "-q", "--filter", "name=^gpulab-backup$") == "", \
         "the older version has no backup service"
