@@ -5,7 +5,9 @@ space left on device": what is full, how full, that nothing was saved, and what 
 A home is full when its filesystem is: a home of the lab's size (``spawn.home_size``,
 an XFS project quota, whose limit the home's statfs reports as its size), or the disk all
 homes share. Enabled by the image's jupyter_server_config.py (a ``.d`` JSON file sets
-only extensions, not the contents manager: tried);
+only extensions, not the contents manager: tried), which also keeps a server's start
+off a full home (:func:`mark_configuration_migrated`; its runtime files are in /tmp,
+JUPYTER_RUNTIME_DIR in the Dockerfile);
 images/singleuser/gpulab-home.sh says the same in terminals and over SSH.
 """
 
@@ -48,6 +50,24 @@ def home_full_message(what: str, home: str, size: int, free: int) -> str:
             f"used, so {what} was not saved. Delete files you do not need (in a "
             f"terminal, `du -sh ~/* ~/.[!.]* | sort -h` lists the largest last) or ask the "
             f"lab's admins for more room; your running kernels go on meanwhile.")
+
+
+def mark_configuration_migrated(config_dir: str) -> None:
+    """jupyter_core migrates IPython 3's configuration at the start of a server whose
+    home has ``~/.ipython`` (a kernel made it) and no ``~/.jupyter/migrated`` marker yet,
+    and writes that marker unguarded: on a full home, the server then stops at start
+    ("No space left on device"; seen), so its member could not even reach a terminal to
+    make room. Written here at each start that has room (this file's configuration is
+    read right after that migration step), the marker is there before a home fills.
+    There is nothing of IPython 3 to migrate in this image."""
+    marker = os.path.join(config_dir, "migrated")
+    try:
+        if not os.path.exists(marker):
+            os.makedirs(config_dir, exist_ok=True)
+            with open(marker, "w", encoding="utf-8") as f:
+                f.write("gpulab: nothing to migrate\n")
+    except OSError:
+        pass  # a full home now: the start goes on without it
 
 
 class HomeFullContentsManager(AsyncLargeFileManager):

@@ -182,6 +182,9 @@ def test_a_backup_without_prometheus_keeps_the_rest_says_why_and_alerts(hub, lab
              what="GpulabBackupFailed to end after a good backup")
 
 
+NOISE_HOME = "gpulab-home-0noise"
+
+
 def test_a_full_backup_disk_fails_the_backup_says_why_alerts_and_harms_no_one(hub, lab_user,
                                                                              tmp_path):
     """The backup repository's disk nearly full (a 4 MiB filesystem the test makes,
@@ -192,6 +195,13 @@ def test_a_full_backup_disk_fails_the_backup_says_why_alerts_and_harms_no_one(hu
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(small)],
                    check=True, timeout=30)
+    # A home of 1 MiB that no compression shrinks: the backup cannot fit in what is left,
+    # whatever else the lab holds (CI once passed a backup of a fresh lab's 1.3 MiB of
+    # databases, 234 KiB compressed, into the 290 KiB left).
+    docker("volume", "create", NOISE_HOME)
+    docker("run", "--rm", "--network", "none", "-v", f"{NOISE_HOME}:/home", "--entrypoint",
+           "python3", "gpulab/hub:latest", "-c",
+           "import os; open('/home/noise', 'wb').write(os.urandom(2**20))")
     try:
         (small / "filler").write_bytes(bytes(3_900_000))
         make("up", flags, GPULAB_BACKUP_DIR=str(small))  # gpulab-backup on the small disk
@@ -219,6 +229,7 @@ def test_a_full_backup_disk_fails_the_backup_says_why_alerts_and_harms_no_one(hu
                      json={"type": "file", "format": "text", "content": "still saving\n"})
         assert r.status_code in (200, 201), r.text
     finally:
+        docker("volume", "rm", "-f", NOISE_HOME, check=False)
         make("up", flags, GPULAB_BACKUP_DIR=repo)
         subprocess.run(["umount", str(small)], check=True, timeout=30)
     make("backup", flags, GPULAB_BACKUP_DIR=repo)

@@ -34,6 +34,8 @@ FILL = ("import errno, os\n"
         "    try: fill(name, chunk)\n"
         "    except OSError as e: error = e\n"
         "print('home full:', errno.errorcode[error.errno])\n")
+FREE = ("import os\nfor name in ('~/filler.bin', '~/filler-small.bin'): "
+        "os.remove(os.path.expanduser(name))\nprint('freed')")
 
 
 @contextmanager
@@ -109,9 +111,7 @@ def test_a_full_home_is_said_clearly_keeps_her_kernel_and_harms_no_one(
         page.keyboard.press("Escape")
         dialog.wait_for(state="hidden")
         page.locator(".jp-NotebookPanel .jp-Cell .cm-content").last.click()
-        page.keyboard.insert_text(
-            "for name in ('~/filler.bin', '~/filler-small.bin'): "
-            "os.remove(os.path.expanduser(name))\nprint('freed')")
+        page.keyboard.insert_text(FREE)
         page.keyboard.press("Shift+Enter")
         page.locator(".jp-OutputArea-output", has_text="freed").first.wait_for(state="visible")
         page.keyboard.press("Control+s")
@@ -127,4 +127,15 @@ def test_a_full_home_is_said_clearly_keeps_her_kernel_and_harms_no_one(
         # place, and the disk refused its content)
         assert saved(full, "after.txt", "room again\n") == 200
         assert full.api("GET", "/contents/after.txt").json()["content"] == "room again\n"
+
+        # her home full to the last block while her server is stopped (the idle culler
+        # stopped it after a runaway job): it starts, a new kernel runs, and she frees
+        # her home from it
+        full.stop_server()
+        filled = docker("run", "--rm", "--network", "none", "--user", "1000:1000",
+                        "-e", "HOME=/home/jovyan", "-v", f"{full.home_volume}:/home/jovyan",
+                        "--entrypoint", "python3", "gpulab/singleuser:latest", "-c", FILL)
+        assert "home full: ENOSPC" in filled, filled
+        full.start_server()
+        assert "freed" in full.execute(full.start_kernel(), FREE)
         full.stop_server()
