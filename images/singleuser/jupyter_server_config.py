@@ -24,11 +24,13 @@ HubAuth._get_token_url = _no_token_from_the_url
 # A full home said clearly when JupyterLab saves, instead of "Unexpected error while saving
 # file" (gpulab_home_full.py): jupyter_server's own contents manager, with that one change.
 c.ServerApp.contents_manager_class = "gpulab_home_full.HomeFullContentsManager"  # noqa: F821
-# ... and a server that can start on a full home (its member can then make room).
-from gpulab_home_full import mark_configuration_migrated  # noqa: E402
-from jupyter_core.paths import jupyter_config_dir  # noqa: E402
+# ... and a server that can start on a full home (its member can then make room): in a
+# server the hub started, not wherever this file is read.
+if os.environ.get("JUPYTERHUB_API_TOKEN"):
+    from gpulab_home_full import mark_configuration_migrated
+    from jupyter_core.paths import jupyter_config_dir
 
-mark_configuration_migrated(jupyter_config_dir())
+    mark_configuration_migrated(jupyter_config_dir())
 
 
 # Behind HTTPS (the hub passes its public URL: docker-compose.https.yml), the server's
