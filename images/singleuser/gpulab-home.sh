@@ -13,6 +13,7 @@ if [ -n "$gpulab_home_df" ]; then
       echo "gpulab: saving files and installing packages fail until you delete some" >&2
     else
       echo "gpulab: your home ($HOME) is nearly full: $gpulab_used of $gpulab_size used." >&2
+      echo "gpulab: saving files and installing packages will fail once it is full" >&2
     fi
     echo "gpulab: (du -sh ~/* ~/.[!.]* | sort -h lists the largest last), or ask the lab's admins for more room." >&2
   fi
