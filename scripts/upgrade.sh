@@ -76,16 +76,17 @@ docker run --rm --network none --entrypoint gpulab gpulab/hub:previous config de
 if ! make -s images BUILD_IMAGES=yes; then
   restore_images; die "building the new images failed (above): the old version still runs, unchanged"
 fi
-check() {
-  docker run --rm --network none -v "$config:/srv/gpulab/config:ro" gpulab/hub:latest gpulab config "$@"
+new_gpulab() {  # the new version's gpulab CLI, with the lab's config/ (stdin: the caller's)
+  docker run --rm -i --network none -v "$config:/srv/gpulab/config:ro" gpulab/hub:latest gpulab "$@"
 }
-if ! check check /srv/gpulab/config/gpulab.yaml /srv/gpulab/config/gpus.yaml | sed 's/^/[gpulab] /'; then
+if ! new_gpulab config check /srv/gpulab/config/gpulab.yaml /srv/gpulab/config/gpus.yaml </dev/null \
+     | sed 's/^/[gpulab] /'; then
   restore_images
   die "$now refuses this lab's configuration (above): fix it, then make upgrade again; the old version still runs, unchanged"
 fi
 say "what changes in configuration:"
-docker run --rm -i --network none -v "$config:/srv/gpulab/config:ro" gpulab/hub:latest \
-  gpulab config changes --from - /srv/gpulab/config/gpulab.yaml <"$old_settings" | sed 's/^/[gpulab]   /'
+new_gpulab config changes --from - /srv/gpulab/config/gpulab.yaml <"$old_settings" \
+  | sed 's/^/[gpulab]   /'
 
 # 3. The hub and Prometheus stop (members' servers and their routes stay), then a backup
 #    of everything, Prometheus' volume as it lies (an older gpulab's has no snapshot API).
