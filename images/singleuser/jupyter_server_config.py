@@ -32,6 +32,17 @@ if os.environ.get("JUPYTERHUB_API_TOKEN"):
 
     mark_configuration_migrated(jupyter_config_dir())
 
+    # A member's first `%pip install` importable in the same kernel, at once: Python puts
+    # the user site (~/.local/lib/python3.11/site-packages, where pip installs for her)
+    # on a kernel's sys.path only if that folder exists when the kernel starts, and in a
+    # new home it does not (seen: ModuleNotFoundError until her server restarted).
+    import site
+
+    try:
+        os.makedirs(site.getusersitepackages(), exist_ok=True)
+    except OSError:  # a full home: nothing can be installed into it either
+        pass
+
 
 # Behind HTTPS (the hub passes its public URL: docker-compose.https.yml), the server's
 # XSRF cookie is Secure like the hub's own cookies; tornado cannot tell by itself.

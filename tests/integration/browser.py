@@ -246,7 +246,7 @@ def sign_in_to_lab(page, username: str, token: str) -> float:
     return pressed
 
 
-def run_in_new_notebook(page, code: str, output: str) -> float:
+def run_in_new_notebook(page, code: str, output: str | re.Pattern[str]) -> float:
     """From JupyterLab's launcher: open a Python 3 notebook, type *code* in its first cell,
     run it with Shift+Enter once the kernel is idle, and wait until an output containing
     *output* appears. Returns the time.monotonic() at which Shift+Enter was pressed."""

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import io
 import json
+import re
 import zipfile
 
 import pytest
@@ -66,10 +67,17 @@ def test_pip_install_in_a_notebook_lands_in_the_home_and_stays(lab_user, new_pag
     alice.start_server()
     upload(alice, WHEEL, small_wheel())
 
+    # as a member does: install, and import in the same cell, in a home where nothing was
+    # ever installed (the first install makes the user site, which a kernel puts on its
+    # sys.path only if it existed when the kernel started)
     page = new_page()
     sign_in_to_lab(page, alice.name, alice.token)
-    run_in_new_notebook(page, f"%pip install {WHEEL}", f"Successfully installed {PACKAGE}")
+    run_in_new_notebook(page, f"%pip install {WHEEL}\nimport {PACKAGE}\nprint({PACKAGE}.GREETING)",
+                        re.compile(f"{GREETING}|Error"))
+    output = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
     screenshot(page, "member-pip-install.png")
+    assert f"Successfully installed {PACKAGE}" in output, output
+    assert output.strip().splitlines()[-1] == GREETING, output
 
     alice.stop_server()
     alice.start_server()
