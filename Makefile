@@ -15,6 +15,7 @@ EXTRA_CA_BUNDLE ?=
 # Extra pip arguments for the wheelhouse downloads (e.g. an index URL for CPU torch).
 PIP_ARGS ?=
 PYTHON ?= python3
+comma := ,
 # Where the hub answers: the published address, or loopback when it listens everywhere.
 HUB_HOST := $(if $(filter-out 0.0.0.0 127.0.0.1,$(GPULAB_BIND_ADDRESS)),$(GPULAB_BIND_ADDRESS),127.0.0.1)
 # HTTPS: `make up GPULAB_HOSTNAME=gpu.lab.example` serves https://gpu.lab.example/ on
@@ -77,7 +78,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench lock
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -89,6 +90,7 @@ help:
 	@echo "make backups       list the backups;  make restore [SNAPSHOT=id]: put one back, the lab stopped"
 	@echo "make upgrade       after git pull --autostash: back up, migrate and start this version; make upgrade-back: the one before"
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
+	@echo "make lock          after editing an image's requirements*.txt: resolve them again into its lock file"
 	@echo "make test          run the whole test suite against the real stack"
 	@echo "make test-unit     only the tests that need no Docker"
 	@echo "make lint          ruff over the Python code"
@@ -143,6 +145,16 @@ else
 	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
 endif
+
+# Each image's lock: every Python package it installs, dependencies included, pinned with
+# its wheel's hash (scripts/lock.py). Builds install only what the locks list; run this after
+# editing a requirements file (a build refuses a lock older than its requirements).
+LOCKS = images/hub/requirements.lock:images/hub/requirements.txt \
+  images/singleuser/requirements-cpu.lock:images/singleuser/requirements.txt,images/singleuser/requirements-cpu.txt \
+  images/singleuser/requirements-cuda.lock:images/singleuser/requirements.txt,images/singleuser/requirements-cuda.txt \
+  monitoring/exporter/requirements.lock:monitoring/exporter/requirements.txt
+lock:
+	@set -e; $(foreach l,$(LOCKS),$(PYTHON) scripts/lock.py $(subst $(comma), ,$(subst :, ,$(l))) -- $(PIP_ARGS);)
 
 up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)

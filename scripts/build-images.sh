@@ -20,9 +20,11 @@ for dir in images/hub images/singleuser; do
   fi
 done
 
-scripts/wheelhouse.sh images/hub/wheels images/hub/requirements.txt -- "${pip_args[@]}"
-scripts/wheelhouse.sh images/singleuser/wheels images/singleuser/requirements.txt \
-  "images/singleuser/requirements-$variant.txt" -- "${pip_args[@]}"
+# Each image's wheels as its lock lists them (`make lock` writes the locks).
+scripts/wheelhouse.sh images/hub/wheels images/hub/requirements.lock \
+  images/hub/requirements.txt -- "${pip_args[@]}"
+scripts/wheelhouse.sh images/singleuser/wheels "images/singleuser/requirements-$variant.lock" \
+  images/singleuser/requirements.txt "images/singleuser/requirements-$variant.txt" -- "${pip_args[@]}"
 
 # Our own packages as wheels in the wheelhouses; each rebuilt only when its sources
 # change (a fresh wheel would otherwise invalidate the image's cache on every run).
@@ -38,7 +40,8 @@ local_wheel() {  # local_wheel NAME PROJECT_DIR SOURCE_DIR WHEELHOUSE
     echo "$sum" > "$dest/.$name-src"
   fi
 }
-scripts/wheelhouse.sh monitoring/exporter/wheels monitoring/exporter/requirements.txt -- "${pip_args[@]}"
+scripts/wheelhouse.sh monitoring/exporter/wheels monitoring/exporter/requirements.lock \
+  monitoring/exporter/requirements.txt -- "${pip_args[@]}"
 local_wheel gpulab . hub/gpulab images/hub/wheels
 local_wheel gpulab-exporter monitoring/exporter monitoring/exporter/gpulab_exporter monitoring/exporter/wheels
 

@@ -12,13 +12,14 @@ real member's server on the stack; bench/spawn.py measures what it gains.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
 
 from gpulab.settings import load_settings
 
-from .stack import LabConfig, container_logs, docker
+from .stack import REPO, LabConfig, container_logs, docker
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +173,42 @@ def test_a_member_saves_and_reopens_a_notebook_on_the_lean_image(lab_user):
     assert "execution_count" in r.json()["message"], r.text
     log = container_logs(user.container, 200)
     assert "Traceback" not in log and "rfc3987" not in log, log
+
+
+# -- every package as its lock says (issue 24 §1; docs/operations.md) ---------------------
+def locked(lock: str) -> dict[str, str]:
+    text = (REPO / lock).read_text()
+    return {m.group(1): m.group(2) for m in re.finditer(r"^([a-z0-9-]+)===(\S+) ", text, re.M)}
+
+
+def installed(image: str) -> dict[str, str]:
+    """name -> version of every distribution in the image's /opt/venv (read from the
+    image, as a member's server would: importlib.metadata, no pip needed)."""
+    out = docker("run", "--rm", "--network", "none", "--entrypoint", "/opt/venv/bin/python",
+                 image, "-c", "import importlib.metadata as m, json, re; print(json.dumps("
+                 "{re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version "
+                 "for d in m.distributions(path=[p for p in __import__('sys').path "
+                 "if p.startswith('/opt/venv/')])}))")
+    return json.loads(out)
+
+
+@pytest.mark.parametrize(("image_name", "lock", "own", "removed"), [
+    ("gpulab/hub:latest", "images/hub/requirements.lock", {"gpulab"}, set()),
+    ("gpulab/exporter:latest", "monitoring/exporter/requirements.lock", {"gpulab-exporter"},
+     {"pip"}),
+    (None, "images/singleuser/requirements-{variant}.lock", set(), {"rfc3987-syntax"}),
+])
+def test_each_image_holds_exactly_what_its_lock_lists(hub, image, image_name, lock, own,
+                                                       removed):
+    image_name = image_name or image
+    variant = docker("image", "inspect", "-f",
+                     '{{index .Config.Labels "org.gpulab.torch-variant"}}', image_name)
+    want = locked(lock.format(variant=variant.strip()))
+    got = installed(image_name)
+    # the venv's own pip and setuptools come with Python's venv, not from a wheelhouse
+    extra = {n: v for n, v in got.items()
+             if n not in want and n not in own and n not in ("pip", "setuptools")}
+    assert extra == {}, f"{image_name} has packages its lock does not list"
+    assert {n: got.get(n) for n in want if n not in removed} == \
+        {n: v for n, v in want.items() if n not in removed}, image_name
+    assert own <= set(got)

@@ -10,15 +10,13 @@ the test stack's containers have no package index to reach.
 from __future__ import annotations
 
 import base64
-import hashlib
-import io
 import json
 import re
-import zipfile
 
 import pytest
 import requests
 
+from ..wheels import wheel_bytes
 from .browser import run_in_new_notebook, screenshot, sign_in_to_lab
 from .stack import container_logs
 
@@ -31,24 +29,7 @@ GREETING = "hello from a member's own install"
 
 def small_wheel() -> bytes:
     """A pure-Python wheel of package gpulabhello, made the way the wheel spec says."""
-    dist = f"{PACKAGE}-{VERSION}.dist-info"
-    files = {
-        f"{PACKAGE}/__init__.py": f"GREETING = {GREETING!r}\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n",
-        f"{dist}/WHEEL": ("Wheel-Version: 1.0\nGenerator: gpulab-tests\nRoot-Is-Purelib: true\n"
-                          "Tag: py3-none-any\n"),
-    }
-    record = []
-    for path, text in files.items():
-        data = text.encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(data)}")
-    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for path, text in files.items():
-            archive.writestr(path, text)
-    return buffer.getvalue()
+    return wheel_bytes(PACKAGE, VERSION, {f"{PACKAGE}/__init__.py": f"GREETING = {GREETING!r}\n"})
 
 
 def upload(user, name: str, data: bytes) -> None:

@@ -2,9 +2,10 @@
 
 A local build such as ``torch-2.13.0+cpu`` meets ``torch==2.13.0``, and this kind of
 machine's pip configuration has a find-links folder that holds one: the CUDA variant
-could silently carry a CPU build. Three guards, each tested here without Docker or a
-registry: the pin (``===``), scripts/wheelhouse.sh refusing a local build for a public
-pin, and the image build's own check of ``torch.version.cuda``.
+could silently carry a CPU build. Three guards, each tested without Docker or a
+registry: the pin (``===``, here), scripts/lock.py refusing a local build for a public pin
+(tests/unit/test_lock.py, with a real pip; the locks then hold each wheel's hash), and the
+image build's own check of ``torch.version.cuda`` (here).
 
 (Named test_exporter_* only because of how this change's files were scoped; it is about
 the single-user image.)"""
@@ -38,52 +39,6 @@ def test_the_cuda_pin_admits_only_the_build_from_the_index():
 def test_the_cpu_pin_admits_only_the_cpu_build():
     spec = torch_requirement("cpu").specifier
     assert spec.contains("2.13.0+cpu") and not spec.contains("2.13.0")
-
-
-# -- scripts/wheelhouse.sh ---------------------------------------------------------------
-STANDIN_PIP = """#!/bin/sh
-# STAND-IN for "python3 -m pip download ... --dest DIR": puts the wheels named in WHEELS
-# into DIR, as pip would have chosen them. No network.
-while [ $# -gt 0 ]; do
-  case $1 in --dest) dest=$2; shift;; esac
-  shift
-done
-for w in $WHEELS; do echo wheel > "$dest/$w"; done
-"""
-CPU_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-CUDA_WHEEL = "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
-
-
-def wheelhouse(tmp_path: Path, pin: str, *wheels: str) -> subprocess.CompletedProcess:
-    pip = tmp_path / "python"
-    pip.write_text(STANDIN_PIP)
-    pip.chmod(0o755)
-    req = tmp_path / "requirements.txt"
-    req.write_text(f"numpy==2.3.4\n{pin}  # the variant's torch\n")
-    env = {**os.environ, "PYTHON": str(pip), "WHEELS": " ".join(wheels)}
-    return subprocess.run(["bash", str(ROOT / "scripts" / "wheelhouse.sh"),
-                           str(tmp_path / "wheels"), str(req)],
-                          env=env, capture_output=True, text=True, timeout=60)
-
-
-NUMPY = "numpy-2.3.4-cp311-cp311-manylinux_2_28_x86_64.whl"
-
-
-def test_wheelhouse_refuses_a_local_cpu_build_for_a_public_pin(tmp_path):
-    done = wheelhouse(tmp_path, "torch==2.13.0", NUMPY, CPU_WHEEL)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert CPU_WHEEL in done.stderr and "torch===2.13.0" in done.stderr
-    assert not (tmp_path / "wheels" / ".stamp").exists()  # the next run downloads again
-
-
-@pytest.mark.parametrize(("pin", "wheel"), [
-    ("torch===2.13.0", CUDA_WHEEL),
-    ("torch==2.13.0+cpu", CPU_WHEEL),  # the CPU variant asks for the local build
-])
-def test_wheelhouse_takes_what_the_pin_names(tmp_path, pin, wheel):
-    done = wheelhouse(tmp_path, pin, NUMPY, wheel)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "wheels" / ".stamp").exists()
 
 
 # -- the image build's check (images/singleuser/Dockerfile) ------------------------------
