@@ -3,6 +3,8 @@
 # Python packages from host-side wheelhouses.
 # Usage: scripts/build-images.sh BASE_IMAGE TORCH_VARIANT [EXTRA_CA_BUNDLE] [PIP ARGS...]
 # Unchanged inputs reuse Docker's layer cache: a second run takes seconds.
+# IMAGES="singleuser" builds only those (default: all four); TAG_LATEST=no leaves each
+# :latest tag where it was (`make cuda-image`: a CUDA image beside the stack's CPU one).
 set -euo pipefail
 base=${1:?base image}; variant=${2:?torch variant (cpu|cuda)}; ca=${3:-}; shift 3 || shift $#
 pip_args=("$@")
@@ -21,10 +23,23 @@ for dir in images/hub images/singleuser; do
 done
 
 # Each image's wheels as its lock lists them (`make lock` writes the locks).
-scripts/wheelhouse.sh images/hub/wheels images/hub/requirements.lock \
-  images/hub/requirements.txt -- "${pip_args[@]}"
-scripts/wheelhouse.sh images/singleuser/wheels "images/singleuser/requirements-$variant.lock" \
-  images/singleuser/requirements.txt "images/singleuser/requirements-$variant.txt" -- "${pip_args[@]}"
+images=" ${IMAGES:-hub singleuser exporter prometheus} "
+wanted() { [[ "$images" == *" $1 "* ]]; }
+
+if wanted hub; then
+  scripts/wheelhouse.sh images/hub/wheels images/hub/requirements.lock \
+    images/hub/requirements.txt -- "${pip_args[@]}"
+fi
+if wanted singleuser; then
+  # One wheelhouse per variant (the CUDA one is 2.7 GB), so that building one variant
+  # does not empty the other's; the build context gets the variant's as wheels/ (hard
+  # links), and .dockerignore keeps the wheelhouses themselves out of the context.
+  scripts/wheelhouse.sh "images/singleuser/wheels-$variant" \
+    "images/singleuser/requirements-$variant.lock" images/singleuser/requirements.txt \
+    "images/singleuser/requirements-$variant.txt" -- "${pip_args[@]}"
+  rm -rf images/singleuser/wheels
+  cp -al "images/singleuser/wheels-$variant" images/singleuser/wheels
+fi
 
 # Our own packages as wheels in the wheelhouses; each rebuilt only when its sources
 # change (a fresh wheel would otherwise invalidate the image's cache on every run).
@@ -40,10 +55,14 @@ local_wheel() {  # local_wheel NAME PROJECT_DIR SOURCE_DIR WHEELHOUSE
     echo "$sum" > "$dest/.$name-src"
   fi
 }
-scripts/wheelhouse.sh monitoring/exporter/wheels monitoring/exporter/requirements.lock \
-  monitoring/exporter/requirements.txt -- "${pip_args[@]}"
-local_wheel gpulab . hub/gpulab images/hub/wheels
-local_wheel gpulab-exporter monitoring/exporter monitoring/exporter/gpulab_exporter monitoring/exporter/wheels
+if wanted exporter; then
+  scripts/wheelhouse.sh monitoring/exporter/wheels monitoring/exporter/requirements.lock \
+    monitoring/exporter/requirements.txt -- "${pip_args[@]}"
+fi
+if wanted hub; then local_wheel gpulab . hub/gpulab images/hub/wheels; fi
+if wanted exporter; then
+  local_wheel gpulab-exporter monitoring/exporter monitoring/exporter/gpulab_exporter monitoring/exporter/wheels
+fi
 
 build() {  # build NAME TAG CONTEXT [BUILD ARGS...]
   local name=$1 tag=$2 context=$3; shift 3
@@ -55,10 +74,12 @@ build() {  # build NAME TAG CONTEXT [BUILD ARGS...]
     tail -n 30 /tmp/gpulab-build-$name.log >&2
     exit 1
   fi
-  docker tag "gpulab/$name:$tag" "gpulab/$name:latest"
+  [ "${TAG_LATEST:-yes}" = no ] || docker tag "gpulab/$name:$tag" "gpulab/$name:latest"
   echo "[gpulab] gpulab/$name:$tag ready ($((SECONDS - start)) s)"
 }
-build hub latest images/hub
-build singleuser "$variant" images/singleuser --build-arg "TORCH_VARIANT=$variant"
-build exporter latest monitoring/exporter
-build prometheus latest images/prometheus
+if wanted hub; then build hub latest images/hub; fi
+if wanted singleuser; then
+  build singleuser "$variant" images/singleuser --build-arg "TORCH_VARIANT=$variant"
+fi
+if wanted exporter; then build exporter latest monitoring/exporter; fi
+if wanted prometheus; then build prometheus latest images/prometheus; fi
