@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.contract import INFRA_VOLUMES
+from gpulab.spawn.environments import EnvironmentError_, parse_environments
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
 __all__ = ["SETTINGS", "Setting", "Settings", "bytes_text", "duration_text", "load_settings",
@@ -215,7 +216,19 @@ SETTINGS: tuple[Setting, ...] = (
             "the Swarm manager. false: one host, one container per server. Read at hub "
             "start. Example: true"),
     Setting("spawn.image", _string, "gpulab/singleuser:latest",
-            "Docker image of the single-user server. `make images` builds it."),
+            "Docker image of the single-user server. `make images` builds it. With "
+            "spawn.environments, each environment names its own image instead."),
+    Setting("spawn.environments", parse_environments, (),
+            "The environments members choose from on the spawn form (and with "
+            "{\"environment\": NAME} through the REST API), the first open to a member "
+            "being hers by default: a list of {name, image, description, gpus (whether "
+            "its servers may have GPUs; default true), groups (the JupyterHub groups "
+            "that may use it; default [], every member; admins may use all)}. Only the "
+            "listed images may run as members' servers; an image changed here is used "
+            "from a member's next start. Not with hub.swarm yet. Empty (the default): "
+            "one environment, spawn.image. Example: [{name: pytorch, image: "
+            "gpulab/singleuser:latest, description: PyTorch and CUDA}, {name: writing, "
+            "image: lab/light:2026, gpus: false}]"),
     Setting("spawn.network", _string, "gpulab",
             "User-defined Docker network shared by the hub and the user containers."),
     Setting("spawn.home_volume", _volume_template, "gpulab-home-{username}",
@@ -318,8 +331,14 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
             raise doc.error(path, doc.unknown_key_message(key, _BY_KEY))
         try:
             values[key] = setting.parse(raw)
+        except EnvironmentError_ as e:  # at the entry's own line
+            raise doc.error(path + e.where, str(e)) from None
         except ValueError as e:
             raise doc.error(path, str(e)) from None
+    if values["hub.swarm"] and values["spawn.environments"]:
+        raise doc.error(("spawn", "environments"),
+                        "spawn.environments is not applied with hub.swarm yet (a Swarm "
+                        "runs spawn.image by its ID on the manager): remove it")
     if values["hub.swarm"] and values["spawn.home_size"]:
         raise doc.error(("spawn", "home_size"),
                         "spawn.home_size is not applied with hub.swarm yet (each machine "

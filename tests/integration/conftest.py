@@ -13,6 +13,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from ..conftest import REAL_GPU
 from ..swarm import Swarm, SwarmError
@@ -154,6 +155,19 @@ def gpus_yaml(lab_config):
                   "scripts/test-host.sh (which `make test` runs)")
         pytest.skip(reason)
     return lab_config.write("gpus.yaml", STANDIN_GPUS)
+
+
+@pytest.fixture
+def spawn_settings(lab_config):
+    """Set spawn.* keys in the hub's gpulab.yaml (on top of the admin's own file)."""
+
+    def set_(**spawn):
+        doc = yaml.safe_load(lab_config.original("gpulab.yaml")) or {}
+        doc.setdefault("spawn", {}).update(spawn)
+        lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
+
+    yield set_
+    lab_config.restore()
 
 
 @pytest.fixture

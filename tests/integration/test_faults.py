@@ -14,7 +14,6 @@ import subprocess
 
 import pytest
 import requests
-import yaml
 
 from .stack import REPO, docker, wait_for
 
@@ -42,19 +41,6 @@ def broken_images():
     yield
     for tag in TEST_IMAGES:
         docker("rmi", "-f", tag, check=False)
-
-
-@pytest.fixture
-def spawn_settings(lab_config):
-    """Set spawn.* keys in the hub's gpulab.yaml (on top of the admin's own file)."""
-
-    def set_(**spawn):
-        doc = yaml.safe_load(lab_config.original("gpulab.yaml")) or {}
-        doc.setdefault("spawn", {}).update(spawn)
-        lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
-
-    yield set_
-    lab_config.restore()
 
 
 def post_spawn(user, options=None) -> requests.Response:

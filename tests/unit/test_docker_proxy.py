@@ -256,7 +256,7 @@ def test_root_containers_are_refused(user):
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"Image": "gpulab/hub:latest"}, "only the lab's image gpulab/singleuser:latest"),
+    ({"Image": "gpulab/hub:latest"}, "only the lab's images may be run (gpulab/singleuser:latest:"),
     ({"Image": "gpulab/singleuser:other"}, "only the lab's image"),
     ({"Image": "alpine"}, "only the lab's image"),
     ({"Env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "NVIDIA_VISIBLE_DEVICES must be set once"),

@@ -22,7 +22,8 @@ So :func:`proxy_verdict` refuses (and says why):
   runtimes, sysctls, published ports, host paths (only named volumes may be mounted,
   not gpulab's own volumes, and the datasets volume read-only), links, endpoint settings
   that could take the hub's address or name (aliases, IPs, MAC), missing memory or
-  process limits, another image than ``spawn.image``, another network than
+  process limits, another image than the lab's (``spawn.image``, or each of
+  ``spawn.environments``' images), another network than
   ``spawn.network``, a name without :data:`~gpulab.contract.USER_CONTAINER_PREFIX`, GPUs
   requested by count (``-1`` is all of them) instead of by UUID, GPUs that differ from
   the container's lease label, or ``NVIDIA_VISIBLE_DEVICES`` other than the leased
@@ -84,6 +85,7 @@ from gpulab.dockerapi.schema import (
     user,
 )
 from gpulab.settings import defaults
+from gpulab.spawn.environments import lab_images
 from gpulab.spawn.naming import home_volume_pattern
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the
@@ -258,10 +260,10 @@ def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str,
             r"[A-Za-z0-9][A-Za-z0-9_.-]+", name) or name == USER_CONTAINER_PREFIX:
         reasons.append(f"name: user containers are named {USER_CONTAINER_PREFIX}<user> "
                        f"(a valid Docker name), got {name!r}")
-    image = settings["spawn.image"]
-    if normal_image(spec["Image"]) != normal_image(image):
-        reasons.append(f"Image: only the lab's image {image} (spawn.image) may be run, "
-                       f"got {spec['Image']!r}")
+    images = lab_images(settings)
+    if normal_image(spec["Image"]) not in {normal_image(i) for i in images}:
+        reasons.append(f"Image: only the lab's images may be run ({', '.join(images)}: "
+                       f"spawn.image or spawn.environments), got {spec['Image']!r}")
     network = settings["spawn.network"]
     if hc["NetworkMode"] != network:
         reasons.append(f"HostConfig.NetworkMode: only the users' network {network} "

@@ -494,7 +494,8 @@ def reconcile(
 
 
 _DIGITS = re.compile(r"[0-9]{1,6}")
-OPTIONS = ("gpus", "wait")  # what user_options may hold
+OPTIONS = ("gpus", "wait", "environment")  # what user_options may hold (environment:
+# checked by gpulab.spawn.environments)
 
 
 def wants_to_wait(raw: Any) -> bool:
@@ -532,7 +533,8 @@ def validate_user_options(raw: Any, max_gpus: int) -> int | None:
         raise InvalidRequest(
             f"Unknown server option(s): {', '.join(unknown)}. The options are "
             f"\"gpus\": the number of GPUs (0 to {max_gpus}; GPUs are chosen by the hub), "
-            f"and \"wait\": true to wait in line when they are not free."
+            f"\"wait\": true to wait in line when they are not free, and \"environment\": "
+            f"the name of one of the lab's environments."
         )
     wants_to_wait(raw)
     value = raw.get("gpus")

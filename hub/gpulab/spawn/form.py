@@ -1,4 +1,5 @@
-"""The spawn form: how many GPUs a member may ask for, and which are free.
+"""The spawn form: which environment (when the lab has several), how many GPUs a member
+may ask for, and which are free.
 
 :func:`gpu_rows` decides what each row says (who holds a GPU is for admins' eyes only)
 and :func:`render_spawn_form` renders ``templates/spawn_form.html``, autoescaped like
@@ -36,6 +37,7 @@ class SpawnForm:
     line: bool = False  # the lab has a line for GPUs: offer to wait in it
     waiting: int = 0  # members waiting in it now
     budget: str = ""  # her GPU-hour budget and its use (gpulab.gpus.budget)
+    environments: tuple[tuple[str, str], ...] = ()  # (name, label) to choose from, if several
 
     @property
     def machines(self) -> bool:

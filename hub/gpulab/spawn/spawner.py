@@ -6,7 +6,9 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
   (:mod:`gpulab.live_config`: an admin's edit takes effect at the next spawn, an
   invalid edit is refused and the last good file stays in force).
 * ``user_options`` (from the spawn form or straight from the REST API) are validated
-  before anything is created: anything but ``{"gpus": 0..quota}`` is a 400.
+  before anything is created: anything but ``{"gpus": 0..quota, "wait": bool,
+  "environment": NAME}`` is a 400 (:mod:`gpulab.spawn.environments`: the server runs
+  the chosen environment's image).
 * GPUs are leased (:mod:`gpulab.gpus.leases`) before the container is created; no free GPU
   or an exceeded quota is a 4xx with a message that says what to do.
   :func:`gpulab.spawn.containers.container_options` then decides image, volumes, limits,
@@ -49,6 +51,15 @@ from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
 from gpulab.settings import ConfigError, Settings, bytes_text
 from gpulab.spawn.containers import container_options, home_volume_create
+from gpulab.spawn.environments import (
+    Environment,
+    EnvironmentRefused,
+    choose,
+    gpu_count,
+    lab_environments,
+    open_to,
+    with_environment,
+)
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
@@ -124,6 +135,7 @@ class GpulabSpawner(DockerSpawner):
 
     # Per-instance state (traits, so that no two spawners share a list or dict).
     _lab_config = Any(help="(settings, gpus config) read for the spawn in progress")
+    _environment = Any(help="the environment of the spawn in progress (Environment)")
     _progress_events = List()
     _gpulab_env = Dict()
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
@@ -200,12 +212,17 @@ class GpulabSpawner(DockerSpawner):
         return render_spawn_form(form) if form else ""
 
     async def _spawn_form(self) -> SpawnForm | None:
-        """What the spawn form shows: how many GPUs, and which are free."""
+        """What the spawn form shows: the environments she may choose (when the lab has
+        several), how many GPUs, and which are free."""
         config = live_config.gpus_file.load(self.gpus_file)
-        policy = policy_for(config, self.user.name, [g.name for g in self.user.groups])
+        groups = [g.name for g in self.user.groups]
+        policy = policy_for(config, self.user.name, groups)
+        settings = live_config.settings_file.load(self.settings_file)
+        envs = open_to(lab_environments(settings), groups, self.user.admin)
+        choices = tuple((e.name, e.label()) for e in envs) if len(envs) > 1 else ()
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
-            return None
+            return SpawnForm(0, 0, (), environments=choices) if choices else None
         holders = await self.lease_book.holders([g.uuid for g in inventory], config,
                                                 holds=self._line_holds)
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
@@ -217,7 +234,7 @@ class GpulabSpawner(DockerSpawner):
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=line is not None,
                          waiting=line.waiting() if line else 0,
-                         budget=budget.note() if budget else "")
+                         budget=budget.note() if budget else "", environments=choices)
 
     # ------------------------------------------------------------- progress
 
@@ -284,6 +301,11 @@ class GpulabSpawner(DockerSpawner):
         line = self.line
         try:
             count = validate_user_options(self.user_options, policy.max_gpus)
+            try:
+                count = gpu_count(self._environment, count, from_form=not compat.from_rest_api(
+                    getattr(self, "handler", None)))
+            except EnvironmentRefused as e:
+                raise _http_error(e.status, str(e)) from None
             wait = wants_to_wait(self.user_options)
             budget = line.budget(policy) if line else None
             if budget is not None and budget.refuses and (
@@ -324,6 +346,15 @@ class GpulabSpawner(DockerSpawner):
             said.status_code = 303
             said.headers = {"Location": url_path_join(self.hub.base_url, "home")}
         return said
+
+    def _choose_environment(self, settings: Settings) -> Environment:
+        """The environment her options ask for (:mod:`gpulab.spawn.environments`)."""
+        try:
+            return choose(settings, self.user_options, [g.name for g in self.user.groups],
+                          self.user.admin)
+        except EnvironmentRefused as e:
+            self.log.info("Spawn of %s refused: %s", self.log_name, e)
+            raise _http_error(e.status, str(e)) from None
 
     async def _preflight(self, settings: Settings) -> None:
         """Check what would otherwise fail halfway (or worse, half-succeed) before
@@ -407,6 +438,10 @@ class GpulabSpawner(DockerSpawner):
         self._progress_events = []
         self._report(5, "Checking the lab's settings")
         settings, gpus_config = self._lab_config
+        self._environment = self._choose_environment(settings)
+        settings = with_environment(settings, self._environment)
+        if len(lab_environments(self._lab_config[0])) > 1:
+            self._report(8, f"Environment: {self._environment.label()}")
         # A little before JupyterHub's own start_timeout, which would only say "Spawn
         # failed" (its TimeoutError carries no message): this one says why, with the log,
         # once the container is stopped (seen: 2 s were too few on a busy host).

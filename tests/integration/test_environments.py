@@ -1,0 +1,113 @@
+"""Environments members choose (issue 24 §3, docs/operations.md "Environments"), on the
+real stack: two images the test builds (the lab's single-user image and a "light" one
+made from it, told apart by an environment variable), listed in gpulab.yaml as an admin
+would; members choose through the spawn form in Chromium and through the REST API, the
+hub refuses anything else naming her choices, and an environment's changed image is used
+from the next start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import requests
+
+from .browser import screenshot, submit_login
+from .stack import docker, wait_for
+
+pytestmark = pytest.mark.integration
+
+LIGHT = "gpulab/test-light:{}"
+
+
+def build_light(tag: str) -> str:
+    """A second environment's image: the lab's, with GPULAB_TEST_ENVIRONMENT=light-TAG."""
+    image = LIGHT.format(tag)
+    dockerfile = f"FROM gpulab/singleuser:latest\nENV GPULAB_TEST_ENVIRONMENT=light-{tag}\n"
+    subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=dockerfile, text=True,
+                   check=True, capture_output=True, timeout=120)
+    return image
+
+
+@pytest.fixture(scope="module")
+def light_images():
+    images = [build_light("1"), build_light("2")]
+    yield images
+    docker("rmi", *images, check=False)
+
+
+def environments(light: str) -> list[dict]:
+    return [
+        {"name": "pytorch", "image": "gpulab/singleuser:latest", "description": "PyTorch"},
+        {"name": "light", "image": light, "description": "for writing", "gpus": False},
+        # for one group only: the lab's operators group (hub.operators; the hub makes
+        # the groups it knows, and its API token may add members to them)
+        {"name": "course", "image": light, "groups": ["operators"]},
+    ]
+
+
+def image_of(user) -> tuple[str, str]:
+    """(image name, GPULAB_TEST_ENVIRONMENT) of her running container."""
+    info = json.loads(docker("inspect", user.container))[0]
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    return info["Config"]["Image"], env.get("GPULAB_TEST_ENVIRONMENT", "")
+
+
+def post_spawn(user, options) -> requests.Response:
+    return requests.post(f"{user.hub.api}/users/{user.name}/server", json=options,
+                         headers={"Authorization": f"token {user.token}"}, timeout=120)
+
+
+def test_members_choose_an_environment_and_get_its_image(spawn_settings, light_images,
+                                                         lab_user, new_page, hub):
+    spawn_settings(environments=environments(light_images[0]))
+    alice, bob, carol = lab_user("env"), lab_user("env"), lab_user("env")
+
+    # through the REST API
+    alice.start_server({"environment": "light"})
+    assert image_of(alice) == (light_images[0], "light-1")
+    assert json.loads(docker("inspect", alice.container))[0]["HostConfig"]["DeviceRequests"] \
+        in (None, [])
+    bob.start_server({})  # none named: the first open to him
+    assert image_of(bob) == ("gpulab/singleuser:latest", "")
+    bob.stop_server()
+
+    # anything else: refused, naming his choices, and nothing started
+    for options, status, says in (
+            ({"environment": "course"}, 400, "No environment 'course' is open to you"),
+            ({"environment": "alpine"}, 400, "Yours: pytorch: PyTorch; light: for writing "
+                                             "(no GPU)."),
+            ({"environment": "light", "gpus": 1}, 400, "runs without GPUs")):
+        r = post_spawn(bob, options)
+        assert r.status_code == status and says in r.json()["message"], (options, r.text)
+        assert hub.server_model(bob.name) is None
+
+    # a member of the course's group may use it
+    r = hub.request("POST", "/groups/operators/users", json={"users": [bob.name]})
+    assert r.status_code == 200, r.text
+    try:
+        bob.start_server({"environment": "course"})
+        assert image_of(bob)[0] == light_images[0]
+    finally:
+        hub.request("DELETE", "/groups/operators/users", json={"users": [bob.name]})
+
+    # the spawn form in Chromium: the environments open to her, and her choice
+    page = new_page()
+    submit_login(page, carol.name, carol.token, next_url="/hub/spawn")
+    options = page.locator("#gpulab-environment option").all_inner_texts()
+    assert options == ["pytorch: PyTorch", "light: for writing (no GPU)"], options
+    page.select_option("#gpulab-environment", "light")
+    screenshot(page, "spawn-form-environments.png")
+    with page.expect_navigation():
+        page.click("#spawn_form [type=submit]")
+    wait_for(lambda: (hub.server_model(carol.name) or {}).get("ready"), 120,
+             what="carol's server from the form")
+    assert image_of(carol) == (light_images[0], "light-1")
+
+    # an admin points "light" at a new image: used from the next start, not before
+    spawn_settings(environments=environments(light_images[1]))
+    assert image_of(alice) == (light_images[0], "light-1")
+    alice.stop_server()
+    alice.start_server({"environment": "light"})
+    assert image_of(alice) == (light_images[1], "light-2")
