@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# The integration tests of `make test`, against the stack `make up` started, in lanes:
-#
-#   first, side by side (each lane's tests one after another):
-#     gpus     tests that use the stand-in GPUs and the exporter's fake ones (marked from
-#              their fixtures: they edit gpus.yaml and the fake GPUs' control file), and
-#              the modules tests/integration/conftest.py adds to them (marked gpus_lane);
-#     members  the other tests of the stack, whose members' servers hold no GPU;
-#   then, side by side:
+# The integration tests of `make test`, in four lanes side by side (each lane's tests one
+# after another):
+#     gpus        tests that use the stand-in GPUs and the exporter's fake ones (marked
+#                 from their fixtures: they edit gpus.yaml and the fake GPUs' control
+#                 file), and the modules tests/integration/conftest.py adds to them
+#                 (marked gpus_lane), against the stack `make up` started;
+#     members     the other tests of that stack, whose members' servers hold no GPU;
 #     disruptive  the tests that restart the hub, the proxy, dockerd or the whole stack,
-#                 edit gpulab.yaml or hold GPUs behind the hub's back (marked so), one
-#                 after another, the stack restarts last;
+#                 edit gpulab.yaml or hold GPUs behind the hub's back (marked so): on a
+#                 Docker engine and a stack of their own, in a network namespace
+#                 (tests/lane_engine.py), the stack restarts last;
 #     swarm       the simulated-Swarm modules: engines, a Swarm and a stack of their own in
-#                 network namespaces, which need nothing of the main stack (they copy its
-#                 images, waiting while a test restarts its engine).
+#                 network namespaces (they copy the main engine's images).
 #
-# On a 2-core host the Swarm modules go beside the disruptive tests, which mostly wait for
-# restarts, rather than beside the first two lanes, which keep the cores busy.
 # Each lane's output is printed whole when it ends, with its slowest tests (--durations);
-# the run fails if any lane failed.
+# the run fails if any lane failed. GPULAB_LANES=main runs the disruptive lane on the
+# main stack after the first two instead (as before; for a host without network
+# namespaces).
 # Usage: scripts/test-integration.sh [PYTEST ARGS...]   (from the checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,20 +26,43 @@ not_swarm=(); for m in "${swarm[@]}"; do not_swarm+=(--ignore "$m"); done
 # shellcheck source=scripts/lanes.sh
 . scripts/lanes.sh
 
-echo "[gpulab] integration tests in lanes: gpus beside members, then disruptive beside" \
-     "swarm (each lane's output follows when it ends)"
+disruptive=(-m "integration and disruptive" "$@" tests/integration "${not_swarm[@]}")
+if [ "${GPULAB_LANES:-own-engine}" = main ]; then
+  echo "[gpulab] integration tests in lanes: gpus beside members, then disruptive beside" \
+       "swarm (each lane's output follows when it ends)"
+  lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
+  gpus_pid=$!
+  lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
+    "${not_swarm[@]}"
+  members_pid=$!
+  wait "$gpus_pid"; show gpus
+  wait "$members_pid"; show members
+  lane swarm -m integration "$@" "${swarm[@]}"
+  swarm_pid=$!
+  lane disruptive "${disruptive[@]}"
+  disruptive_pid=$!
+  wait "$disruptive_pid"; show disruptive
+  wait "$swarm_pid"; show swarm
+  finish "integration tests"
+  exit 0
+fi
+
+echo "[gpulab] integration tests in four lanes side by side: gpus, members, disruptive (on" \
+     "an engine of its own) and swarm (each lane's output follows when it ends)"
+lane swarm -m integration "$@" "${swarm[@]}"
+swarm_pid=$!
 lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
 gpus_pid=$!
 lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
   "${not_swarm[@]}"
 members_pid=$!
+pytest_main=$pytest
+pytest=scripts/own-engine-pytest
+lane disruptive "${disruptive[@]}"
+disruptive_pid=$!
+pytest=$pytest_main
 wait "$gpus_pid"; show gpus
 wait "$members_pid"; show members
-
-lane swarm -m integration "$@" "${swarm[@]}"
-swarm_pid=$!
-lane disruptive -m "integration and disruptive" "$@" tests/integration "${not_swarm[@]}"
-disruptive_pid=$!
 wait "$disruptive_pid"; show disruptive
 wait "$swarm_pid"; show swarm
 finish "integration tests"

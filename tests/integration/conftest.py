@@ -40,7 +40,7 @@ GPU_FIXTURES = {"gpus_yaml", "fake_control"}
 # which clash only with spawns that ask for a GPU.
 GPUS_LANE_MODULES = {"test_docker_proxy_dockerd"}
 # Fixtures of tests that edit what every spawn reads (gpulab.yaml's spawn settings): such
-# a test runs in the disruptive lane, alone; its module's other tests need not.
+# a test runs in the disruptive lane (a stack of its own); its module's other tests need not.
 DISRUPTIVE_FIXTURES = {"spawn_settings"}
 
 

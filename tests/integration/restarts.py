@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 
@@ -55,10 +56,16 @@ def hub_reaches_docker_proxy() -> bool:
          "timeout=2)"], capture_output=True, timeout=30).returncode == 0
 
 
+# The engine under test: the one scripts/ensure-docker.sh starts, or the disruptive lane's
+# own (tests/lane_engine.py sets both).
+PIDFILE = os.environ.get("GPULAB_DOCKERD_PIDFILE", "/run/gpulab-dockerd.pid")
+START = os.environ.get("GPULAB_DOCKERD_START", "")
+
+
 def gpulab_dockerd_pid() -> int:
     """The PID of the dockerd scripts/ensure-docker.sh started, 0 if none runs."""
     try:
-        pid = int(open("/run/gpulab-dockerd.pid").read().strip())
+        pid = int(open(PIDFILE).read().strip())
     except (OSError, ValueError):
         return 0
     try:
@@ -80,6 +87,9 @@ def dockerd_environment() -> dict[str, str]:
 def start_gpulab_dockerd(env: dict[str, str] | None = None) -> None:
     """scripts/ensure-docker.sh with *env* (dockerd_environment(), asked before it
     stopped; the stand-in hook on hosts without a GPU when none is given)."""
+    if START:  # the lane's own engine starts as it was, by its own command
+        subprocess.run(shlex.split(START), check=True, timeout=120, cwd=REPO)
+        return
     if env is None:
         env = dict(os.environ)
         if not host_has_nvidia_gpu():

@@ -1,0 +1,214 @@
+"""The disruptive tests on a Docker engine and a stack of their own (issue 26 §1).
+
+The disruptive lane restarts the hub, the proxy, dockerd and the whole stack, edits
+gpulab.yaml and wipes volumes: on the main stack it must run alone, after the other
+lanes. Here it gets its own: a dockerd in a network namespace of its own (own data root,
+exec root, socket and PID file; --live-restore and the stand-in GPU hook, as
+scripts/ensure-docker.sh starts the main one), the lab's images linked in from the main
+engine's store (tests/swarm's image_store), a copy of this checkout (its own config/,
+secrets/ and backups), and `make up` there. Its pytest then runs inside that namespace,
+where 127.0.0.1:8000 is that stack's hub, with DOCKER_HOST at that engine: the tests run
+unchanged, beside the other lanes.
+
+    python -m tests.lane_engine run -- PYTEST ARGS     set up, run pytest there, tear down
+    python -m tests.lane_engine start-dockerd          (for the tests' dockerd restarts)
+
+Everything it makes is under ROOT (/tmp/gpulab-lane) and the namespace gpulab-lane; a
+run left behind by a killed one is taken down first. Processes are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = Path("/tmp/gpulab-lane")
+NETNS = "gpulab-lane"
+DATA, EXEC, COPY = ROOT / "data", ROOT / "exec", ROOT / "repo"
+SOCKET, PIDFILE, LOG = ROOT / "docker.sock", ROOT / "dockerd.pid", ROOT / "dockerd.log"
+IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest",
+          "gpulab/singleuser:latest", "gpulab/base:bookworm")
+# What the test stack's `make test` sets (Makefile TEST_STACK), for this stack too.
+STACK_VARIABLES = ("GPULAB_EXPORTER_FLAGS", "GPULAB_SCRAPE_SECONDS")
+
+
+def say(message: str) -> None:
+    print(f"[lane-engine] {message}", file=sys.stderr, flush=True)
+
+
+def in_netns(argv: list[str]) -> list[str]:
+    return ["nsenter", f"--net=/run/netns/{NETNS}", "--", *argv]
+
+
+def environment() -> dict[str, str]:
+    """The environment of everything run against this engine: none of the main stack's
+    GPULAB_* (the outer `make test` exports its config folder, socket and backups)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GPULAB_") or k in STACK_VARIABLES}
+    env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
+               GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
+               GPULAB_DOCKERD_PIDFILE=str(PIDFILE),
+               GPULAB_DOCKERD_START=f"{sys.executable} -m tests.lane_engine start-dockerd",
+               GPULAB_LANE_ENGINE="1")
+    env.pop("GPULAB_URL", None)
+    return env
+
+
+# ---------------------------------------------------------------- the engine
+
+def dockerd_pid() -> int:
+    try:
+        pid = int(PIDFILE.read_text().strip())
+        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd" else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def start_dockerd() -> None:
+    """This engine's dockerd, as scripts/ensure-docker.sh starts the main one: with
+    --live-restore and, on a host without a GPU, the stand-in GPU hook on its PATH."""
+    if dockerd_pid():
+        return
+    path = os.environ.get("PATH", "")
+    if not shutil.which("nvidia-smi") or subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True).returncode != 0:
+        path = f"{REPO / 'tests' / 'gpu_standin'}:{path}"
+    ROOT.joinpath("daemon.json").write_text("{}")
+    argv = in_netns(["dockerd", "--config-file", str(ROOT / "daemon.json"),
+                     "--host", f"unix://{SOCKET}", "--data-root", str(DATA),
+                     "--exec-root", str(EXEC), "--pidfile", str(PIDFILE), "--live-restore",
+                     "--cgroup-parent", "gpulab-lane"])
+    # started by a shell that exits at once, so that dockerd is nobody's child here: the
+    # tests wait for a stopped dockerd's /proc entry to go, which a zombie would keep
+    subprocess.run(["setsid", "sh", "-c", 'exec "$@" >>"$0" 2>&1 </dev/null &', str(LOG),
+                    *argv], env={**os.environ, "PATH": path}, check=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["docker", "-H", f"unix://{SOCKET}", "info"],
+                         capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"[lane-engine] dockerd did not answer in 60 s:\n"
+                             f"{LOG.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def stop_dockerd(timeout: float = 60) -> None:
+    pid = dockerd_pid()
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120) -> str:
+    out = subprocess.run(["docker", "-H", f"unix://{SOCKET}", *args], capture_output=True,
+                         text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise SystemExit(f"[lane-engine] docker {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def seed_images() -> None:
+    """The lab's images in this engine's store, linked from the main engine's (seconds),
+    as tests/swarm does for its machines."""
+    from tests.swarm.harness import Swarm
+
+    info = json.loads(subprocess.run(["docker", "info", "--format", "{{json .}}"],
+                                     capture_output=True, text=True, check=True).stdout)
+    tags = {image: subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            for image in IMAGES}
+    DATA.mkdir(mode=0o710, parents=True, exist_ok=True)
+    Swarm._copy_images_from(Path(info["DockerRootDir"]), DATA, tags)
+
+
+# ---------------------------------------------------------------- the lane
+
+def copy_checkout() -> None:
+    """This checkout's files as git sees them (tracked and untracked, not ignored)."""
+    COPY.mkdir(parents=True)
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=REPO, capture_output=True,
+                           check=True).stdout
+    subprocess.run(f"tar --null -T - -cf - | tar -C {COPY} -xf -", shell=True, cwd=REPO,
+                   input=files, check=True)
+
+
+def make(target: str, timeout: float = 600) -> None:
+    out = subprocess.run(in_netns(["make", "-C", str(COPY), "-s", "--no-print-directory",
+                                   target, "BUILD_IMAGES=no"]),
+                         env=environment(), capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise SystemExit(f"[lane-engine] make {target} failed:\n{out.stdout[-3000:]}"
+                         f"{out.stderr[-3000:]}")
+
+
+def unmount_under(root: Path) -> None:
+    from tests.swarm.plan import mounts_under
+
+    for point in mounts_under(Path("/proc/mounts").read_text(), str(root)):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def teardown() -> None:
+    """Everything a run made, whether it ended or was killed."""
+    if ROOT.exists():
+        if dockerd_pid():
+            if COPY.exists():
+                subprocess.run(in_netns(["make", "-C", str(COPY), "-s", "down"]),
+                               env=environment(), capture_output=True, timeout=300)
+            ids = docker("ps", "-aq", check=False).split()
+            if ids:
+                docker("rm", "-f", *ids, check=False, timeout=300)
+            stop_dockerd()
+        unmount_under(ROOT)
+        shutil.rmtree(ROOT, ignore_errors=True)
+    subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)
+
+
+def setup() -> None:
+    teardown()
+    ROOT.mkdir(mode=0o711)
+    subprocess.run(["ip", "netns", "add", NETNS], check=True)
+    subprocess.run(["ip", "-n", NETNS, "link", "set", "lo", "up"], check=True)
+    started = time.monotonic()
+    seed_images()
+    start_dockerd()
+    copy_checkout()
+    make("up")
+    say(f"engine and stack up in {time.monotonic() - started:.0f} s "
+        f"(namespace {NETNS}, {ROOT})")
+
+
+def run(pytest_args: list[str]) -> int:
+    try:
+        setup()
+        pytest = REPO / ".venv" / "bin" / "pytest"
+        return subprocess.run(in_netns([str(pytest), *pytest_args]), cwd=COPY,
+                              env=environment()).returncode
+    finally:
+        teardown()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["run"]:
+        return run(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+    if argv == ["start-dockerd"]:
+        start_dockerd()
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
