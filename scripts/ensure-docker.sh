@@ -38,6 +38,12 @@ if docker info >/dev/null 2>&1; then
   ensure_compose
   exit 0
 fi
+# The disruptive tests' own engine (tests/lane_engine.py) is started by its own command,
+# never as the host's dockerd with the host's PID file.
+if [ -n "${GPULAB_DOCKERD_START:-}" ]; then
+  # shellcheck disable=SC2086  # a command line, split as written
+  exec $GPULAB_DOCKERD_START
+fi
 
 if ! command -v dockerd >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then

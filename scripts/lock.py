@@ -130,6 +130,11 @@ def stale(lock: Path, requirements: list[Path]) -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] != ["--check"] and sys.version_info[:2] != (3, 11):
+        # pip evaluates dependencies' markers against the Python it runs on
+        print(f"[gpulab] make lock needs Python 3.11 (the images'), not "
+              f"{sys.version.split()[0]}: run it with PYTHON=python3.11", file=sys.stderr)
+        return 2
     if argv[:1] == ["--check"]:
         why = stale(Path(argv[1]), [Path(a) for a in argv[2:]])
         if why:

@@ -33,6 +33,7 @@ ROOT = Path("/tmp/gpulab-lane")
 NETNS = "gpulab-lane"
 DATA, EXEC, COPY = ROOT / "data", ROOT / "exec", ROOT / "repo"
 SOCKET, PIDFILE, LOG = ROOT / "docker.sock", ROOT / "dockerd.pid", ROOT / "dockerd.log"
+SYSTEM_CONTAINERD = Path("/run/containerd/containerd.sock")
 IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:latest",
           "gpulab/singleuser:latest", "gpulab/base:bookworm")
 # What the test stack's `make test` sets (Makefile TEST_STACK), for this stack too.
@@ -55,8 +56,7 @@ def environment() -> dict[str, str]:
     env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
                GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
                GPULAB_DOCKERD_PIDFILE=str(PIDFILE),
-               GPULAB_DOCKERD_START=f"{sys.executable} -m tests.lane_engine start-dockerd",
-               GPULAB_LANE_ENGINE="1")
+               GPULAB_DOCKERD_START=f"{sys.executable} -m tests.lane_engine start-dockerd")
     env.pop("GPULAB_URL", None)
     return env
 
@@ -64,11 +64,15 @@ def environment() -> dict[str, str]:
 # ---------------------------------------------------------------- the engine
 
 def dockerd_pid() -> int:
+    """This engine's dockerd: the PID in its file, if that process is a dockerd started
+    with this very PID file (a PID reused by another engine's dockerd is not it)."""
     try:
         pid = int(PIDFILE.read_text().strip())
-        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd" else 0
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return 0
+    return pid if Path(argv[0].decode()).name == "dockerd" and str(PIDFILE).encode() in argv \
+        else 0
 
 
 def start_dockerd() -> None:
@@ -177,6 +181,10 @@ def teardown() -> None:
 
 
 def setup() -> None:
+    if SYSTEM_CONTAINERD.exists():
+        # dockerd would share it (and its "moby" namespace) with the main engine
+        raise SystemExit(f"[lane-engine] {SYSTEM_CONTAINERD} exists: a dockerd of its own "
+                         f"would use that containerd. Run with GPULAB_LANES=main.")
     teardown()
     ROOT.mkdir(mode=0o711)
     subprocess.run(["ip", "netns", "add", NETNS], check=True)

@@ -63,15 +63,21 @@ START = os.environ.get("GPULAB_DOCKERD_START", "")
 
 
 def gpulab_dockerd_pid() -> int:
-    """The PID of the dockerd scripts/ensure-docker.sh started, 0 if none runs."""
+    """The PID of the engine under test's dockerd (scripts/ensure-docker.sh's, or the
+    disruptive lane's own), 0 if none runs."""
     try:
         pid = int(open(PIDFILE).read().strip())
     except (OSError, ValueError):
         return 0
     try:
-        return pid if open(f"/proc/{pid}/comm").read().strip() == "dockerd" else 0
+        if open(f"/proc/{pid}/comm").read().strip() != "dockerd":
+            return 0
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
     except OSError:
         return 0
+    # the lane's own engine: only the dockerd started with its PID file (not a PID reused)
+    own = "GPULAB_DOCKERD_PIDFILE" in os.environ
+    return pid if not own or PIDFILE.encode() in argv else 0
 
 
 def dockerd_environment() -> dict[str, str]:

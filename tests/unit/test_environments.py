@@ -16,6 +16,7 @@ from gpulab.spawn.environments import (
     gpu_count,
     lab_environments,
     lab_images,
+    line_refusal,
     open_to,
     with_environment,
 )
@@ -126,6 +127,14 @@ def test_an_environment_without_gpus_gets_none():
     assert gpu_count(Environment("x", "y"), 2, from_form=False) == 2
 
 
+def test_only_her_first_environment_waits_in_line(settings):
+    """The line starts her server with her GPU count only, so in her first environment."""
+    assert line_refusal(settings, choose(settings, None, [], False), [], False) is None
+    course = choose(settings, {"environment": "course"}, ["teaching"], False)
+    said = line_refusal(settings, course, ["teaching"], False)
+    assert said and "'course' cannot wait in line yet" in said and "'pytorch'" in said
+
+
 def test_the_spawn_reads_the_chosen_image(settings):
     writing = choose(settings, {"environment": "writing"}, [], False)
     assert with_environment(settings, writing)["spawn.image"] == "lab/light:2026"
@@ -163,7 +172,10 @@ def test_the_form_offers_the_environments_and_hides_gpus_when_there_are_none():
     assert '<select class="form-control" id="gpulab-environment" name="environment">' in html
     assert '<option value="writing">writing (no GPU) &lt;b&gt;</option>' in html
     assert 'name="gpus"' not in html
-    with_gpus = render_spawn_form(SpawnForm(2, 1, (), environments=form.environments))
+    with_gpus = render_spawn_form(SpawnForm(2, 1, (), environments=form.environments,
+                                            environments_without_gpus=True))
     assert 'name="gpus"' in with_gpus and 'name="environment"' in with_gpus
     assert "no GPU\" starts without GPUs" in with_gpus
+    all_gpus = render_spawn_form(SpawnForm(2, 1, (), environments=form.environments))
+    assert "starts without GPUs" not in all_gpus
     assert 'name="environment"' not in render_spawn_form(SpawnForm(2, 1, ()))

@@ -38,6 +38,7 @@ class SpawnForm:
     waiting: int = 0  # members waiting in it now
     budget: str = ""  # her GPU-hour budget and its use (gpulab.gpus.budget)
     environments: tuple[tuple[str, str], ...] = ()  # (name, label) to choose from, if several
+    environments_without_gpus: bool = False  # one of them starts without GPUs
 
     @property
     def machines(self) -> bool:

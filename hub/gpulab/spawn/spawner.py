@@ -57,6 +57,7 @@ from gpulab.spawn.environments import (
     choose,
     gpu_count,
     lab_environments,
+    line_refusal,
     open_to,
     with_environment,
 )
@@ -220,6 +221,7 @@ class GpulabSpawner(DockerSpawner):
         settings = live_config.settings_file.load(self.settings_file)
         envs = open_to(lab_environments(settings), groups, self.user.admin)
         choices = tuple((e.name, e.label()) for e in envs) if len(envs) > 1 else ()
+        without = bool(choices) and not all(e.gpus for e in envs)
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return SpawnForm(0, 0, (), environments=choices) if choices else None
@@ -234,7 +236,8 @@ class GpulabSpawner(DockerSpawner):
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=line is not None,
                          waiting=line.waiting() if line else 0,
-                         budget=budget.note() if budget else "", environments=choices)
+                         budget=budget.note() if budget else "", environments=choices,
+                         environments_without_gpus=without)
 
     # ------------------------------------------------------------- progress
 
@@ -319,6 +322,7 @@ class GpulabSpawner(DockerSpawner):
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
             if line is not None and wait:
+                self._check_line_environment()
                 raise await self._join_line(line, gpus_config, e.requested) from None
             if line is not None:
                 message += HINT
@@ -329,6 +333,13 @@ class GpulabSpawner(DockerSpawner):
         if line is not None and line.got_gpus():
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
+
+    def _check_line_environment(self) -> None:
+        """Waiting in line only in her first environment (:func:`line_refusal`)."""
+        refusal = line_refusal(self._lab_config[0], self._environment,
+                               [g.name for g in self.user.groups], self.user.admin)
+        if refusal:
+            raise _http_error(400, refusal)
 
     async def _join_line(self, line: LineAtSpawn, gpus_config, count: int) -> web.HTTPError:
         """Put this server in line for *count* GPUs: the 202 that says so (a 303 to her
@@ -425,7 +436,8 @@ class GpulabSpawner(DockerSpawner):
             return (await self.docker("inspect_image", image))["Id"]
         except docker.errors.NotFound:
             raise _http_error(503, f"The server image {image} is not on {where}; an admin "
-                                   f"must build it (make images) or fix spawn.image.") from None
+                                   f"must build it (make images) or fix spawn.image (or the "
+                                   f"environment's image in spawn.environments).") from None
 
     def run_pre_spawn_hook(self):
         # JupyterHub reads start_timeout right after calling start(), so the settings

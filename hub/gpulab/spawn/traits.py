@@ -45,7 +45,8 @@ SPAWNER_TRAITS: tuple[SpawnerTrait, ...] = (
     SpawnerTrait("cpu_limit", "spawn.cpu_limit"),
     SpawnerTrait("start_timeout", "spawn.start_timeout"),
     SpawnerTrait("image", "spawn.image",
-                 "the Docker proxy lets only spawn.image run, and reads it from gpulab.yaml"),
+                 "the Docker proxy lets only spawn.image (or spawn.environments' images) "
+                 "run, and reads them from gpulab.yaml"),
     SpawnerTrait("network_name", "spawn.network",
                  "the Docker proxy and gpulab-netguard allow only spawn.network, read from "
                  "gpulab.yaml"),
