@@ -70,7 +70,7 @@ def test_an_honoured_trait_wins_over_gpulab_yaml_and_the_log_names_both():
 
 
 @pytest.mark.parametrize("trait, value, words", [
-    ("image", "other/image:1", "the Docker proxy lets only spawn.image run"),
+    ("image", "other/image:1", "the Docker proxy lets only spawn.image (or spawn.environments' images) run"),
     ("network_name", "bridge", "allow only spawn.network"),
     ("volumes", {"data": "/data"}, "spawn.home_volume"),
     ("extra_host_config", {"privileged": True}, "DeviceRequest"),
