@@ -78,7 +78,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench lock cuda-image test-cuda-image
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -97,6 +97,7 @@ help:
 	@echo "make lint          ruff over the Python code"
 	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
 	@echo "make bench         spawn latency (gpulab vs vanilla DockerSpawner, phase by phase) and sign-in to JupyterLab in Chromium"
+	@echo "make bench-scarcity  a simulated month of 30 members on 8 GPUs: retry on 409 vs the line (no stack needed)"
 
 docker:
 	@scripts/ensure-docker.sh
@@ -301,3 +302,7 @@ test-host: docker
 bench: venv test-host up
 	$(VENV)/bin/python -m bench.spawn
 	$(VENV)/bin/python -m bench.member
+
+# The line against retry-on-409, a month in simulated time (gpulab's own allocator and line).
+bench-scarcity: venv
+	$(VENV)/bin/python -m bench.scarcity
