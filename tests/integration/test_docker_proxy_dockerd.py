@@ -45,6 +45,11 @@ GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
 HOME_SIZE = str(16 * 1024**2)  # spawn.home_size of this module's settings, in bytes
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_DEFAULTS: dict[str, object] = {}  # what a plain container gets from this dockerd
+SETTINGS = (f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n"
+            f"  home_volume: '{HOME_VOLUME}-{{username}}'\n"
+            f"  datasets_volume: {DATASETS_VOLUME}\n"
+            f"  home_size: {HOME_SIZE}\n")
+ENVIRONMENT_IMAGE = "gpulab-difftest/environment:1"  # a second tag of IMAGE
 
 
 # ---------------------------------------------------------------- raw HTTP
@@ -123,10 +128,7 @@ def proxy(tmp_path_factory):
                               json.dumps({"Name": NETWORK, "CheckDuplicate": True}).encode())
         assert status == 201, out
         config = log.with_name("gpulab.yaml")
-        config.write_text(f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n"
-                          f"  home_volume: '{HOME_VOLUME}-{{username}}'\n"
-                          f"  datasets_volume: {DATASETS_VOLUME}\n"
-                          f"  home_size: {HOME_SIZE}\n")
+        config.write_text(SETTINGS)
         port = free_port()
         with open(log, "wb") as out:
             process = subprocess.Popen(
@@ -134,7 +136,7 @@ def proxy(tmp_path_factory):
                  "--docker-socket", DOCKER_SOCKET, "--settings", str(config)],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(REPO / "hub")})
-        client = Client(port)
+        client = Client(port, config)
         deadline = time.monotonic() + 15
         while True:
             try:
@@ -158,6 +160,7 @@ def proxy(tmp_path_factory):
 
 
 def _cleanup() -> None:
+    dockerd("DELETE", f"/images/{ENVIRONMENT_IMAGE}")  # the tag only: IMAGE keeps its own
     filters = json.dumps({"name": [PREFIX]})
     _, found = dockerd("GET", f"/containers/json?all=1&filters={_q(filters)}")
     for c in found or []:
@@ -173,10 +176,12 @@ def _q(s: str) -> str:
 
 
 class Client:
-    """The hub's side of the proxy, speaking raw bytes."""
+    """The hub's side of the proxy, speaking raw bytes; *settings* is the gpulab.yaml the
+    proxy reads at every create."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, settings: Path):
         self.port = port
+        self.settings = settings
         self.counter = 0
 
     def send(self, raw: bytes) -> tuple[int, bytes]:
@@ -531,6 +536,40 @@ def test_generated_variants_are_refused_or_create_what_was_checked(proxy):
     assert sent == refused + created
     assert live["exact"] and live["fold"] and live["hc2"] and live["top"], (
         f"the variants should be live (dockerd honours them when sent directly): {live}")
+
+
+def test_exactly_the_images_of_the_labs_environments_run(proxy):
+    """spawn.environments, as an admin edits it on a running lab: the proxy reads it at
+    every create, lets each listed image run (here a second tag of IMAGE) and no other,
+    however it is named; removed from the list, the image is refused at the next create."""
+    repo, tag = ENVIRONMENT_IMAGE.split(":")
+    status, out = dockerd("POST", f"/images/{IMAGE}/tag?repo={repo}&tag={tag}")
+    assert status == 201, out
+    hub_id = dockerd("GET", "/images/gpulab/hub:latest/json")[1]
+    listed = (f"  environments:\n    - {{name: pytorch, image: {IMAGE}}}\n"
+              f"    - {{name: writing, image: {ENVIRONMENT_IMAGE}, gpus: false}}\n")
+    try:
+        proxy.settings.write_text(SETTINGS + listed)
+        for image in (ENVIRONMENT_IMAGE, f"docker.io/{ENVIRONMENT_IMAGE}", IMAGE):
+            status, payload, name = proxy.create(dump({**legit_body(gpus=()), "Image": image}))
+            assert status == 201, (image, payload)
+            assert violations(inspect(name), gpus=()) == []
+            remove(name)
+        unlisted = ["gpulab/hub:latest", f"{repo}:2", f"{ENVIRONMENT_IMAGE}@sha256:{'0' * 64}",
+                    f"index.docker.io/{ENVIRONMENT_IMAGE}"]
+        if isinstance(hub_id, dict):  # the hub's image by its ID (make images built it)
+            unlisted.append(hub_id["Id"])
+        for image in unlisted:
+            status, payload, _ = proxy.create(dump({**legit_body(gpus=()), "Image": image}))
+            assert status == 403 and b"only the lab's images may be run" in payload, (
+                image, status, payload)
+        proxy.settings.write_text(SETTINGS)  # the admin takes it off the list
+        status, payload, _ = proxy.create(dump({**legit_body(gpus=()),
+                                                "Image": ENVIRONMENT_IMAGE}))
+        assert status == 403 and b"only the lab's images may be run" in payload, payload
+    finally:
+        proxy.settings.write_text(SETTINGS)
+        dockerd("DELETE", f"/images/{ENVIRONMENT_IMAGE}")
 
 
 # ---------------------------------------------------------------- per-container calls
