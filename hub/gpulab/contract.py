@@ -106,6 +106,9 @@ LINE_FILE = "gpulab-line.sqlite"
 LINE_SERVICE = "gpu-line"
 LINE_NOTICES_FILE = "gpu-line-notices.json"
 LINE_USAGE_FILE = "gpulab-line-usage.json"  # members' recent GPU-hours (fair share)
+# Bookings of GPUs for a time window (gpulab.bookings), in the hub's data folder: written
+# by the hub's REST API, read by its spawner and the GPU culler.
+BOOKINGS_FILE = "gpulab-bookings.sqlite"
 
 # Prometheus' scrape interval in seconds (docker-compose.yml sets it on Prometheus and the
 # hub alike; 15 unless GPULAB_SCRAPE_SECONDS says otherwise: `make test` runs at 2). The

@@ -14,7 +14,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpulab import live_config
+from gpulab.bookings import api as bookings_api
+from gpulab.bookings.store import booking_store
+from gpulab.bookings.view import home_page_bookings
 from gpulab.contract import (
+    BOOKINGS_FILE,
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
@@ -201,17 +205,26 @@ def configure(c) -> None:
     # The line for GPUs: its store, and the line service's notices.
     line_path = DATA_DIR / LINE_FILE
     line_notices_path = DATA_DIR / LINE_NOTICES_FILE
+    # Members' bookings of GPUs for a time window.
+    bookings_path = DATA_DIR / BOOKINGS_FILE
     c.JupyterHub.template_vars = {
         "gpu_notices": home_page_notices(notices_path, server_notices_path,
                                          line_notices_path),
-        "gpu_line": home_page_line(line_path, gpus_path)}
+        "gpu_line": home_page_line(line_path, gpus_path),
+        "gpu_bookings": home_page_bookings(bookings_path)}
     public_url = os.environ.get("GPULAB_PUBLIC_URL", "")
     c.JupyterHub.tornado_settings = {
         **tornado_settings(public_url),
         # what gpulab.line.api's handlers read
         "gpulab-line": {"file": str(line_path), "gpus_file": str(gpus_path),
                         "releases_file": str(notices_path),
-                        "swarm": bool(settings["hub.swarm"])}}
+                        "bookings_file": str(bookings_path),
+                        "swarm": bool(settings["hub.swarm"])},
+        # what gpulab.bookings.api's handlers read
+        "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
+                            "used": lambda user, per: line_store(line_path).usage().used(
+                                user, per),
+                            "swarm": bool(settings["hub.swarm"])}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
         # Secure (images/singleuser/jupyter_server_config.py).
@@ -231,10 +244,13 @@ def configure(c) -> None:
         configure_login(c, settings, DATA_DIR, default_trusted_proxies(settings))
     except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry
         raise SystemExit(f"gpulab: {e}") from None
-    # The line's REST API, and members whose access ends leave it.
-    c.TokenAuthenticator.more_api_handlers = line_api.api_handlers()
+    # The line's and the bookings' REST API (and the bookings page); members whose
+    # access ends leave the line and lose their bookings.
+    c.TokenAuthenticator.more_api_handlers = [*line_api.api_handlers(),
+                                              *bookings_api.api_handlers()]
     c.TokenAuthenticator.on_access_ended = [
-        lambda name: line_store(line_path).forget_user(name)]
+        lambda name: line_store(line_path).forget_user(name),
+        lambda name: booking_store(bookings_path).forget_user(name)]
     # The line's length and waits on the hub's /hub/metrics, which Prometheus scrapes.
     line_metrics.register(line_path, gpus_path)
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
@@ -249,6 +265,7 @@ def configure(c) -> None:
     c.GpulabSpawner.settings_file = str(settings_path)
     c.GpulabSpawner.gpus_file = str(gpus_path)
     c.GpulabSpawner.line_file = str(line_path)
+    c.GpulabSpawner.bookings_file = str(bookings_path)
     c.GpulabSwarmSpawner.notices_file = str(server_notices_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
@@ -322,7 +339,7 @@ def configure(c) -> None:
     services.append({
         "name": CULLER_SERVICE,
         "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
-                    "--notices", str(notices_path)],
+                    "--notices", str(notices_path), "--bookings-file", str(bookings_path)],
         "environment": gpu_services_env,
     })
     load_roles.append({

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.contract import INFRA_VOLUMES
-from gpulab.spawn.environments import EnvironmentError_, parse_environments
+from gpulab.environments import EnvironmentError_, parse_environments
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
 __all__ = ["SETTINGS", "Setting", "Settings", "bytes_text", "duration_text", "load_settings",
@@ -311,6 +311,10 @@ class Settings(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"Settings({self.source!r})"
+
+    def with_values(self, changes: Mapping[str, Any]) -> Settings:
+        """These settings with *changes* (keys as ``spawn.image``), from the same source."""
+        return Settings({**self._values, **changes}, self.source)
 
 
 def defaults() -> Settings:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.dockerapi.policy import proxy_verdict
-from gpulab.gpus.allocator import InvalidRequest, validate_user_options
-from gpulab.settings import ConfigError, Settings, defaults, settings_from_yaml
-from gpulab.spawn.environments import (
+from gpulab.environments import (
     Environment,
     EnvironmentRefused,
     choose,
@@ -20,6 +18,8 @@ from gpulab.spawn.environments import (
     open_to,
     with_environment,
 )
+from gpulab.gpus.allocator import InvalidRequest, validate_user_options
+from gpulab.settings import ConfigError, Settings, defaults, settings_from_yaml
 from gpulab.spawn.form import SpawnForm, render_spawn_form
 from gpulab.yamlfile import parse_yaml
 

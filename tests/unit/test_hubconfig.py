@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -124,7 +125,8 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     notices = str(tmp_path / "data" / "gpu-culler-notices.json")
     assert service["command"][1:] == ["-m", "gpulab.culler", "--gpus-file",
                                       str(tmp_path / "config" / "gpus.yaml"),
-                                      "--notices", notices]
+                                      "--notices", notices, "--bookings-file",
+                                      str(tmp_path / "data" / "gpulab-bookings.sqlite")]
     assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
                                       "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
                                       "GPULAB_SCRAPE_SECONDS": "15"}
@@ -164,6 +166,10 @@ def test_with_a_host_name_servers_go_below_it_and_services_stay_on_it(tmp_path, 
 
 
 def test_the_line_is_wired_into_the_hub(configured, tmp_path):
+    from gpulab.bookings import api as bookings_api
+    from gpulab.bookings.store import booking_store
+    from gpulab.gpus.allocator import Gpu
+    from gpulab.gpus.config import parse_gpus_config
     from gpulab.line import api as line_api
     from gpulab.line.store import line_store
 
@@ -171,14 +177,27 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     data = tmp_path / "data"
     assert c.GpulabSpawner.line_file == str(data / "gpulab-line.sqlite")
     assert c.JupyterHub.tornado_settings["gpulab-line"]["file"] == c.GpulabSpawner.line_file
-    assert c.TokenAuthenticator.more_api_handlers == line_api.api_handlers()
+    assert c.TokenAuthenticator.more_api_handlers == [*line_api.api_handlers(),
+                                                      *bookings_api.api_handlers()]
     service = next(s for s in c.JupyterHub.services if s["name"] == "gpu-line")
     assert service["command"][1:3] == ["-m", "gpulab.line"]
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == "gpu-line")
     assert role["services"] == ["gpu-line"] and role["scopes"] == hubconfig.LINE_SCOPES
-    # a member whose access ends leaves the line
+    # a member whose access ends leaves the line and loses her bookings
     store = line_store(c.GpulabSpawner.line_file)
     store.join("alice", "", 1)
-    (forget,) = c.TokenAuthenticator.on_access_ended
-    forget("alice")
-    assert store.entries() == []
+    bookings = booking_store(c.GpulabSpawner.bookings_file)
+    now = time.time()
+    bookings.make(parse_gpus_config(""), [Gpu(0, "GPU-0", "A100")], "alice", (), 1,
+                  now + 60, now + 120, "alice")
+    for forget in c.TokenAuthenticator.on_access_ended:
+        forget("alice")
+    assert store.entries() == [] and bookings.bookings() == []
+    # bookings: the spawner, the line's plan and the API read the same store
+    assert c.GpulabSpawner.bookings_file == str(data / "gpulab-bookings.sqlite")
+    assert c.JupyterHub.tornado_settings["gpulab-line"]["bookings_file"] == \
+        c.GpulabSpawner.bookings_file
+    assert c.JupyterHub.tornado_settings["gpulab-bookings"]["file"] == \
+        c.GpulabSpawner.bookings_file
+    # her budget's use, from the line's usage file: not known here (nothing brought it)
+    assert c.JupyterHub.tornado_settings["gpulab-bookings"]["used"]("alice", "month") is None

@@ -18,12 +18,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpus-file", required=True, help="config/gpus.yaml, read at each check")
     p.add_argument("--notices", required=True,
                    help="the JSON file of warnings and stop notices the hub's home page reads")
+    p.add_argument("--bookings-file", default=None,
+                   help="the SQLite file of members' bookings (gpulab.bookings); a server "
+                        "holding GPUs another member booked is warned, then stopped")
     p.add_argument("--prometheus-url",
                    default=os.environ.get("GPULAB_PROMETHEUS_URL", DEFAULT_URL),
                    help="env GPULAB_PROMETHEUS_URL; default: %(default)s")
     args = p.parse_args(argv)
     hub = hub_api_from_environment("gpulab.culler")
-    culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices)
+    culler = GpuCuller(hub, Prometheus(args.prometheus_url), args.gpus_file, args.notices,
+                       args.bookings_file)
     asyncio.run(run_until_stopped(culler.run, "GPU culler"))
 
 

@@ -1,6 +1,6 @@
 """Which servers the GPU culler keeps, warns or stops: pure functions, no I/O.
 
-A server is judged on two clocks, whichever runs out first:
+A server is judged on three clocks, whichever runs out first:
 
 * **idle GPUs**: every GPU it holds stayed under ``culling.idle_below`` utilization for
   the user's ``gpu_idle_timeout``, counted from when they last worked (or from the
@@ -8,6 +8,8 @@ A server is judged on two clocks, whichever runs out first:
   Prometheus' data (exporter down, GPU lost) delays culling, it never hastens it. A
   shared GPU is idle only when nobody uses it (utilization is per GPU, not per user).
 * **age**: the server has run ``max_server_age`` since it started.
+* **a booking**: another member's booking of one of its GPUs starts
+  (:func:`gpulab.bookings.book.first_booked`); her booking keeps them for her.
 
 Nobody is stopped without warning: a server is warned ``warn_before`` ahead, and is
 stopped only once a warning has stood that long, so a lowered timeout or a culler that
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulab.bookings.book import Booking, first_booked, when
 from gpulab.contract import DEFAULT_SCRAPE_SECONDS
 from gpulab.gpus.config import Culling
 from gpulab.gpus.policy import Policy
@@ -27,7 +30,7 @@ from gpulab.notices import CullWarning
 from gpulab.settings import duration_text
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
-IDLE, AGE = "idle", "age"
+IDLE, AGE, BOOKING = "idle", "age", "booking"
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,12 @@ def idle_since(samples: Sequence[tuple[float, float]], *, below: float, step: fl
 
 def cull_decision(server: Server, policy: Policy, culling: Culling,
                   gpus_idle_since: Mapping[str, float | None], standing: CullWarning | None,
-                  now: float) -> CullDecision:
+                  now: float, bookings: Sequence[Booking] = ()) -> CullDecision:
     """Keep, warn or stop one *server*; *standing* is the warning it already has, if any
     (from an earlier check of the same run of the server)."""
     if standing is not None and standing.started != server.started:
         standing = None  # a warning for an earlier run of this server
-    due = _due(server, policy, culling, gpus_idle_since)
+    due = _due(server, policy, culling, gpus_idle_since, bookings, now)
     if due is None or now < due[0] - culling.warn_before:
         return CullDecision(server, KEEP)
     at, reason, why = due
@@ -94,11 +97,19 @@ def cull_decision(server: Server, policy: Policy, culling: Culling,
 
 
 def _due(server: Server, policy: Policy, culling: Culling,
-         gpus_idle_since: Mapping[str, float | None]) -> tuple[float, str, str] | None:
-    """(when, why) the first of the server's clocks runs out; None if neither runs."""
+         gpus_idle_since: Mapping[str, float | None], bookings: Sequence[Booking] = (),
+         now: float = 0.0) -> tuple[float, str, str] | None:
+    """(when, why) the first of the server's clocks runs out; None if none runs."""
     clocks: list[tuple[float, str, str]] = []
     if not server.gpus:
         return None
+    booked = first_booked(bookings, server.user, server.gpus, now)
+    if booked is not None:
+        which = ("its GPU is" if len(server.gpus) == 1 else
+                 f"{booked.gpus} of its {len(server.gpus)} GPUs "
+                 f"{'is' if booked.gpus == 1 else 'are'}")
+        clocks.append((booked.start, BOOKING, f"{which} booked by another member from "
+                                              f"{when(booked.start)}"))
     since = [gpus_idle_since.get(uuid) for uuid in server.gpus]
     if policy.gpu_idle_timeout and all(s is not None for s in since):
         idle_from = max(max(since), server.started)  # type: ignore[type-var]
@@ -115,10 +126,11 @@ def _due(server: Server, policy: Policy, culling: Culling,
 
 def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
          culling: Culling, gpus_idle_since: Mapping[str, float | None],
-         standing: Mapping[tuple[str, str], CullWarning], now: float) -> list[CullDecision]:
+         standing: Mapping[tuple[str, str], CullWarning], now: float,
+         bookings: Sequence[Booking] = ()) -> list[CullDecision]:
     """:func:`cull_decision` for every server (policies and warnings by ``(user, server)``)."""
     return [cull_decision(s, policies[s.key], culling, gpus_idle_since, standing.get(s.key),
-                          now) for s in servers]
+                          now, bookings) for s in servers]
 
 
 def releases(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],

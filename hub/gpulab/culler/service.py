@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Any
 
 from gpulab import live_config
 from gpulab import notices as notes
+from gpulab.bookings.book import Booking
+from gpulab.bookings.store import booking_store
 from gpulab.contract import METRIC_LEASE, METRIC_UTILIZATION, scrape_seconds
 from gpulab.culler.decide import (
     STOP,
@@ -97,11 +100,12 @@ def samples_by_uuid(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple
 
 class GpuCuller:
     def __init__(self, hub: HubApi, prometheus: Prometheus, gpus_file: str | Path,
-                 notices_file: str | Path):
+                 notices_file: str | Path, bookings_file: str | Path | None = None):
         self.hub = hub
         self.prometheus = prometheus
         self.gpus_file = str(gpus_file)
         self.notices_file = Path(notices_file)
+        self.bookings_file = bookings_file  # members' bookings (gpulab.bookings); None: none
 
     def config(self):
         return live_config.gpus_file.load(self.gpus_file)
@@ -126,7 +130,8 @@ class GpuCuller:
                         "and how busy they are comes from Prometheus)", e)
             return []
         before = notes.read(self.notices_file)
-        decisions = plan(servers, policies, config.culling, idle, before.warnings, now)
+        decisions = plan(servers, policies, config.culling, idle, before.warnings, now,
+                         self.bookings())
         stopped = list(before.stopped)
         for d in decisions:
             w = d.warning
@@ -159,6 +164,18 @@ class GpuCuller:
             warnings, notes.keep_stopped(stopped, running, now),
             releases(servers, policies, config.culling, idle, warnings, now)))
         return decisions
+
+    def bookings(self) -> list[Booking]:
+        """Members' bookings; none (and the log says why) when the store cannot be read:
+        a broken store then stops nobody's server for a booking."""
+        if not self.bookings_file:
+            return []
+        try:
+            return booking_store(self.bookings_file).bookings()
+        except (OSError, sqlite3.Error) as e:
+            log.error("GPU culler: cannot read the bookings (%s): %s; no server is stopped "
+                      "for a booking this round", self.bookings_file, e)
+            return []
 
     async def idle_since(self, now: float, window: int, below: float) -> dict[str, float | None]:
         """Since when each GPU has been idle, over the last *window* seconds."""

@@ -84,8 +84,8 @@ from gpulab.dockerapi.schema import (
     text,
     user,
 )
+from gpulab.environments import lab_images
 from gpulab.settings import defaults
-from gpulab.spawn.environments import lab_images
 from gpulab.spawn.naming import home_volume_pattern
 
 # API versions below 1.24 let a start request carry a HostConfig that replaces the

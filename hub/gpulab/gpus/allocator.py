@@ -393,6 +393,16 @@ def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
     return out
 
 
+def _busy_text(b: BusyGpu) -> str:
+    """``GPU 0 (A100) 1/1 in use``, and why when no member's server is the reason: the
+    placeholder holders ``(booked by a member)``, ``(kept for a member waiting in
+    line)``, which name nobody. A GPU held by a server and kept for a booking counts
+    once."""
+    why = sorted({h for h in b.holders if h.startswith("(")})
+    return (f"{b.gpu.label()} {min(b.used, b.gpu.capacity)}/{b.gpu.capacity} in use"
+            + "".join(f" {w}" for w in why))
+
+
 def _not_enough(
     config: GpusConfig,
     policy: Policy,
@@ -426,7 +436,7 @@ def _not_enough(
         for g in candidates
         if g.uuid in holders and len(holders[g.uuid]) >= g.capacity
     ]
-    listing = ", ".join(f"{b.gpu.label()} {b.used}/{b.gpu.capacity} in use" for b in busy)
+    listing = ", ".join(_busy_text(b) for b in busy)
     free_anywhere = len(candidates) - len(busy)
     if free_anywhere > free:  # enough in all, but split over machines
         return NotEnoughGpus(

@@ -98,7 +98,8 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _MACHINE_PIN = re.compile(rf"(?P<machine>{_HOSTNAME.pattern}):(?P<index>[0-9]{{1,3}})")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
-_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling", "line")
+_TOP_KEYS = ("inventory", "pools", "defaults", "groups", "users", "culling", "line",
+             "bookings")
 _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
@@ -111,6 +112,7 @@ WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from
 SOFT, HARD = "soft", "hard"  # spent: she waits behind the others in line / GPUs refused
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
 _LINE_KEYS = ("claim_window", "order", "half_life", "max_wait", "alert_after")
+_BOOKINGS_KEYS = ("max_length", "max_ahead", "max_gpus")
 FIRST_COME, FAIR_SHARE = "first_come", "fair_share"  # line.order
 
 # Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
@@ -220,6 +222,15 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Bookings:
+    """Members booking GPUs for a time window (``bookings:``, :mod:`gpulab.bookings`)."""
+
+    max_length: int = 8 * 3600  # seconds a booking may last at most; 0: no bookings
+    max_ahead: int = 14 * 86400  # seconds ahead a booking may start at most
+    max_gpus: int = 0  # GPUs one booking may take at most; 0: the member's max_gpus
+
+
+@dataclass(frozen=True)
 class GpusConfig:
     filename: str = "<defaults>"
     auto: bool = True  # inventory: auto (NVML discovery) vs the explicit list below
@@ -235,6 +246,7 @@ class GpusConfig:
     default_budget: Budget | None = None
     culling: Culling = field(default_factory=Culling)
     line: Line = field(default_factory=Line)
+    bookings: Bookings = field(default_factory=Bookings)
 
 
 def _union(items: Iterable[str]) -> tuple[str, ...]:
@@ -470,6 +482,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     default_budget = _budget(r, ("defaults", "budget"), d.get("budget"))
     culling = _culling(r, top.get("culling"))
     line = _line(r, top.get("line"))
+    bookings = _bookings(r, top.get("bookings"))
 
     groups = _overrides(r, "groups", top.get("groups"), pools, gpus, auto, lower=False)
     users = _overrides(r, "users", top.get("users"), pools, gpus, auto, lower=True)
@@ -488,6 +501,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         default_budget=default_budget,
         culling=culling,
         line=line,
+        bookings=bookings,
     )
 
 
@@ -522,6 +536,20 @@ def _line(r: _Reader, raw: Any) -> Line:
                          body.get("max_wait", default.max_wait)),
         alert_after=r.check(path + ("alert_after",), _seconds,
                             body.get("alert_after", default.alert_after)),
+    )
+
+
+def _bookings(r: _Reader, raw: Any) -> Bookings:
+    path: Path_ = ("bookings",)
+    body = r.mapping(path, raw, _BOOKINGS_KEYS,
+                     "a mapping with max_length:, max_ahead: and max_gpus:")
+    default = Bookings()
+    return Bookings(
+        max_length=r.check(path + ("max_length",), lambda v: _seconds(v, "no bookings"),
+                           body.get("max_length", default.max_length)),
+        max_ahead=r.check(path + ("max_ahead",), _positive_seconds,
+                          body.get("max_ahead", default.max_ahead)),
+        max_gpus=r.check(path + ("max_gpus",), _count, body.get("max_gpus", default.max_gpus)),
     )
 
 

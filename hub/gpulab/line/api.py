@@ -12,7 +12,8 @@
 Members join by asking for a server with ``"wait": true`` (:mod:`gpulab.spawn.spawner`).
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-line"]``:
 ``{"file": the store, "gpus_file": gpus.yaml, "releases_file": the GPU culler's notices
-(when each GPU is expected back), "swarm": bool}``.
+(when each GPU is expected back), "bookings_file": members' bookings (their GPUs are
+taken while they run), "swarm": bool}``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tornado import web
 
 from gpulab import live_config
 from gpulab import notices as notes
+from gpulab.bookings.book import holds as booking_holds
+from gpulab.bookings.store import booking_store
+from gpulab.gpus.allocator import Lease
 from gpulab.gpus.config import FAIR_SHARE
 from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
 from gpulab.line.eta import Estimate, estimates
@@ -69,6 +73,11 @@ class LineAPIBase(APIHandler):
     def book(self) -> LeaseBook:
         return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
 
+    def booked(self) -> list[Lease]:
+        """The GPUs of the bookings running now (gpulab.bookings), as taken."""
+        path = self.line_settings.get("bookings_file")
+        return booking_holds(booking_store(path).bookings(), time.time()) if path else []
+
     async def write_places(self, user: str = "", server: str = "") -> None:
         """The line's models, or only *user*'s (her *server*'s), with how it is ordered:
         ``order`` (gpus.yaml's line.order) and ``by_use`` (false when fair share has no
@@ -80,6 +89,7 @@ class LineAPIBase(APIHandler):
         etas: dict[int, Estimate] = {}
         if entries:
             inventory, leases = await self.book.snapshot(config)
+            leases += self.booked()  # nobody in line gets a GPU a running booking keeps
             places = plan(config, inventory, leases, entries, usage)
             releases = notes.read(self.line_settings["releases_file"]).releases
             etas = estimates(config, inventory, leases, places, releases, time.time())

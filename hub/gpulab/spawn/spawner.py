@@ -7,7 +7,7 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
   invalid edit is refused and the last good file stays in force).
 * ``user_options`` (from the spawn form or straight from the REST API) are validated
   before anything is created: anything but ``{"gpus": 0..quota, "wait": bool,
-  "environment": NAME}`` is a 400 (:mod:`gpulab.spawn.environments`: the server runs
+  "environment": NAME}`` is a 400 (:mod:`gpulab.environments`: the server runs
   the chosen environment's image).
 * GPUs are leased (:mod:`gpulab.gpus.leases`) before the container is created; no free GPU
   or an exceeded quota is a 4xx with a message that says what to do.
@@ -38,6 +38,18 @@ from traitlets import Any, Dict, Float, List, Unicode, default
 from traitlets.config import Configurable
 
 from gpulab import compat, live_config
+from gpulab.bookings.book import holds as booking_holds
+from gpulab.bookings.store import booking_store
+from gpulab.environments import (
+    Environment,
+    EnvironmentRefused,
+    choose,
+    gpu_count,
+    lab_environments,
+    line_refusal,
+    open_to,
+    with_environment,
+)
 from gpulab.gpus.allocator import (
     AllocationError,
     NotEnoughGpus,
@@ -51,16 +63,6 @@ from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
 from gpulab.settings import ConfigError, Settings, bytes_text
 from gpulab.spawn.containers import container_options, home_volume_create
-from gpulab.spawn.environments import (
-    Environment,
-    EnvironmentRefused,
-    choose,
-    gpu_count,
-    lab_environments,
-    line_refusal,
-    open_to,
-    with_environment,
-)
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
@@ -128,6 +130,15 @@ class GpulabSpawner(DockerSpawner):
         always). Example: c.GpulabSpawner.line_file = "/srv/jupyterhub/gpulab-line.sqlite"
         """,
     )
+    bookings_file = Unicode(
+        "",
+        config=True,
+        help="""Path of the SQLite file of members' bookings of GPUs (gpulab.bookings); ""
+        for none. While a booking runs, its GPUs are kept for its member: her spawns get
+        them first, nobody else's gets them. Example:
+        c.GpulabSpawner.bookings_file = "/srv/jupyterhub/gpulab-bookings.sqlite"
+        """,
+    )
     ready_poll_interval = Float(
         0.1,
         config=True,
@@ -192,9 +203,14 @@ class GpulabSpawner(DockerSpawner):
         return LineAtSpawn(line_store(self.line_file), self.user.name, self.name,
                            [g.name for g in self.user.groups])
 
-    def _line_holds(self, config, inventory, leases) -> list:
-        """The GPUs the line keeps from this spawn (LeaseBook's ``holds``)."""
-        return self.line.holds(config, inventory, leases) if self.line else []
+    def _holds(self, config, inventory, leases) -> list:
+        """What this spawn counts as taken besides the leases (LeaseBook's ``holds``):
+        the GPUs of the bookings running now (her own as this server's, which she gets
+        first), and those the line keeps (which it works out with the bookings' taken)."""
+        booked = (booking_holds(booking_store(self.bookings_file).bookings(), time.time(),
+                                self.user.name, self.name) if self.bookings_file else [])
+        kept = self.line.holds(config, inventory, [*leases, *booked]) if self.line else []
+        return booked + kept
 
     @property
     def log_name(self) -> str:
@@ -226,7 +242,7 @@ class GpulabSpawner(DockerSpawner):
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return SpawnForm(0, 0, (), environments=choices) if choices else None
         holders = await self.lease_book.holders([g.uuid for g in inventory], config,
-                                                holds=self._line_holds)
+                                                holds=self._holds)
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
@@ -317,7 +333,7 @@ class GpulabSpawner(DockerSpawner):
                               self.log_name, budget.used, budget.budget.gpu_hours)
                 raise _http_error(403, budget.refusal())
             gpus = await self.lease_book.acquire(gpus_config, self._request(count),
-                                                 holds=self._line_holds)
+                                                 holds=self._holds)
         except NotEnoughGpus as e:
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
@@ -359,7 +375,7 @@ class GpulabSpawner(DockerSpawner):
         return said
 
     def _choose_environment(self, settings: Settings) -> Environment:
-        """The environment her options ask for (:mod:`gpulab.spawn.environments`)."""
+        """The environment her options ask for (:mod:`gpulab.environments`)."""
         try:
             return choose(settings, self.user_options, [g.name for g in self.user.groups],
                           self.user.admin)

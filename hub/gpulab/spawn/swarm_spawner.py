@@ -166,7 +166,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
             landings[0] = names.get(node_for_cpu_server(nodes, services), "")
             counts = range(1, policy.max_gpus + 1)
             previews = await self.lease_book.preview(
-                config, [self._request(n, settings) for n in counts], holds=self._line_holds)
+                config, [self._request(n, settings) for n in counts], holds=self._holds)
             for count, got in zip(counts, previews, strict=True):
                 if isinstance(got, NotEnoughGpus):  # none free enough on any one machine
                     landings[count] = ""

@@ -153,10 +153,7 @@ def line_refusal(settings: Mapping[str, Any], env: Environment, groups: Iterable
             f"{env.name!r} when GPUs are free.")
 
 
-def with_environment(settings: Mapping[str, Any], env: Environment):
-    """*settings* as the spawn of a server of *env* reads them (its image)."""
-    from gpulab.settings import Settings
-
-    values = dict(settings)
-    values["spawn.image"] = env.image
-    return Settings(values, getattr(settings, "source", "<environment>"))
+def with_environment(settings: Any, env: Environment) -> Any:
+    """*settings* (:class:`gpulab.settings.Settings`, which imports this module to parse
+    ``spawn.environments``) as the spawn of a server of *env* reads them: its image."""
+    return settings.with_values({"spawn.image": env.image})

@@ -1,0 +1,30 @@
+"""What a member's hub home page says about her bookings (``template_vars``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gpulab.bookings.store import booking_store
+
+
+def _when(t: float) -> dict[str, str]:
+    at = datetime.fromtimestamp(t, UTC)
+    return {"iso": at.isoformat(), "utc": at.strftime("%Y-%m-%d %H:%M")}
+
+
+def home_page_bookings(path: str | os.PathLike):
+    """``c.JupyterHub.template_vars["gpu_bookings"]``: called with whoever opens a page;
+    her bookings not ended, the running one first."""
+
+    def gpu_bookings(user) -> list[dict[str, Any]]:
+        if user is None:
+            return []
+        now = time.time()
+        return [{"gpus": len(b.gpus), "start": _when(b.start), "end": _when(b.end),
+                 "running": b.runs_at(now)}
+                for b in booking_store(path).bookings(user.name) if b.end > now]
+
+    return gpu_bookings
