@@ -294,6 +294,7 @@ def configure(c) -> None:
             "command": [sys.executable, "-m", "gpulab.dashboard",
                         "--culler-notices", str(notices_path),
                         "--line-file", str(line_path),
+                        "--bookings-file", str(bookings_path),
                         *(["--swarm"] if settings["hub.swarm"] else [])],
             # JupyterHub starts a managed service with only the environment it is given:
             # without DOCKER_HOST the lease page would look for a Docker socket it has not.

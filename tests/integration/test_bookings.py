@@ -105,7 +105,7 @@ def test_bad_bookings_are_refused_with_the_reason_and_change_nothing(hub, lab_us
 
 
 def test_a_booking_stops_an_unbooked_holder_after_the_warning_and_keeps_its_gpu(
-        hub, lab_user, lab_config, gpus_yaml, new_page):
+        hub, lab_user, lab_config, gpus_yaml, new_page, hub_admin):
     lab_config.write("gpus.yaml", ONE_GPU + "  gpu_idle_timeout: 0\n"
                      + f"culling: {{warn_before: {WARN_BEFORE}s, check_every: 1s}}\n")
     alice, bob, carol = lab_user("alice"), lab_user("bob"), lab_user("carol")
@@ -139,6 +139,13 @@ def test_a_booking_stops_an_unbooked_holder_after_the_warning_and_keeps_its_gpu(
     page.reload()
     text = page.locator("#gpu-notices .gpu-notice[data-kind=stopped]").inner_text()
     assert "was stopped: its GPU is booked by another member" in text, text
+
+    # operators see it on the GPU dashboard, running
+    ops = new_page()
+    submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
+    row = ops.locator("#booking-rows tr.booking", has_text=bob.name)
+    row.wait_for(timeout=15_000)
+    assert "GPU 0" in row.inner_text() and "now" in row.inner_text(), row.inner_text()
 
     # while it runs the GPU is bob's: carol's spawn finds it taken, bob's gets it
     r = requests.post(f"{hub.api}/users/{carol.name}/server", json={"gpus": 1},

@@ -361,3 +361,27 @@ async def test_an_unreadable_line_store_leaves_the_line_off_and_the_table_on(exp
                             line=line_in_order(tmp_path / "line.sqlite", tmp_path / "gpus.yaml"))
     snap = await reader.read()
     assert snap["line"] == [] and len(snap["gpus"]) == 3
+
+
+async def test_bookings_come_from_their_store_and_an_unreadable_one_costs_only_them(
+        exporter, tmp_path):
+    import time
+
+    from gpulab.bookings.store import BookingStore
+    from gpulab.bookings.view import bookings_for_dashboard
+    from gpulab.gpus.allocator import Gpu
+    from gpulab.gpus.config import parse_gpus_config
+
+    store = BookingStore(tmp_path / "bookings.sqlite")
+    now = time.time()
+    store.make(parse_gpus_config(""), [Gpu(0, "GPU-a", "A100")], "ann", (), 1, now + 60,
+               now + 120, "ann")
+    reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
+                            bookings=bookings_for_dashboard(store.path))
+    [b] = (await reader.read())["bookings"]
+    assert (b["user"], b["gpus"], b["start"]) == ("ann", ["GPU-a"], now + 60)
+    (tmp_path / "broken.sqlite").mkdir()
+    reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
+                            bookings=bookings_for_dashboard(tmp_path / "broken.sqlite"))
+    snap = await reader.read()
+    assert snap["bookings"] == [] and len(snap["gpus"]) == 3

@@ -267,3 +267,27 @@ def test_nobody_in_line_hides_the_section():
     page = render_page(make_templates(), view, api_url="a", refresh_seconds=5,
                        xsrf_token="t", user="op")
     assert '<section id="line" hidden>' in page
+
+
+def test_bookings_show_under_the_line_by_start_with_the_tables_gpu_names():
+    now = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+    snap = snapshot([gpu(0), gpu(1)], timestamp=now, bookings=[
+        {"user": "<cy>", "gpus": [gpu(1)["uuid"], "GPU-gone"], "start": now + 3600,
+         "end": now + 7200},
+        {"user": "bob", "gpus": [gpu(0)["uuid"]], "start": now - 60, "end": now + 600},
+    ])
+    view = build_view(snap)
+    assert [(b["user"], b["gpus_text"], b["from"], b["until"], b["state_text"])
+            for b in view["bookings"]] == [
+        ("bob", "GPU 0", "2027-01-15 07:59", "2027-01-15 08:10", "now"),
+        ("<cy>", "GPU 1, GPU-gone", "2027-01-15 09:00", "2027-01-15 10:00", "booked")]
+    page = render_page(make_templates(), view, api_url="a", refresh_seconds=5,
+                       xsrf_token="t", user="op")
+    assert '<section id="bookings">' in page
+    rows = re.findall(r'<tr class="booking">(.*?)</tr>', page)
+    assert "&lt;cy&gt;" in rows[1] and "<cy>" not in page
+    # none: the section is hidden
+    assert build_view(snapshot([gpu(0)], timestamp=now))["bookings"] == []
+    assert '<section id="bookings" hidden>' in render_page(
+        make_templates(), build_view(snapshot([gpu(0)], timestamp=now)), api_url="a",
+        refresh_seconds=5, xsrf_token="t", user="op")

@@ -28,3 +28,15 @@ def home_page_bookings(path: str | os.PathLike):
                 for b in booking_store(path).bookings(user.name) if b.end > now]
 
     return gpu_bookings
+
+
+def bookings_for_dashboard(path: str | os.PathLike):
+    """For the operators' GPU dashboard (``SnapshotReader(bookings=...)``): every booking
+    not ended, as {"user", "gpus" (UUIDs), "start", "end"}."""
+
+    def read() -> list[dict[str, Any]]:
+        now = time.time()
+        return [{"user": b.user, "gpus": list(b.gpus), "start": b.start, "end": b.end}
+                for b in booking_store(path).bookings() if b.end > now]
+
+    return read

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from jupyterhub.services.auth import HubOAuth
 
+from gpulab.bookings.view import bookings_for_dashboard
 from gpulab.dashboard.app import DashboardConfig, make_app
 from gpulab.dashboard.history import PrometheusHistory
 from gpulab.dashboard.leases import (
@@ -101,6 +102,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     p.add_argument("--culler-notices", default=None, metavar="PATH",
                    help="the GPU culler's notices file, whose standing warnings the table "
                         "shows beside the leases they will end (default: none)")
+    p.add_argument("--bookings-file", default=None, metavar="PATH",
+                   help="members' bookings (gpulab.bookings), listed under the table")
     p.add_argument("--line-file", default=None, metavar="PATH",
                    help="the line's store (gpulab.line): who waits, under the table, and "
                         "the GPUs kept for them, on the lease page (default: none)")
@@ -136,7 +139,9 @@ async def serve(args: argparse.Namespace) -> None:
                             culler_notices=Path(args.culler_notices)
                             if args.culler_notices else None,
                             line=line_in_order(args.line_file, args.gpus_file)
-                            if args.line_file else None)
+                            if args.line_file else None,
+                            bookings=bookings_for_dashboard(args.bookings_file)
+                            if args.bookings_file else None)
     leases = None
     if not args.no_leases:
         store = SwarmServices() if args.swarm else DockerContainers()

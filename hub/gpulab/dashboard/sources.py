@@ -174,6 +174,18 @@ async def read_first(sources: Sequence[Source]) -> dict[str, Any]:
     return {"gpus": [], "source": None, "unreachable": unreachable, "timestamp": None}
 
 
+def _rows(read: Callable[[], list[dict[str, Any]]] | None, what: str) -> list[dict[str, Any]]:
+    """Who waits in line, or the bookings (none without their file). An unreadable store
+    costs its own section, never the GPU table: it is logged and left out."""
+    if read is None:
+        return []
+    try:
+        return read()
+    except (OSError, sqlite3.Error) as e:
+        log.warning("%s cannot be read, leaving it off the page: %s", what, e)
+        return []
+
+
 class SnapshotReader:
     """:func:`read_first`, at most once per ``max_age`` seconds: many open dashboards
     refreshing every few seconds cost the exporter one request, and concurrent requests
@@ -183,11 +195,13 @@ class SnapshotReader:
                  clock: Callable[[], float] = time.monotonic,
                  alerts: AlertmanagerAlerts | None = None,
                  culler_notices: Path | None = None,
-                 line: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 line: Callable[[], list[dict[str, Any]]] | None = None,
+                 bookings: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.sources = list(sources)
         self.alerts = alerts
         self.culler_notices = culler_notices
         self.line = line  # members waiting for GPUs, in the line's order
+        self.bookings = bookings  # members' bookings not ended
         self.max_age = max_age
         self.clock = clock
         self._value: dict[str, Any] | None = None
@@ -206,18 +220,8 @@ class SnapshotReader:
         snapshot, alerts = await asyncio.gather(read_first(self.sources),
                                                 read_alerts(self.alerts))
         return {**snapshot, **alerts, "cull_warnings": self.cull_warnings(),
-                "line": self.waiting()}
-
-    def waiting(self) -> list[dict[str, Any]]:
-        """Who waits in line (none without a line file). An unreadable line store costs
-        the line's section, never the GPU table: it is logged and left out."""
-        if self.line is None:
-            return []
-        try:
-            return self.line()
-        except (OSError, sqlite3.Error) as e:
-            log.warning("the line's store cannot be read, leaving it off the page: %s", e)
-            return []
+                "line": _rows(self.line, "the line's store"),
+                "bookings": _rows(self.bookings, "the bookings' store")}
 
     def cull_warnings(self) -> list[dict[str, Any]]:
         """The GPU culler's standing warnings (its notices file; none without one)."""

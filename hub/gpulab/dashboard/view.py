@@ -7,7 +7,8 @@ sources add: ``source`` ({"name", "url"} of whoever answered, None if nobody did
 ``cull_warnings`` (the GPU culler's standing warnings: {"user", "server", "stop_at",
 "message"} each), shown beside the lease they will end, and ``line`` (members waiting
 for GPUs, in the line's order: {"user", "server", "gpus", "joined_at", "offered_at"}
-each), shown under the table (:func:`waiting_rows`).
+each), shown under the table (:func:`waiting_rows`), and ``bookings`` (members' bookings
+not ended: {"user", "gpus" (UUIDs), "start", "end"} each, :func:`booking_rows`).
 
 Several machines (a Swarm's GPU nodes, read through Prometheus): each GPU carries its
 ``node``, and ``nodes_down`` lists the exporters Prometheus does not reach. When the data
@@ -98,6 +99,7 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
         "nodes": node_totals(gpus, down) if show_nodes(gpus, down) else None,
         "gpus": gpus,
         "line": waiting_rows(snapshot.get("line") or (), now),
+        "bookings": booking_rows(snapshot.get("bookings") or (), gpus, now),
     }
 
 
@@ -122,6 +124,29 @@ def waiting_rows(line: Sequence[dict[str, Any]], now: float | None) -> list[dict
                            else "waiting"),
         })
     return rows
+
+
+def booking_rows(bookings: Sequence[dict[str, Any]], gpus: Sequence[dict[str, Any]],
+                 now: float | None) -> list[dict[str, Any]]:
+    """Bookings under the line, by start: who, which GPUs (as the table names them; a
+    UUID the table lacks as itself), from and until (UTC), and whether it runs now."""
+    names = {g.get("uuid"): f"GPU {g.get('index')}" + (f" of {g['node']}" if g.get("node")
+                                                         else "") for g in gpus}
+    rows = []
+    for b in sorted(bookings, key=lambda b: (_number(b.get("start")) or 0.0)):
+        start, end = _number(b.get("start")), _number(b.get("end"))
+        rows.append({
+            "user": str(b.get("user") or ""),
+            "gpus_text": ", ".join(names.get(u) or str(u) for u in b.get("gpus") or ()),
+            "from": _utc(start), "until": _utc(end),
+            "state_text": ("now" if now is not None and start is not None and end is not None
+                           and start <= now < end else "booked"),
+        })
+    return rows
+
+
+def _utc(t: float | None) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M") if t is not None else NA
 
 
 def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
