@@ -50,6 +50,14 @@ SSH_PUBLIC_URL := $(if $(filter 0.0.0.0,$(GPULAB_BIND_ADDRESS)),$(if $(GPULAB_HO
 GPULAB_CONFIG ?= $(CURDIR)/config
 # An absolute path: `docker run -v` takes a relative one for a volume's name.
 export GPULAB_CONFIG := $(abspath $(GPULAB_CONFIG))
+# GPULAB_DEMO=1: a demo on a host WITHOUT GPUs, clearly labelled: two simulated GPUs
+# (the exporter's --fake-gpus, the hub finds the same two) and the stand-in GPU runtime
+# (tests/gpu_standin: dockerd then starts containers that ask for GPUs; nothing is
+# injected), so that a newcomer sees leases, the spawn form, the dashboard and the
+# history. Without it, a host without GPUs runs its exporter with --no-gpus: no
+# critical "NVML down" alert for GPUs it never had.
+export GPULAB_DEMO ?=
+export GPULAB_EXPORTER_FLAGS ?= $(if $(filter 1,$(GPULAB_DEMO)),--fake-gpus 2,$(if $(HAS_NVIDIA),,--no-gpus))
 # Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; docs/swarm.md).
 SWARM ?=
 # The users' network: members' servers get addresses from GPULAB_IP_RANGE only, and the
@@ -78,10 +86,11 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
+	@echo "make up GPULAB_DEMO=1  the same on a host without GPUs, with 2 simulated GPUs (a labelled demo)"
 	@echo "make up-swarm      the same on a Docker Swarm's manager: members' servers on its GPU servers"
 	@echo "make swarm-node    on each GPU server of that Swarm: gpulab-netguard and its GPU exporter"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
@@ -158,7 +167,7 @@ LOCKS = images/hub/requirements.lock:images/hub/requirements.txt \
 lock:
 	@set -e; $(foreach l,$(LOCKS),$(PYTHON) scripts/lock.py $(subst $(comma), ,$(subst :, ,$(l))) -- $(PIP_ARGS);)
 
-up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
+up: $(if $(GPULAB_DEMO),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
 	@install -d -m 700 "$(GPULAB_BACKUP_DIR)"
@@ -178,6 +187,15 @@ up: images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@git rev-parse --short HEAD > .gpulab-running 2>/dev/null || rm -f .gpulab-running
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
+	@$(if $(GPULAB_DEMO),echo "[gpulab] DEMO: 2 SIMULATED GPUs and the stand-in GPU runtime, not hardware (make up without GPULAB_DEMO=1 ends it)")
+
+# The demo's host: no NVIDIA GPU (the demo would hide real ones), and gpulab's dockerd
+# with the stand-in GPU runtime on its PATH.
+demo-host: docker
+	@[ "$(GPULAB_DEMO)" = 1 ] || { echo "[gpulab] GPULAB_DEMO=1 runs the demo; got GPULAB_DEMO=$(GPULAB_DEMO)" >&2; exit 1; }
+	@$(if $(HAS_NVIDIA),echo "[gpulab] this host has NVIDIA GPUs: run make up without GPULAB_DEMO=1, the lab then uses them" >&2; exit 1)
+	@$(if $(SWARM),echo "[gpulab] the demo runs on one host: make up GPULAB_DEMO=1, not up-swarm" >&2; exit 1)
+	@scripts/standin-gpus.sh
 
 up-swarm:
 	@$(MAKE) --no-print-directory up SWARM=yes

@@ -139,3 +139,15 @@ METRIC_UTILIZATION = "gpulab_gpu_utilization_ratio"
 METRIC_MEMORY_USED = "gpulab_gpu_memory_used_bytes"
 METRIC_MEMORY_TOTAL = "gpulab_gpu_memory_total_bytes"
 METRIC_LEASE = "gpulab_gpu_lease_info"  # one series per (GPU, holder), value 1
+
+
+# The demo for a host without GPUs (`make up GPULAB_DEMO=1`): the hub finds this many
+# simulated GPUs (gpulab.gpus.discovery) with the UUIDs the exporter gives its
+# `--fake-gpus` (gpulab_exporter.fake_nvml.fake_uuid), and the stand-in GPU runtime
+# (tests/gpu_standin) lets dockerd start containers that ask for them.
+DEMO_ENV = "GPULAB_DEMO"
+DEMO_GPUS = 2
+
+
+def demo_gpu_uuid(index: int) -> str:
+    return f"GPU-fa4e0000-0000-4000-8000-{index:012x}"

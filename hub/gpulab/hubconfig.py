@@ -22,6 +22,7 @@ from gpulab.contract import (
     CULLER_NOTICES_FILE,
     CULLER_SERVICE,
     DASHBOARD_SERVICE,
+    DEMO_ENV,
     LINE_FILE,
     LINE_NOTICES_FILE,
     LINE_SERVICE,
@@ -67,7 +68,8 @@ DASHBOARD_PORT = 9447
 # What the dashboard service needs from the hub's environment: where Docker (the filtering
 # proxy), the config files, the exporter and Prometheus are.
 DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
-                 "GPULAB_PROMETHEUS_URL", live_config.LAST_GOOD_DIR_ENV, SCRAPE_SECONDS_ENV)
+                 "GPULAB_PROMETHEUS_URL", live_config.LAST_GOOD_DIR_ENV, SCRAPE_SECONDS_ENV,
+                 DEMO_ENV)
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 # The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's

@@ -291,3 +291,12 @@ def test_bookings_show_under_the_line_by_start_with_the_tables_gpu_names():
     assert '<section id="bookings" hidden>' in render_page(
         make_templates(), build_view(snapshot([gpu(0)], timestamp=now)), api_url="a",
         refresh_seconds=5, xsrf_token="t", user="op")
+
+
+def test_a_host_without_gpus_by_design_says_so_without_an_nvml_banner():
+    snap = snapshot([], nvml_up=False, expects_gpus=False,
+                    nvml_error="this host has no GPUs (--no-gpus: ...)")
+    view = build_view(snap)
+    assert view["message"].startswith("This host has no GPUs (make up found no NVIDIA GPU)")
+    assert "make up GPULAB_DEMO=1" in view["message"]
+    assert not any("NVML" in b for b in view["banners"])

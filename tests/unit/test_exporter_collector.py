@@ -311,3 +311,22 @@ def test_before_first_poll_the_registry_still_renders():
 def test_fake_rejects_unknown_field_names():
     with pytest.raises(ValueError, match="unknown fake NVML fields"):
         FakeGpu(0, unsupported={"fan_speed"})
+
+
+def test_a_host_without_gpus_by_design_never_loads_nvml_and_expects_none():
+    """--no-gpus: NVML is never initialised (it would fail, and log a failure, on every
+    poll), the snapshot says why, and gpulab_exporter_gpus_expected is 0."""
+    class Untouchable(FakeNvml):
+        def init(self):
+            raise AssertionError("NVML loaded on a host without GPUs by design")
+
+    poller = Poller(Untouchable([FakeGpu(0)]), expects_gpus=False)
+    snap = poller.poll()
+    assert not snap.nvml_up and snap.gpus == () and not snap.expects_gpus
+    assert snap.nvml_error.startswith("this host has no GPUs (--no-gpus")
+    reg = scrape(poller)
+    assert reg.get_sample_value("gpulab_exporter_gpus_expected") == 0.0
+    assert reg.get_sample_value("gpulab_exporter_nvml_up") == 0.0
+    # every other host: expected
+    assert scrape(Poller(FakeNvml([FakeGpu(0)]))).get_sample_value(
+        "gpulab_exporter_gpus_expected") == 1.0

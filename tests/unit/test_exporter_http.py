@@ -165,6 +165,40 @@ def test_console_script_with_fake_gpus(tmp_path):
     assert "FAKE NVML" in out
 
 
+def test_console_script_on_a_host_without_gpus_by_design():
+    """`--no-gpus` (what make up passes on a host without an NVIDIA GPU): it serves, says
+    why there are no GPUs, and tells Prometheus that none are expected, so the critical
+    GpulabNvmlDown stays quiet (tests/unit/test_prometheus_rules.py)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gpulab_exporter", "--no-gpus", "--docker-url", "none",
+           "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--process-interval", "0.4"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                status, _, body = get(f"http://127.0.0.1:{port}/metrics")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline and p.poll() is None, "exporter did not start"
+                time.sleep(0.1)
+        assert status == 200
+        assert "gpulab_exporter_gpus_expected 0.0" in body
+        assert "gpulab_exporter_nvml_up 0.0" in body and "gpulab_gpu_up{" not in body
+        snapshot = json.loads(get(f"http://127.0.0.1:{port}/api/gpus")[2])
+        assert snapshot["expects_gpus"] is False and snapshot["gpus"] == []
+        assert "this host has no GPUs (--no-gpus" in snapshot["nvml_error"]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0, out
+    assert "NVML unavailable" not in out, out  # not a failure: logged once, as a fact
+    assert "this host has no GPUs" in out
+    both = subprocess.run([*cmd[:4], "--fake-gpus", "2"], capture_output=True, text=True,
+                          timeout=30)
+    assert both.returncode != 0 and "exclude each other" in both.stderr
+
+
 def test_console_script_rejects_bad_intervals():
     p = subprocess.run([sys.executable, "-m", "gpulab_exporter", "--interval", "10",
                         "--process-interval", "5"], capture_output=True, text=True, timeout=30,

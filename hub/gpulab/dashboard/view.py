@@ -32,6 +32,8 @@ GiB = 1 << 30
 
 NA = "N/A"
 NO_GPUS = "No GPUs on this host"
+NO_GPU_HOST = ("This host has no GPUs (make up found no NVIDIA GPU): members' servers run "
+               "on CPUs. To see the GPU pages with simulated GPUs, run make up GPULAB_DEMO=1.")
 # A GPU held by a server and busy less than this fraction of the time counts as
 # "idle but allocated" (the kernel-duty-cycle ratio NVML reports, 0-1).
 IDLE_BELOW = 0.01
@@ -62,7 +64,8 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
         banners.append("FAKE GPUs: the exporter runs with --fake-gpus; these numbers are "
                        "simulated, not hardware.")
     nvml_up = snapshot.get("nvml_up")
-    if source and nvml_up is False:
+    by_design = snapshot.get("expects_gpus") is False  # the exporter's --no-gpus
+    if source and nvml_up is False and not by_design:
         banners.append("NVML is not answering on the exporter: "
                        f"{snapshot.get('nvml_error') or 'no reason given'}.")
     for d in down:
@@ -81,6 +84,8 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
 
     if source is None:
         message = "No GPU data: every data source is unreachable."
+    elif not gpus and by_design:
+        message = NO_GPU_HOST
     elif not gpus and nvml_up is False:
         message = "No GPU data: NVML is not answering on the exporter."
     elif not gpus:

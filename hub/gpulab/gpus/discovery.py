@@ -2,13 +2,18 @@
 
 The hub container sees the GPUs for discovery only (docker-compose.gpu.yml gives it the
 ``utility`` capability: NVML, no compute). Where NVML cannot load (no driver, no GPU,
-a CPU-only host) discovery returns no GPUs and says why, once, in the log.
+a CPU-only host) discovery returns no GPUs and says why, once, in the log. In the demo
+for a host without GPUs (``GPULAB_DEMO=1``), it returns the simulated GPUs the exporter's
+``--fake-gpus`` reports.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+
+from gpulab.contract import DEMO_ENV, DEMO_GPUS, demo_gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,11 @@ def _text(value) -> str:
 
 
 def discover_gpus() -> list[DiscoveredGpu]:
+    if os.environ.get(DEMO_ENV) == "1":
+        log.warning("DEMO: %d simulated GPUs (%s=1, make up GPULAB_DEMO=1), not hardware",
+                    DEMO_GPUS, DEMO_ENV)
+        return [DiscoveredGpu(i, demo_gpu_uuid(i), "simulated GPU (demo)")
+                for i in range(DEMO_GPUS)]
     try:
         import pynvml
     except ImportError:

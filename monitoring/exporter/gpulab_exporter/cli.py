@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                    help="simulate N GPUs instead of NVML, for demos and CPU-only stacks "
                         "(reported as backend=\"fake\" in gpulab_exporter_info)")
+    p.add_argument("--no-gpus", action="store_true",
+                   help="this host has no GPUs by design (make up passes it on a host "
+                        "without an NVIDIA GPU): NVML is not loaded, and "
+                        "gpulab_exporter_gpus_expected 0 keeps GpulabNvmlDown quiet")
     p.add_argument("--fake-uuids", type=_uuid_list, default=(), metavar="UUID,...",
                    help="with --fake-gpus N: the N fake GPUs' UUIDs, comma-separated "
                         "(default: GPU-fa4e0000-0000-4000-8000-<index>, the same on every "
@@ -84,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--process-interval >= --interval")
     if args.fake_uuids and not args.fake_gpus:
         raise SystemExit("gpulab-exporter: --fake-uuids needs --fake-gpus")
+    if args.no_gpus and args.fake_gpus:
+        raise SystemExit("gpulab-exporter: --no-gpus and --fake-gpus exclude each other")
     if args.fake_gpus:
         from gpulab_exporter.fake_nvml import FakeNvml
 
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         nvml = Nvml()
     directory = None if args.docker_url == "none" else DockerContainerDirectory(args.docker_url)
     poller = Poller(nvml, directory=directory, proc=args.proc, interval=args.interval,
-                    process_interval=args.process_interval)
+                    process_interval=args.process_interval, expects_gpus=not args.no_gpus)
     poller.poll()  # the first snapshot before the first scrape
     poller.start()
     token = None

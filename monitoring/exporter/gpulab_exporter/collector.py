@@ -56,6 +56,10 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
                         "1 if NVML answered on the last cycle, 0 if it could not load or "
                         "lost the driver (see the exporter's log for why).",
                         1.0 if snap.nvml_up else 0.0))
+    fams.append(_single("gpulab_exporter_gpus_expected",
+                        "1 if this host should have GPUs (NVML down is then an alert), 0 "
+                        "if it has none by design (--no-gpus).",
+                        1.0 if snap.expects_gpus else 0.0))
     fams.append(_single("gpulab_exporter_collection_duration_seconds",
                         "Time the last NVML poll cycle took, in seconds.",
                         snap.collection_duration_seconds))

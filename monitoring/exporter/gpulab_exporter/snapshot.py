@@ -119,6 +119,7 @@ class Snapshot:
     last_success_timestamp: float | None = None
     docker_up: bool | None = None  # None: no container directory configured
     processes_timestamp: float | None = None
+    expects_gpus: bool = True  # False: a host without GPUs by design (--no-gpus)
 
     def to_json(self) -> dict:
         """The snapshot as plain JSON types, for ``/api/gpus``."""
@@ -149,6 +150,15 @@ class _NvmlGone(Exception):
     pass
 
 
+class _NoGpusHere(Exception):
+    pass
+
+
+# What the snapshot says on a host without GPUs by design (--no-gpus).
+NO_GPUS = ("this host has no GPUs (--no-gpus: make up found no NVIDIA GPU); "
+           "`make up GPULAB_DEMO=1` runs a demo with simulated ones")
+
+
 _FIELDS: list[tuple[str, str, float]] = [
     # snapshot field, NvmlLike method, factor to base units
     ("utilization_ratio", "utilization_percent", 0.01),
@@ -174,6 +184,9 @@ class Poller:
     process_interval: float = 15.0
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    # False: this host has no GPUs by design (--no-gpus): NVML is never loaded, and the
+    # snapshot says so instead of an NVML failure
+    expects_gpus: bool = True
     latest: Snapshot = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +221,8 @@ class Poller:
         gpus: tuple[GpuSample, ...] = ()
         error = None
         try:
+            if not self.expects_gpus:
+                raise _NoGpusHere(NO_GPUS)
             if not self._ready:
                 self.nvml.init()
                 self._ready = True
@@ -216,6 +231,8 @@ class Poller:
                          " (FAKE NVML: simulated GPUs, not real hardware)" if self._fake else "")
             count = self.nvml.device_count()
             gpus = tuple(self._read_gpu(i, slow) for i in range(count))
+        except _NoGpusHere as e:
+            error = str(e)
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, _NvmlGone) as e:
             error = _describe(e)
             gpus = ()
@@ -223,7 +240,9 @@ class Poller:
                 self._ready = False
                 self.nvml.shutdown()
         if error != self._last_error:
-            if error:
+            if error == NO_GPUS:
+                log.info("%s; NVML is not loaded", NO_GPUS)
+            elif error:
                 log.warning("NVML unavailable, GPU metrics absent until it recovers "
                             "(retrying every %ss): %s", self.interval, error)
             elif self._last_error and self._last_error != "not polled yet":
@@ -244,6 +263,7 @@ class Poller:
             last_success_timestamp=self._last_success,
             docker_up=self._docker_up,
             processes_timestamp=self._processes_timestamp,
+            expects_gpus=self.expects_gpus,
         )
         self.latest = snap
         return snap
