@@ -141,18 +141,6 @@ def gpu_count(env: Environment, count: int | None, from_form: bool) -> int | Non
     return 0
 
 
-def line_refusal(settings: Mapping[str, Any], env: Environment, groups: Iterable[str],
-                 is_admin: bool) -> str | None:
-    """Why *env* cannot wait in line, or None: the line starts a member's server when her
-    turn comes with her GPU count only, so in her first environment."""
-    first = choose(settings, None, groups, is_admin)
-    if env == first:
-        return None
-    return (f"Waiting in line starts your server in your first environment, {first.name!r}; "
-            f"{env.name!r} cannot wait in line yet. Wait in {first.name!r}, or start "
-            f"{env.name!r} when GPUs are free.")
-
-
 def with_environment(settings: Any, env: Environment) -> Any:
     """*settings* (:class:`gpulab.settings.Settings`, which imports this module to parse
     ``spawn.environments``) as the spawn of a server of *env* reads them: its image."""

@@ -25,3 +25,21 @@ def create(path: str | os.PathLike, schema: Iterable[str]) -> Path:
         for statement in schema:
             db.execute(statement)
     return path
+
+
+def add_columns(path: Path, table: str, columns: Iterable[tuple[str, str]]) -> None:
+    """Add to *table* each of *columns* ``(name, declaration)`` it lacks: a file an older
+    gpulab made gets what this one reads (``CREATE TABLE IF NOT EXISTS`` leaves it as
+    it was)."""
+    with connect(path) as db:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, declaration in columns:
+            if name in have:
+                continue
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+            except sqlite3.OperationalError as e:
+                # another process (the hub and its services open the same files as they
+                # start) added it between the look and the change
+                if "duplicate column" not in str(e):
+                    raise

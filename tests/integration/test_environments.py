@@ -2,8 +2,9 @@
 real stack: two images the test builds (the lab's single-user image and a "light" one
 made from it, told apart by an environment variable), listed in gpulab.yaml as an admin
 would; members choose through the spawn form in Chromium and through the REST API, the
-hub refuses anything else naming her choices, and an environment's changed image is used
-from the next start."""
+hub refuses anything else naming her choices, an environment's changed image is used
+from the next start, and a member waiting in line for a GPU gets the environment she
+asked for when her turn comes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import requests
 
 from .browser import screenshot, submit_login
 from .stack import docker, wait_for
+from .standin import GPU0, STANDIN_GPUS, gpus_of
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +113,29 @@ def test_members_choose_an_environment_and_get_its_image(spawn_settings, light_i
     alice.stop_server()
     alice.start_server({"environment": "light"})
     assert image_of(alice) == (light_images[1], "light-2")
+
+
+def test_a_member_waits_in_line_in_her_environment_and_gets_it(spawn_settings, light_images,
+                                                               lab_user, lab_config,
+                                                               gpus_yaml, hub):
+    """Waiting in line keeps the environment she asked for: when her turn comes, the
+    line starts her server from its image, with the GPU kept for her."""
+    spawn_settings(environments=[
+        {"name": "pytorch", "image": "gpulab/singleuser:latest"},
+        {"name": "light", "image": light_images[0], "description": "light, with a GPU"}])
+    lab_config.write("gpus.yaml", STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1"))
+    alice, bob = lab_user("env"), lab_user("env")
+    alice.start_server({"gpus": 1})
+    assert gpus_of(alice.container)["label"] == GPU0
+
+    r = post_spawn(bob, {"gpus": 1, "wait": True, "environment": "light"})
+    assert r.status_code == 202 and "number 1 in line" in r.json()["message"], r.text
+    r = requests.get(f"{hub.api}/gpulab/line/{bob.name}",
+                     headers={"Authorization": f"token {bob.token}"}, timeout=30)
+    assert [e["environment"] for e in r.json()["line"]] == ["light"], r.text
+
+    alice.stop_server()
+    wait_for(lambda: (hub.server_model(bob.name) or {}).get("ready"), 120, interval=0.5,
+             what="the line to start bob's server")
+    assert image_of(bob) == (light_images[0], "light-1")
+    assert gpus_of(bob.container)["label"] == GPU0

@@ -14,7 +14,6 @@ from gpulab.environments import (
     gpu_count,
     lab_environments,
     lab_images,
-    line_refusal,
     open_to,
     with_environment,
 )
@@ -125,14 +124,6 @@ def test_an_environment_without_gpus_gets_none():
     with pytest.raises(EnvironmentRefused, match="runs without GPUs"):
         gpu_count(writing, 1, from_form=False)  # the REST API asked for GPUs: said
     assert gpu_count(Environment("x", "y"), 2, from_form=False) == 2
-
-
-def test_only_her_first_environment_waits_in_line(settings):
-    """The line starts her server with her GPU count only, so in her first environment."""
-    assert line_refusal(settings, choose(settings, None, [], False), [], False) is None
-    course = choose(settings, {"environment": "course"}, ["teaching"], False)
-    said = line_refusal(settings, course, ["teaching"], False)
-    assert said and "'course' cannot wait in line yet" in said and "'pytorch'" in said
 
 
 def test_the_spawn_reads_the_chosen_image(settings):

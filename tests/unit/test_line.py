@@ -335,6 +335,70 @@ async def test_her_turn_starts_her_server(tmp_path, status, calls):
         ["it could not be started when it was your turn in line (no)"] if status == 503 else [])
 
 
+async def test_her_turn_starts_her_server_in_the_environment_she_waits_in(tmp_path):
+    hub = RecordingHub([{**model(READY), "environment": "course"}])
+    await service(hub, tmp_path).check(now=100)
+    assert hub.calls == [("offer", "bob", True),
+                         ("start", "bob", {"gpus": 1, "environment": "course"})]
+
+
+def test_the_store_keeps_her_environment_and_takes_an_older_gpulabs_file(tmp_path):
+    import sqlite3
+
+    old = tmp_path / "line.sqlite"  # the schema before environments
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE line (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                   " user TEXT NOT NULL, server TEXT NOT NULL, gpus INTEGER NOT NULL,"
+                   " groups TEXT NOT NULL DEFAULT '[]', joined_at REAL NOT NULL,"
+                   " offered_at REAL, UNIQUE (user, server))")
+        db.execute("INSERT INTO line (user, server, gpus, joined_at) VALUES ('ann', '', 1, 5)")
+    store = LineStore(old)
+    [ann] = store.entries()
+    assert (ann.user, ann.joined_at, ann.environment) == ("ann", 5, "")
+    bob = store.join("bob", "", 1, ("phd",), "course")
+    assert bob.environment == "course"
+    # asking again keeps her place, with the environment of the new request
+    assert store.join("bob", "", 2, ("phd",), "pytorch").environment == "pytorch"
+    assert store.entry("bob", "").joined_at == bob.joined_at
+    LineStore(old)  # opened again: nothing to add, nothing lost
+    assert [e.user for e in LineStore(old).entries()] == ["ann", "bob"]
+
+
+def test_two_processes_adding_the_same_column_do_not_fail(tmp_path, monkeypatch):
+    """The hub and its services open the line's file as they start: the second to add a
+    column finds it added between its look and its change."""
+    import sqlite3
+
+    from gpulab import private_db
+
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (a TEXT)")
+    real = private_db.connect
+
+    class Racing:  # the other process adds it right after this one looked
+        def __init__(self, p):
+            self.db = real(p)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.db.__exit__(*exc)
+
+        def execute(self, sql):
+            rows = list(self.db.execute(sql))
+            if sql.startswith("PRAGMA"):
+                with real(path) as other:
+                    other.execute("ALTER TABLE t ADD COLUMN b TEXT NOT NULL DEFAULT ''")
+            return rows
+
+    monkeypatch.setattr(private_db, "connect", Racing)
+    private_db.add_columns(path, "t", [("b", "TEXT NOT NULL DEFAULT ''")])
+    with real(path) as db:
+        assert [r[1] for r in db.execute("PRAGMA table_info(t)")] == ["a", "b"]
+
+
 async def test_an_unopened_server_is_stopped_after_the_claim_window_and_she_is_told(tmp_path):
     from gpulab import notices as notes
 

@@ -40,6 +40,7 @@ class Entry:
     joined_at: float  # epoch seconds
     groups: tuple[str, ...] = ()  # her JupyterHub groups when she joined
     offered_at: float | None = None  # when the line started her server (epoch seconds)
+    environment: str = ""  # the environment she waits in (spawn.environments); "": the lab's one
 
     def request(self) -> Request:
         return Request(self.user, self.server, self.groups, self.gpus)

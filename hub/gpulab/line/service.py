@@ -55,6 +55,7 @@ class Decision:
     server: str
     gpus: int = 0
     message: str = ""  # for her (a notice) and the log
+    environment: str = ""  # START: the environment to start her server in ("": the lab's)
 
 
 def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
@@ -67,7 +68,7 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
     if state == REFUSED:
         return Decision(REFUSE, user, name, gpus, entry.get("reason") or "")
     if state == READY:
-        return Decision(START, user, name, gpus)
+        return Decision(START, user, name, gpus, environment=entry.get("environment") or "")
     if state != OFFERED:
         return Decision(WAIT, user, name, gpus)
     if server is None or not (server.get("ready") or server.get("pending")):
@@ -162,7 +163,9 @@ class LineService:
         who = f"{d.user}:{d.server}" if d.server else d.user
         if d.action == START:
             await self.hub.offer(d.user, d.server)
-            status, body = await self.hub.start_server(d.user, d.server, {"gpus": d.gpus})
+            options = {"gpus": d.gpus, **({"environment": d.environment}
+                                          if d.environment else {})}
+            status, body = await self.hub.start_server(d.user, d.server, options)
             reason = (body or {}).get("message") if isinstance(body, dict) else ""
             if status == 409:  # the GPUs went in between (a race): she keeps her place
                 log.info("line: %s's turn, but not now (%s); next round", who, reason)
@@ -174,7 +177,8 @@ class LineService:
                 self.notify(d, f"it could not be started when it was your turn in line "
                                f"({reason or status})")
             else:
-                log.info("line: %s's turn: starting it with %d GPU(s)", who, d.gpus)
+                log.info("line: %s's turn: starting it with %d GPU(s)%s", who, d.gpus,
+                         f" in {d.environment}" if d.environment else "")
             return
         if d.action == EXPIRED:
             await self.hub.stop_server(d.user, d.server)

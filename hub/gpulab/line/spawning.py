@@ -71,14 +71,16 @@ class LineAtSpawn:
         used = self.store.usage().used(self.user, policy.budget.per)
         return None if used is None else budget_state(policy.budget, used, time.time())
 
-    def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int) -> Joined:
-        """Put this server in line for *count* GPUs (keeping its place if it is in line
-        already), unless waiting could never serve it."""
+    def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,
+             environment: str = "") -> Joined:
+        """Put this server in line for *count* GPUs in *environment* (its name; "" where
+        the lab has one), keeping its place if it is in line already, unless waiting
+        could never serve it. The line starts her server in that environment."""
         never = never_fits(config, inventory, Request(self.user, self.server, self.groups,
                                                       count))
         if never:
             return Joined(409, never)
-        entry = self.store.join(self.user, self.server, count, self.groups)
+        entry = self.store.join(self.user, self.server, count, self.groups, environment)
         position, waiting = position_of(entry, self.store.entries(), config,
                                         self.store.usage())
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"

@@ -21,19 +21,25 @@ _SCHEMA = (
     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
     " user TEXT NOT NULL, server TEXT NOT NULL, gpus INTEGER NOT NULL,"
     " groups TEXT NOT NULL DEFAULT '[]', joined_at REAL NOT NULL, offered_at REAL,"
+    " environment TEXT NOT NULL DEFAULT '',"
     " UNIQUE (user, server))",
 )
-_COLUMNS = "id, user, server, gpus, groups, joined_at, offered_at"
+# Columns added since the first version, for stores an older gpulab made (its rows:
+# the default).
+_ADDED = (("environment", "TEXT NOT NULL DEFAULT ''"),)
+_COLUMNS = "id, user, server, gpus, groups, joined_at, offered_at, environment"
 
 
 def _entry(row) -> Entry:
-    id_, user, server, gpus, groups, joined_at, offered_at = row
-    return Entry(id_, user, server, gpus, joined_at, tuple(json.loads(groups)), offered_at)
+    id_, user, server, gpus, groups, joined_at, offered_at, environment = row
+    return Entry(id_, user, server, gpus, joined_at, tuple(json.loads(groups)), offered_at,
+                 environment)
 
 
 class LineStore:
     def __init__(self, path: str | os.PathLike, now: Callable[[], float] = time.time):
         self.path = private_db.create(Path(path), _SCHEMA)
+        private_db.add_columns(self.path, "line", _ADDED)
         self.now = now
 
     def _connect(self):
@@ -58,15 +64,18 @@ class LineStore:
                              (user, server)).fetchone()
         return _entry(row) if row else None
 
-    def join(self, user: str, server: str, gpus: int, groups: Iterable[str] = ()) -> Entry:
-        """Her entry for *server*, asking for *gpus*: a new one at the back of the line,
-        or the one she has, keeping its place (with the new count)."""
+    def join(self, user: str, server: str, gpus: int, groups: Iterable[str] = (),
+             environment: str = "") -> Entry:
+        """Her entry for *server*, asking for *gpus* in *environment* ("": the lab's one):
+        a new one at the back of the line, or the one she has, keeping its place (with
+        the new count and environment)."""
         with self._connect() as db:
             db.execute(
-                "INSERT INTO line (user, server, gpus, groups, joined_at) VALUES (?, ?, ?, ?, ?)"
+                "INSERT INTO line (user, server, gpus, groups, joined_at, environment)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (user, server) DO UPDATE SET gpus = excluded.gpus,"
-                " groups = excluded.groups",
-                (user, server, gpus, json.dumps(sorted(groups)), self.now()))
+                " groups = excluded.groups, environment = excluded.environment",
+                (user, server, gpus, json.dumps(sorted(groups)), self.now(), environment))
         entry = self.entry(user, server)
         assert entry is not None
         return entry

@@ -27,7 +27,8 @@ def line_rows(entries: list[Entry], user: str, config: GpusConfig,
     for e in entries:
         if e.user != user:
             continue
-        row = {"server": e.server, "gpus": e.gpus, "joined": _when(e.joined_at)}
+        row = {"server": e.server, "gpus": e.gpus, "joined": _when(e.joined_at),
+               "environment": e.environment}
         if e.offered_at is None:
             row["state"] = "waiting"
             row["position"], row["waiting"] = position_of(e, entries, config, usage)

@@ -46,7 +46,6 @@ from gpulab.environments import (
     choose,
     gpu_count,
     lab_environments,
-    line_refusal,
     open_to,
     with_environment,
 )
@@ -338,7 +337,6 @@ class GpulabSpawner(DockerSpawner):
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
             if line is not None and wait:
-                self._check_line_environment()
                 raise await self._join_line(line, gpus_config, e.requested) from None
             if line is not None:
                 message += HINT
@@ -350,18 +348,15 @@ class GpulabSpawner(DockerSpawner):
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
 
-    def _check_line_environment(self) -> None:
-        """Waiting in line only in her first environment (:func:`line_refusal`)."""
-        refusal = line_refusal(self._lab_config[0], self._environment,
-                               [g.name for g in self.user.groups], self.user.admin)
-        if refusal:
-            raise _http_error(400, refusal)
-
     async def _join_line(self, line: LineAtSpawn, gpus_config, count: int) -> web.HTTPError:
         """Put this server in line for *count* GPUs: the 202 that says so (a 303 to her
         home page from the spawn form), or the 409 if waiting could never serve it."""
         inventory = await self.lease_book.current_inventory(gpus_config)
-        joined = line.join(gpus_config, inventory, count)
+        # the environment she asked for, where the lab lists several: the line starts her
+        # server in it when her turn comes
+        listed = bool(self._lab_config[0]["spawn.environments"])
+        joined = line.join(gpus_config, inventory, count,
+                           self._environment.name if listed else "")
         said = _http_error(joined.status, joined.message)
         if joined.status != 202:
             return said
