@@ -187,14 +187,14 @@ up: $(if $(GPULAB_DEMO),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME
 	@git rev-parse --short HEAD > .gpulab-running 2>/dev/null || rm -f .gpulab-running
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
-	@$(if $(GPULAB_DEMO),echo "[gpulab] DEMO: 2 SIMULATED GPUs and the stand-in GPU runtime, not hardware (make up without GPULAB_DEMO=1 ends it)")
+	@[ -z "$(GPULAB_DEMO)" ] || echo "[gpulab] DEMO: 2 SIMULATED GPUs and the stand-in GPU runtime, not hardware (make up without GPULAB_DEMO=1 ends it)"
 
 # The demo's host: no NVIDIA GPU (the demo would hide real ones), and gpulab's dockerd
 # with the stand-in GPU runtime on its PATH.
 demo-host: docker
 	@[ "$(GPULAB_DEMO)" = 1 ] || { echo "[gpulab] GPULAB_DEMO=1 runs the demo; got GPULAB_DEMO=$(GPULAB_DEMO)" >&2; exit 1; }
-	@$(if $(HAS_NVIDIA),echo "[gpulab] this host has NVIDIA GPUs: run make up without GPULAB_DEMO=1, the lab then uses them" >&2; exit 1)
-	@$(if $(SWARM),echo "[gpulab] the demo runs on one host: make up GPULAB_DEMO=1, not up-swarm" >&2; exit 1)
+	@[ -z "$(HAS_NVIDIA)" ] || { echo "[gpulab] this host has NVIDIA GPUs: run make up without GPULAB_DEMO=1 and the lab uses them" >&2; exit 1; }
+	@[ -z "$(SWARM)" ] || { echo "[gpulab] the demo runs on one host (make up GPULAB_DEMO=1), not on a Swarm" >&2; exit 1; }
 	@scripts/standin-gpus.sh
 
 up-swarm:

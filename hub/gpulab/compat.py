@@ -153,6 +153,21 @@ def from_rest_api(handler: Any) -> bool:
     return handler is None or isinstance(handler, APIHandler)
 
 
+def options_reused(handler: Any) -> bool:
+    """Whether JupyterHub starts this server with the options of its last start, because
+    the request gave none: it does so when ``User.spawn`` gets ``options=None`` (checked
+    against jupyterhub 6.1.1, ``user.py``: "load from db which should have the previous
+    value"): the spawn page without a form (a GET without query options) and the REST
+    API without a body. The form's POST, query options and a REST body are fresh."""
+    if handler is None or getattr(handler, "request", None) is None:
+        return False
+    request = handler.request
+    if from_rest_api(handler):
+        return request.method == "POST" and not (request.body or b"").strip()
+    query = {k for k in request.query_arguments if k not in ("next", "display_name")}
+    return request.method == "GET" and not query
+
+
 def set_current_user(handler: Any, user: Any) -> None:
     """The request's signed-in user from now on (``LoginHandler.post`` does the same)."""
     handler._jupyterhub_user = user

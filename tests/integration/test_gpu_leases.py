@@ -132,3 +132,40 @@ def test_edits_take_effect_at_next_spawn_and_bad_edits_keep_the_last_good(hub, l
             "gpulab-hub", 200)
     finally:
         gpus_yaml.write_text(STANDIN_GPUS)
+
+
+def test_a_start_without_options_after_her_gpu_access_went_starts_without_gpus(
+        hub, lab_user, gpus_yaml, new_page):
+    """JupyterHub starts a server with the options of its last start when a request
+    gives none (the spawn page when it has no form, a REST start without a body). Seen
+    fail before: alice started with 1 GPU; an admin then took GPU access away (the same
+    happens when a driver failure empties the inventory), the spawn page had no form,
+    and every start of hers was refused "You asked for 1 GPU", with no way to ask for
+    none. Now it starts without GPUs and says why."""
+    import requests
+
+    from .browser import submit_login
+
+    alice = lab_user("alice")
+    alice.start_server({"gpus": 1, "wait": True})
+    alice.stop_server()
+    gpus_yaml.write_text(STANDIN_GPUS + f"users:\n  {alice.name}: {{no_gpu: true}}\n")
+    try:
+        r = requests.post(f"{hub.api}/users/{alice.name}/server",
+                          headers={"Authorization": f"token {alice.token}"}, timeout=120)
+        assert r.status_code in (201, 202), r.text
+        wait_for(lambda: (hub.server_model(alice.name) or {}).get("ready"), 120,
+                 what="alice's server, started without options")
+        assert gpus_of(alice.container)["label"] == ""
+        log = container_logs("gpulab-hub", 300)
+        assert (f"{alice.name}: Starting without GPUs: your last start asked for 1, and no "
+                "GPU is available to you now.") in log
+        alice.stop_server()
+        # the spawn page (no form now) does the same in her browser
+        page = new_page()
+        submit_login(page, alice.name, alice.token, next_url="/hub/spawn")
+        wait_for(lambda: (hub.server_model(alice.name) or {}).get("ready"), 120,
+                 what="alice's server from the spawn page")
+        assert gpus_of(alice.container)["label"] == ""
+    finally:
+        gpus_yaml.write_text(STANDIN_GPUS)

@@ -64,6 +64,7 @@ from gpulab.settings import ConfigError, Settings, bytes_text
 from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
+from gpulab.spawn.reused import still_choosable
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
 
 
@@ -369,6 +370,20 @@ class GpulabSpawner(DockerSpawner):
             said.headers = {"Location": url_path_join(self.hub.base_url, "home")}
         return said
 
+    async def _drop_what_is_gone(self, settings: Settings, gpus_config) -> None:
+        """JupyterHub starts this server with the options of her last start (the request
+        gave none): keep only what she could choose now (:mod:`gpulab.spawn.reused`)."""
+        groups = [g.name for g in self.user.groups]
+        policy = policy_for(gpus_config, self.user.name, groups)
+        inventory = await self.lease_book.current_inventory(gpus_config)
+        offered = not (policy.no_gpu or policy.max_gpus == 0 or not inventory)
+        open_now = {e.name for e in open_to(lab_environments(settings), groups,
+                                            self.user.admin)}
+        self.user_options, said = still_choosable(self.user_options, gpus_offered=offered,
+                                                  environments=open_now)
+        for line in said:
+            self._report(6, line)
+
     def _choose_environment(self, settings: Settings) -> Environment:
         """The environment her options ask for (:mod:`gpulab.environments`)."""
         try:
@@ -461,6 +476,8 @@ class GpulabSpawner(DockerSpawner):
         self._progress_events = []
         self._report(5, "Checking the lab's settings")
         settings, gpus_config = self._lab_config
+        if self.user_options and compat.options_reused(getattr(self, "handler", None)):
+            await self._drop_what_is_gone(settings, gpus_config)
         self._environment = self._choose_environment(settings)
         settings = with_environment(settings, self._environment)
         if len(lab_environments(self._lab_config[0])) > 1:
