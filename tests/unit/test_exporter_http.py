@@ -139,63 +139,62 @@ def test_parse_listen_rejects(listen):
         parse_listen(listen)
 
 
-def test_console_script_with_fake_gpus(tmp_path):
-    """`python -m gpulab_exporter --fake-gpus 2` serves, says it is fake, stops on SIGTERM."""
-
+def exporter_process(*flags: str):
+    """`python -m gpulab_exporter FLAGS` on a free port, until its /metrics answers:
+    (the process, the port, the first /metrics body). The caller stops it."""
     port = free_port()
-    cmd = [sys.executable, "-m", "gpulab_exporter", "--fake-gpus", "2", "--docker-url", "none",
+    cmd = [sys.executable, "-m", "gpulab_exporter", *flags, "--docker-url", "none",
            "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--process-interval", "0.4"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            status, _, body = get(f"http://127.0.0.1:{port}/metrics")
+            assert status == 200
+            return p, port, body
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline or p.poll() is not None:
+                p.kill()
+                raise AssertionError(f"exporter did not start: {p.communicate()[0]}") from None
+            time.sleep(0.1)
+
+
+def stopped(p) -> str:
+    """SIGTERM, then its output; it must exit 0."""
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0, out
+    return out
+
+
+def test_console_script_with_fake_gpus(tmp_path):
+    """`python -m gpulab_exporter --fake-gpus 2` serves, says it is fake, stops on SIGTERM."""
+    p, _, body = exporter_process("--fake-gpus", "2")
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                status, _, body = get(f"http://127.0.0.1:{port}/metrics")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline and p.poll() is None, "exporter did not start"
-                time.sleep(0.1)
-        assert status == 200
         assert 'gpulab_exporter_info{backend="fake"' in body
         assert f'gpulab_gpu_up{{gpu="1",uuid="{fake_uuid(1)}"}} 1.0' in body
     finally:
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=10)
-    assert p.returncode == 0, out
+        out = stopped(p)
     assert "FAKE NVML" in out
 
 
 def test_console_script_on_a_host_without_gpus_by_design():
     """`--no-gpus` (what make up passes on a host without an NVIDIA GPU): it serves, says
     why there are no GPUs, and tells Prometheus that none are expected, so the critical
-    GpulabNvmlDown stays quiet (tests/unit/test_prometheus_rules.py)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "gpulab_exporter", "--no-gpus", "--docker-url", "none",
-           "--listen", f"127.0.0.1:{port}", "--interval", "0.2", "--process-interval", "0.4"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    GpulabNvmlDown stays quiet (monitoring/prometheus/alerts_test.yml)."""
+    p, port, body = exporter_process("--no-gpus")
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                status, _, body = get(f"http://127.0.0.1:{port}/metrics")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline and p.poll() is None, "exporter did not start"
-                time.sleep(0.1)
-        assert status == 200
         assert "gpulab_exporter_gpus_expected 0.0" in body
         assert "gpulab_exporter_nvml_up 0.0" in body and "gpulab_gpu_up{" not in body
         snapshot = json.loads(get(f"http://127.0.0.1:{port}/api/gpus")[2])
         assert snapshot["expects_gpus"] is False and snapshot["gpus"] == []
         assert "this host has no GPUs (--no-gpus" in snapshot["nvml_error"]
     finally:
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=10)
-    assert p.returncode == 0, out
+        out = stopped(p)
     assert "NVML unavailable" not in out, out  # not a failure: logged once, as a fact
     assert "this host has no GPUs" in out
-    both = subprocess.run([*cmd[:4], "--fake-gpus", "2"], capture_output=True, text=True,
-                          timeout=30)
+    both = subprocess.run([sys.executable, "-m", "gpulab_exporter", "--no-gpus",
+                           "--fake-gpus", "2"], capture_output=True, text=True, timeout=30)
     assert both.returncode != 0 and "exclude each other" in both.stderr
 
 
