@@ -5,6 +5,11 @@ SHELL := /bin/bash
 
 # Does this host have NVIDIA GPUs (driver and nvidia-smi installed)?
 HAS_NVIDIA := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+# Does it have NVIDIA hardware or a loaded NVIDIA driver, even where nvidia-smi fails (a
+# driver upgraded but not yet loaded, a library mismatch)? Then it is not a host without
+# GPUs by design, and NVML failing there must alert.
+NVIDIA_HOST := $(shell { [ -e /proc/driver/nvidia ] || ls /dev/nvidia[0-9]* \
+  || lspci -d 10de: | grep -qiE 'vga|3d|display'; } >/dev/null 2>&1 && echo yes)
 # cpu | cuda: which PyTorch build the single-user image gets (auto: cuda on NVIDIA hosts).
 TORCH_VARIANT ?= $(if $(HAS_NVIDIA),cuda,cpu)
 # Debian bookworm image every Dockerfile starts FROM. The default is built locally with
@@ -57,7 +62,7 @@ export GPULAB_CONFIG := $(abspath $(GPULAB_CONFIG))
 # history. Without it, a host without GPUs runs its exporter with --no-gpus: no
 # critical "NVML down" alert for GPUs it never had.
 export GPULAB_DEMO ?=
-export GPULAB_EXPORTER_FLAGS ?= $(if $(filter 1,$(GPULAB_DEMO)),--fake-gpus 2,$(if $(HAS_NVIDIA),,--no-gpus))
+export GPULAB_EXPORTER_FLAGS ?= $(if $(filter 1,$(GPULAB_DEMO)),--fake-gpus 2,$(if $(or $(HAS_NVIDIA),$(NVIDIA_HOST)),,--no-gpus))
 # Several GPU servers: `make up-swarm` on a Swarm's manager (SWARM=yes; docs/swarm.md).
 SWARM ?=
 # The users' network: members' servers get addresses from GPULAB_IP_RANGE only, and the
@@ -167,7 +172,7 @@ LOCKS = images/hub/requirements.lock:images/hub/requirements.txt \
 lock:
 	@set -e; $(foreach l,$(LOCKS),$(PYTHON) scripts/lock.py $(subst $(comma), ,$(subst :, ,$(l))) -- $(PIP_ARGS);)
 
-up: $(if $(GPULAB_DEMO),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
+up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
 	@install -d -m 700 "$(GPULAB_BACKUP_DIR)"
@@ -187,13 +192,14 @@ up: $(if $(GPULAB_DEMO),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME
 	@git rev-parse --short HEAD > .gpulab-running 2>/dev/null || rm -f .gpulab-running
 	@echo "[gpulab] JupyterHub is up at $(HUB_URL)/  (log in with the username and token above)"
 	@echo "[gpulab] SSH into one's running server: ssh -p $(SSH_PORT) <member>@$(SSH_HOST), the login token as password (host key $$(docker exec gpulab-ssh gpulab-ssh fingerprint))"
-	@[ -z "$(GPULAB_DEMO)" ] || echo "[gpulab] DEMO: 2 SIMULATED GPUs and the stand-in GPU runtime, not hardware (make up without GPULAB_DEMO=1 ends it)"
+	@[ "$(GPULAB_DEMO)" != 1 ] || echo "[gpulab] DEMO: 2 SIMULATED GPUs and the stand-in GPU runtime, not hardware (make up without GPULAB_DEMO=1 ends it)"
 
 # The demo's host: no NVIDIA GPU (the demo would hide real ones), and gpulab's dockerd
 # with the stand-in GPU runtime on its PATH.
 demo-host: docker
 	@[ "$(GPULAB_DEMO)" = 1 ] || { echo "[gpulab] GPULAB_DEMO=1 runs the demo; got GPULAB_DEMO=$(GPULAB_DEMO)" >&2; exit 1; }
-	@[ -z "$(HAS_NVIDIA)" ] || { echo "[gpulab] this host has NVIDIA GPUs: run make up without GPULAB_DEMO=1 and the lab uses them" >&2; exit 1; }
+	@[ -z "$(HAS_NVIDIA)$(NVIDIA_HOST)" ] || { echo "[gpulab] this host has NVIDIA GPUs: run make up without GPULAB_DEMO=1 and the lab uses them" >&2; exit 1; }
+	@case " $(GPULAB_EXPORTER_FLAGS) " in *" --fake-gpus 2 "*) ;; *) echo "[gpulab] the demo's exporter needs --fake-gpus 2, and GPULAB_EXPORTER_FLAGS is set to '$(GPULAB_EXPORTER_FLAGS)': unset it" >&2; exit 1;; esac
 	@[ -z "$(SWARM)" ] || { echo "[gpulab] the demo runs on one host (make up GPULAB_DEMO=1), not on a Swarm" >&2; exit 1; }
 	@scripts/standin-gpus.sh
 

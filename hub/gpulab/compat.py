@@ -33,6 +33,7 @@ dashboard's error pages take the status's standard reason).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -157,13 +158,24 @@ def options_reused(handler: Any) -> bool:
     """Whether JupyterHub starts this server with the options of its last start, because
     the request gave none: it does so when ``User.spawn`` gets ``options=None`` (checked
     against jupyterhub 6.1.1, ``user.py``: "load from db which should have the previous
-    value"): the spawn page without a form (a GET without query options) and the REST
-    API without a body. The form's POST, query options and a REST body are fresh."""
+    value"): the spawn page without a form (a GET without query options), and a REST
+    start whose body JupyterHub reads as no options (``get_server_json_body`` in
+    ``apihandlers/users.py``: no body, ``{}``, ``null``, or ``display_name`` or
+    ``user_options`` given with ``user_options`` null or absent). The form's POST,
+    query options and a REST body with options are fresh."""
     if handler is None or getattr(handler, "request", None) is None:
         return False
     request = handler.request
     if from_rest_api(handler):
-        return request.method == "POST" and not (request.body or b"").strip()
+        try:
+            body = json.loads((request.body or b"").strip() or b"null")
+        except ValueError:
+            return False  # JupyterHub refuses it before any spawn
+        if not body:
+            return True
+        if isinstance(body, dict) and ("display_name" in body or "user_options" in body):
+            return body.get("user_options") is None
+        return False
     query = {k for k in request.query_arguments if k not in ("next", "display_name")}
     return request.method == "GET" and not query
 

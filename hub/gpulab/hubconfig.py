@@ -224,6 +224,7 @@ def configure(c) -> None:
                         "swarm": bool(settings["hub.swarm"])},
         # what gpulab.bookings.api's handlers read
         "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
+                            "settings_file": str(settings_path),
                             "used": lambda user, per: line_store(line_path).usage().used(
                                 user, per),
                             "swarm": bool(settings["hub.swarm"])}}

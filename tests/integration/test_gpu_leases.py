@@ -158,7 +158,7 @@ def test_a_start_without_options_after_her_gpu_access_went_starts_without_gpus(
                  what="alice's server, started without options")
         assert gpus_of(alice.container)["label"] == ""
         log = container_logs("gpulab-hub", 300)
-        assert (f"{alice.name}: Starting without GPUs: your last start asked for 1, and no "
+        assert (f"{alice.name}: Starting with no GPUs: your last start asked for 1, and no "
                 "GPU is available to you now.") in log
         alice.stop_server()
         # the spawn page (no form now) does the same in her browser

@@ -73,10 +73,13 @@ def test_a_members_pinned_gpu_is_hers_to_book_and_nobody_elses():
     assert book("prof", count=4) == [0, 1, 2, 3]
 
 
-def test_a_servers_gpus_are_booked_on_one_machine():
+def test_a_servers_gpus_are_booked_on_one_machine_and_on_her_homes():
     two = [Gpu(0, uuid(0), "A100", node="n1"), Gpu(1, uuid(1), "A100", node="n2"),
            Gpu(2, uuid(2), "A100", node="n2")]
     assert book(count=2, inventory=two) == [1, 2]
+    # a Swarm with homes on one machine: her servers run on n1, so her booking is there
+    assert [g.index for g in choose(CONFIG, two, [], "alice", (), 1, NOW + HOUR,
+                                    NOW + 2 * HOUR, NOW, machine="n1")] == [0]
     with pytest.raises(BookingRefused, match="must be on one machine") as e:
         book(count=2, inventory=two, bookings=[booking(1, "bob", [1], NOW, NOW + 3 * HOUR)])
     assert e.value.status == 409
@@ -125,19 +128,35 @@ def test_bookings_max_gpus_caps_below_a_members_max():
         book(count=2, config=config)
 
 
-def test_a_hard_budget_counts_use_and_bookings_ahead_in_its_period():
+def test_a_hard_budget_counts_use_and_bookings_in_the_period_it_starts_in():
     # 10 GPU-hours a week: 6 used, a 2-GPU 2-hour booking (4) fits, with one more hour not
     assert book("capped", count=2, end=NOW + 3 * HOUR, used=6.0) == [0, 1]
     ahead = [booking(1, "capped", [0], NOW + 5 * HOUR, NOW + 6 * HOUR)]
     with pytest.raises(BookingRefused) as e:
         book("capped", count=2, end=NOW + 3 * HOUR, used=6.0, bookings=ahead)
     assert e.value.status == 403
-    assert ("This booking is 4.0 GPU-hours; with 6.0 used and 1.0 booked this week, it is "
-            "over your budget of 10 GPU-hours per week") in str(e.value)
-    # next week's booking starts a fresh week's budget; use unknown: not enforced
-    next_week = NOW + 7 * 86400 - HOUR
-    assert book("capped", count=2, start=next_week, end=next_week + 3 * HOUR, used=9.0)
+    assert ("This booking is 4.0 GPU-hours; with 6.0 used and 1.0 booked in this week "
+            "(from 2027-01-11 00:00 UTC), it is over your budget of 10 GPU-hours per week"
+            ) in str(e.value)
+    # next week's starts a fresh week: this week's use and bookings do not count...
+    monday = NOW + 7 * 86400  # next Monday 09:00
+    assert book("capped", count=2, start=monday, end=monday + 3 * HOUR, used=9.0,
+                bookings=ahead)
+    # ...but next week's own bookings do: no day-by-day way around the budget
+    two_weeks = parse_gpus_config("users:\n  capped: {budget: {gpu_hours: 10, per: week, "
+                                  "enforce: hard}}\nbookings: {max_length: 8h, "
+                                  "max_ahead: 14d}\n")
+    next_week = [booking(2, "capped", [0], monday, monday + 8 * HOUR)]
+    with pytest.raises(BookingRefused, match=r"with 0.0 used and 8.0 booked in that week "
+                                             r"\(from 2027-01-18 00:00 UTC\)"):
+        book("capped", count=1, start=monday + 86400, end=monday + 86400 + 4 * HOUR,
+             bookings=next_week, config=two_weeks)
+    # use not known yet (the line service brings it): counted as none, bookings still count
     assert book("capped", count=2, end=NOW + 3 * HOUR, used=None)
+    with pytest.raises(BookingRefused):
+        book("capped", count=2, end=NOW + 3 * HOUR, used=None, bookings=[
+            booking(3, "capped", [1], NOW + 5 * HOUR, NOW + 9 * HOUR),
+            booking(4, "capped", [2], NOW + 5 * HOUR, NOW + 8 * HOUR)])
 
 
 # ---------------------------------------------------------------- what a booking keeps
@@ -295,6 +314,9 @@ def test_times_are_iso_8601_with_their_zone(value, expected):
     ("2027-01-11T09:00:00", "needs its time zone"),
     ("tomorrow", "is not a time"),
     (1799999999, "must be a time such as"),
+    # times Python cannot print back in UTC: refused, not a 500
+    ("0001-01-01T00:30:00+01:00", "not a time a booking can have"),
+    ("9999-12-31T23:00:00-05:00", "not a time a booking can have"),
     (None, "must be a time such as"),
 ])
 def test_a_bad_time_is_refused_saying_why(value, words):
@@ -311,3 +333,26 @@ def test_other_members_names_are_for_admins():
     assert booking_model(b, gpus, "alice", True, NOW)["user"] == "bob"
     assert booking_model(b, gpus, "bob", False, NOW)["mine"]
     assert seen["start"] == "2027-01-11T09:00:00Z"
+
+
+def test_a_booked_shared_gpu_is_kept_whole_and_its_booker_in_line_gets_it():
+    from gpulab.line.order import Entry
+    from gpulab.line.plan import READY, WAITING, plan
+
+    shared = [Gpu(0, uuid(0), "T4", mode="shared", max_users=3)]
+    bookings = [booking(1, "bob", [0], NOW - 60, NOW + HOUR)]
+    others = holds(bookings, NOW, capacity={uuid(0): 3})
+    assert [le.user for le in others] == [BOOKED] * 3
+    mine = holds(bookings, NOW, "bob", "", capacity={uuid(0): 3})
+    assert [le.user for le in mine] == ["bob", BOOKED, BOOKED]
+    # as the allocator counts them: no slot of it for carol; bob gets it
+    with pytest.raises(NotEnoughGpus):
+        allocate(CONFIG, shared, others, Request("carol", "", (), 1))
+    assert allocate(CONFIG, shared, mine, Request("bob", "", (), 1)) == shared
+    # in line: bob, waiting with his server "train", is served from his booking; carol,
+    # ahead of him, waits
+    entries = [Entry(1, "carol", "", 1, NOW - 100), Entry(2, "bob", "train", 1, NOW - 50)]
+    leases = holds(bookings, NOW, capacity={uuid(0): 3},
+                   waiting={e.user: e.server for e in entries})
+    states = {p.entry.user: p.state for p in plan(CONFIG, shared, leases, entries)}
+    assert states == {"carol": WAITING, "bob": READY}

@@ -23,6 +23,7 @@ STACK_ENV = {
     "GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
     "GPULAB_HUB_ADDRESS": "172.30.0.2", "GPULAB_PROXY_IP": "172.30.0.3",
     "GPULAB_PROXY_API_URL": "http://172.30.0.3:8001", "GPULAB_SCRAPE_SECONDS": "15",
+    "GPULAB_DEMO": "",  # docker-compose.yml always sets it; "1" in the demo
 }
 
 

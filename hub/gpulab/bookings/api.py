@@ -11,9 +11,10 @@
 * ``DELETE /hub/api/gpulab/bookings/USER/ID``: cancel (``servers`` for her).
 
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-bookings"]``:
-``{"file": the store, "gpus_file": gpus.yaml, "used": a callable (user, "week" or
-"month") -> her GPU-hours of that period, or None when not known (the line's usage
-file; handed in so that bookings import no line), "swarm": bool}``.
+``{"file": the store, "gpus_file": gpus.yaml, "settings_file": gpulab.yaml, "used": a
+callable (user, "week" or "month") -> her GPU-hours of that period, or None when not
+known (the line's usage file; handed in so that bookings import no line), "swarm":
+bool}``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from gpulab.gpus.policy import policy_for
 from gpulab.settings import duration_text
 
 KEYS = ("gpus", "start", "end")
+# Times a booking can have at all (later checks say "in the past" or "too far ahead"):
+# 1970 to 9998, so that every time can be printed back in UTC.
+EARLIEST, LATEST = 0.0, datetime(9998, 12, 31, tzinfo=UTC).timestamp()
 
 
 def parse_time(value: Any, what: str) -> float:
@@ -55,8 +59,8 @@ def parse_time(value: Any, what: str) -> float:
         raise ValueError(f"\"{what}\" needs its time zone, for example "
                          f"{value.strip()}Z for UTC or {value.strip()}+01:00")
     seconds = t.timestamp()
-    if not math.isfinite(seconds):
-        raise ValueError(f"\"{what}\" is not a time: {value!r}")
+    if not (math.isfinite(seconds) and EARLIEST <= seconds <= LATEST):
+        raise ValueError(f"\"{what}\" is not a time a booking can have: {value!r}")
     return seconds
 
 
@@ -154,7 +158,8 @@ class MemberBookingsAPIHandler(BookingsBase):
         try:
             booking = self.store.make(config, inventory, user.name, groups, body["gpus"],
                                       start, end, self.current_user.name,
-                                      self.budget_used(config, user.name, groups), leases)
+                                      self.budget_used(config, user.name, groups), leases,
+                                      self.home_machine(user))
         except BookingRefused as e:
             self.log.info("Booking by %s for %s refused: %s", self.current_user.name,
                           user.name, e)
@@ -166,6 +171,17 @@ class MemberBookingsAPIHandler(BookingsBase):
         self.set_status(201)
         self.write(json.dumps(booking_model(booking, {g.uuid: g for g in inventory}, name,
                                             admin, time.time())))
+
+    def home_machine(self, user) -> str:
+        """On a Swarm whose homes are on one machine, the node of her home: her servers
+        run there, so her booking's GPUs must be there ("": anywhere; also before her
+        first start, when her home is not made yet)."""
+        if not self.bookings_settings.get("swarm"):
+            return ""
+        settings = live_config.settings_file.load(self.bookings_settings["settings_file"])
+        if settings["spawn.swarm_homes"] != "machine":
+            return ""
+        return str(getattr(user.spawner, "home_node", "") or "")
 
     def budget_used(self, config, user: str, groups: list[str]) -> float | None:
         """Her GPU-hours of this budget period (None: no budget, or not known)."""
@@ -202,6 +218,6 @@ def api_handlers() -> list[tuple[str, type]]:
     return [
         (r"/api/gpulab/bookings", BookingsAPIHandler),
         (r"/api/gpulab/bookings/([^/]+)", MemberBookingsAPIHandler),
-        (r"/api/gpulab/bookings/([^/]+)/([0-9]+)", MemberBookingAPIHandler),
+        (r"/api/gpulab/bookings/([^/]+)/([0-9]{1,18})", MemberBookingAPIHandler),
         (r"/bookings", BookingsPageHandler),
     ]

@@ -13,20 +13,21 @@ A booking gives one member N GPUs for a time window. It names its GPUs when it i
 in the past, longer than ``bookings.max_length`` or further ahead than
 ``bookings.max_ahead``, more GPUs than she may have, overlapping one of her own, more
 GPUs than are usable by her and not booked by others then (pools, reserved and pinned
-GPUs as for a spawn, a server's GPUs on one machine), or over her hard budget.
+GPUs as for a spawn, a server's GPUs on one machine), or over her hard budget in the
+week or month it starts in (:func:`over_budget`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gpulab.gpus.allocator import Gpu, Lease, Request, usable_gpus
-from gpulab.gpus.budget import next_reset, period_start
-from gpulab.gpus.config import HARD, GpusConfig
+from gpulab.gpus.budget import period_start
+from gpulab.gpus.config import HARD, Budget, GpusConfig
 from gpulab.gpus.policy import policy_for
 from gpulab.settings import duration_text
 
@@ -64,7 +65,10 @@ class BookingRefused(Exception):
 
 
 def when(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (OverflowError, ValueError, OSError):  # a time Python cannot print in UTC
+        return f"{t:.0f} s after 1970"
 
 
 def overlapping(bookings: Iterable[Booking], start: float, end: float) -> list[Booking]:
@@ -73,11 +77,14 @@ def overlapping(bookings: Iterable[Booking], start: float, end: float) -> list[B
 
 def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Booking],
            user: str, groups: Sequence[str], count: object, start: float, end: float,
-           now: float, used: float | None = None, leases: Sequence[Lease] = ()) -> list[Gpu]:
+           now: float, used: float | None = None, leases: Sequence[Lease] = (),
+           machine: str = "") -> list[Gpu]:
     """The GPUs a new booking of *count* GPUs from *start* to *end* takes, or
     :class:`BookingRefused`. *used*: her GPU-hours of this budget period so far (None:
-    not known, no budget is enforced). Among the GPUs free then, those nobody holds now
-    (*leases*) come first, so that a booking stops nobody's server where it need not."""
+    not known, counted as none). Among the GPUs free then, those nobody holds now
+    (*leases*) come first, so that a booking stops nobody's server where it need not.
+    *machine*: the node her servers must run on (a Swarm with homes on one machine), or
+    "" for any."""
     limits = config.bookings
     if not limits.max_length:
         raise BookingRefused(403, f"This lab takes no bookings (bookings.max_length is 0 "
@@ -111,19 +118,9 @@ def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Book
         raise BookingRefused(409, f"You have a booking from {when(b.start)} to "
                                   f"{when(b.end)} already, which overlaps this one; change "
                                   f"or cancel that one instead.")
-    if used is not None and policy.budget is not None and policy.budget.enforce == HARD:
-        budget = policy.budget
-        resets = next_reset(now, budget.per)
-        ahead = sum(len(b.gpus) * (b.end - b.start) / 3600 for b in bookings
-                    if b.user == user and b.start >= now and b.start < resets)
-        hours = count * (end - start) / 3600
-        spent = (used if period_start(now, budget.per) <= start < resets else 0.0)
-        if spent + ahead + hours > budget.gpu_hours:
-            raise BookingRefused(403, f"This booking is {hours:.1f} GPU-hours; with "
-                                      f"{spent:.1f} used and {ahead:.1f} booked this "
-                                      f"{budget.per}, it is over your budget of "
-                                      f"{budget.gpu_hours:g} GPU-hours per {budget.per}.")
-    usable = usable_gpus(config, inventory, Request(user, "", tuple(groups), count))
+    if policy.budget is not None and policy.budget.enforce == HARD:
+        over_budget(policy.budget, bookings, user, count, start, end, now, used)
+    usable = usable_gpus(config, inventory, Request(user, "", tuple(groups), count, machine))
     taken = {u for b in overlapping(bookings, start, end) for u in b.gpus}
     free = [g for g in usable if g.uuid not in taken]
     per_machine = Counter(g.node for g in free)
@@ -141,19 +138,49 @@ def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Book
     return sorted(here, key=lambda g: (g.uuid in held, g.index))[:count]
 
 
-def holds(bookings: Iterable[Booking], now: float, user: str = "",
-          server: str = "") -> list[Lease]:
-    """The GPUs of the bookings running at *now*, as leases a spawn of *user*'s *server*
-    counts: another member's are taken (holder :data:`BOOKED`); her own are leases of
-    the server she is starting, which the allocator does not count as busy and gives
-    first. With no *user* (the line's plan, the lease page), every booking's are taken."""
+def over_budget(budget: Budget, bookings: Sequence[Booking], user: str, count: int,
+                start: float, end: float, now: float, used: float | None) -> None:
+    """:class:`BookingRefused` when a booking of *count* GPUs from *start* to *end* would
+    take her past her hard *budget* in the week or month it starts in: what she used of
+    it (*used*, this period's; None: not known, counted as 0) if that is this period, her
+    other bookings' hours still to come in it, and this one's."""
+    period = period_start(start, budget.per)
+    spent = (used or 0.0) if period == period_start(now, budget.per) else 0.0
+    booked = sum(len(b.gpus) * (b.end - max(b.start, now)) / 3600 for b in bookings
+                 if b.user == user and b.end > now
+                 and period_start(max(b.start, now), budget.per) == period)
+    hours = count * (end - start) / 3600
+    if spent + booked + hours > budget.gpu_hours:
+        which = "this" if period == period_start(now, budget.per) else "that"
+        raise BookingRefused(403, f"This booking is {hours:.1f} GPU-hours; with {spent:.1f} "
+                                  f"used and {booked:.1f} booked in {which} {budget.per} "
+                                  f"(from {when(period)}), it is over your budget of "
+                                  f"{budget.gpu_hours:g} GPU-hours per {budget.per}.")
+
+
+def holds(bookings: Iterable[Booking], now: float, user: str = "", server: str = "",
+          capacity: Mapping[str, int] | None = None,
+          waiting: Mapping[str, str] | None = None) -> list[Lease]:
+    """The GPUs of the bookings running at *now*, as leases that a spawn of *user*'s
+    *server* (or the line's plan) counts. A booked GPU is kept whole: another member's
+    fill it (*capacity*: a shared GPU's users, by UUID; 1 if not given), holder
+    :data:`BOOKED`; the booker's own are a lease of the server she is starting (for the
+    line, *waiting*: each member in line and the server she waits with), which the
+    allocator gives her first, and fill the rest."""
     since = datetime.fromtimestamp(now, UTC)
+    own = dict(waiting or {})
+    if user:
+        own[user] = server
     out = []
     for b in bookings:
-        if b.runs_at(now):
-            for uuid in b.gpus:
-                out.append(Lease(uuid, user, server, since) if user and b.user == user
-                           else Lease(uuid, BOOKED, "", since))
+        if not b.runs_at(now):
+            continue
+        for uuid in b.gpus:
+            slots = (capacity or {}).get(uuid, 1)
+            if b.user in own:
+                out.append(Lease(uuid, b.user, own[b.user], since))
+                slots -= 1
+            out += [Lease(uuid, BOOKED, "", since)] * slots
     return out
 
 

@@ -22,7 +22,7 @@ _SCHEMA = (
     " made_by TEXT NOT NULL, made_at REAL NOT NULL)",
 )
 _COLUMNS = "id, user, gpus, start, end, made_by, made_at"
-KEEP_ENDED = 7 * 86400  # ended bookings stay this long (the calendar shows the past week)
+KEEP_ENDED = 7 * 86400  # ended bookings stay this long in the file (the API shows those not ended)
 
 
 def _booking(row) -> Booking:
@@ -47,7 +47,8 @@ class BookingStore:
 
     def make(self, config: GpusConfig, inventory: Sequence[Gpu], user: str,
              groups: Sequence[str], count: object, start: float, end: float, made_by: str,
-             used: float | None = None, leases: Sequence[Lease] = ()) -> Booking:
+             used: float | None = None, leases: Sequence[Lease] = (),
+             machine: str = "") -> Booking:
         """Check and record a booking in one transaction (two requests for the last free
         GPU cannot both get it); :class:`gpulab.bookings.book.BookingRefused` if not."""
         now = self.now()
@@ -58,7 +59,7 @@ class BookingStore:
             current = [_booking(r) for r in db.execute(
                 f"SELECT {_COLUMNS} FROM bookings WHERE end > ?", (now,))]
             gpus = choose(config, inventory, current, user, groups, count, start, end, now,
-                          used, leases)
+                          used, leases, machine)
             uuids = tuple(g.uuid for g in gpus)
             cursor = db.execute(
                 "INSERT INTO bookings (user, gpus, start, end, made_by, made_at)"

@@ -19,6 +19,7 @@ taken while they run), "swarm": bool}``.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any
 
@@ -74,10 +75,21 @@ class LineAPIBase(APIHandler):
     def book(self) -> LeaseBook:
         return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
 
-    def booked(self) -> list[Lease]:
-        """The GPUs of the bookings running now (gpulab.bookings), as taken."""
+    def booked(self, inventory, entries) -> list[Lease]:
+        """The GPUs of the bookings running now (gpulab.bookings): taken for everyone in
+        line but their booker (for the server she waits with). An unreadable store
+        (logged) keeps nothing."""
         path = self.line_settings.get("bookings_file")
-        return booking_holds(booking_store(path).bookings(), time.time()) if path else []
+        if not path:
+            return []
+        try:
+            bookings = booking_store(path).bookings()
+        except (OSError, sqlite3.Error) as e:
+            self.log.error("The bookings' store %s cannot be read: %s", path, e)
+            return []
+        return booking_holds(bookings, time.time(),
+                             capacity={g.uuid: g.capacity for g in inventory},
+                             waiting={e.user: e.server for e in entries})
 
     async def write_places(self, user: str = "", server: str = "") -> None:
         """The line's models, or only *user*'s (her *server*'s), with how it is ordered:
@@ -90,7 +102,7 @@ class LineAPIBase(APIHandler):
         etas: dict[int, Estimate] = {}
         if entries:
             inventory, leases = await self.book.snapshot(config)
-            leases += self.booked()  # nobody in line gets a GPU a running booking keeps
+            leases += self.booked(inventory, entries)  # a running booking's GPUs
             places = plan(config, inventory, leases, entries, usage)
             releases = notes.read(self.line_settings["releases_file"]).releases
             etas = estimates(config, inventory, leases, places, releases, time.time())

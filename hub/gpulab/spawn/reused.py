@@ -2,37 +2,46 @@
 again: pure.
 
 JupyterHub keeps the options of each start and uses them for the next one that gives
-none (the spawn page when there is no form, a REST start without a body:
+none (the spawn page when there is no form, a REST start without options:
 :func:`gpulab.compat.options_reused`). What she could choose then may be gone now: the
-lab's GPUs (a driver failure empties the inventory), her GPU access, an environment. With
-no form there is nothing to choose again, and she would be refused for good with
-"You asked for 1 GPU" for a start in which she asked for nothing. So only what she could
-still choose is kept; the rest is dropped, and she is told.
+lab's GPUs (a driver failure empties the inventory), her GPU access or quota, an
+environment. With no form there is nothing to choose again, and she would be refused
+for good, "You asked for 1 GPU", for a start in which she asked for nothing. So only what
+she could still choose is kept; the rest is brought within what she may have now, and
+she is told.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def still_choosable(options: Mapping[str, Any], *, gpus_offered: bool,
-                    environments: Collection[str]) -> tuple[dict[str, Any], list[str]]:
-    """*options* of her last start, with what she cannot choose now dropped, and what
-    to tell her about it. *gpus_offered*: whether she could ask for GPUs now (the lab has
-    GPUs for her); *environments*: the names open to her now. Waiting in line is never
-    carried over: she waits when she asks to."""
+def still_choosable(options: Mapping[str, Any], *, most_gpus: int,
+                    environments: Sequence[tuple[str, bool]]
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """*options* of her last start, brought within what she may choose now, and what to
+    tell her about it. *most_gpus*: the most GPUs she could ask for now (0: none for
+    her, or none in the lab); *environments*: those open to her now, in order, as
+    ``(name, whether its servers may have GPUs)``. Waiting in line is never carried
+    over: she waits when she asks to."""
     kept = dict(options)
     said = []
     kept.pop("wait", None)
-    asked = kept.get("gpus")
-    if not gpus_offered and asked not in (None, 0, "0", ""):
-        kept["gpus"] = 0
-        said.append(f"Starting without GPUs: your last start asked for {asked}, and no "
-                    f"GPU is available to you now.")
     env = kept.get("environment")
-    if env is not None and env not in environments:
+    names = [name for name, _ in environments]
+    if env is not None and env not in names:
         del kept["environment"]
         said.append(f"Starting in your first environment: {env!r}, which your last start "
                     f"used, is not open to you now.")
+    chosen = kept.get("environment", names[0] if names else None)
+    if chosen is not None and not dict(environments).get(chosen, True):
+        most_gpus = 0  # an environment whose servers run without GPUs
+    asked = kept.get("gpus")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > most_gpus:
+        kept["gpus"] = most_gpus
+        said.append(f"Starting with {most_gpus or 'no'} GPU{'' if most_gpus == 1 else 's'}: "
+                    f"your last start asked for {asked}, and "
+                    + ("no GPU is available to you now." if not most_gpus else
+                       f"you may have at most {most_gpus} now."))
     return kept, said

@@ -27,6 +27,7 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 
 import docker.errors
@@ -207,10 +208,22 @@ class GpulabSpawner(DockerSpawner):
         """What this spawn counts as taken besides the leases (LeaseBook's ``holds``):
         the GPUs of the bookings running now (her own as this server's, which she gets
         first), and those the line keeps (which it works out with the bookings' taken)."""
-        booked = (booking_holds(booking_store(self.bookings_file).bookings(), time.time(),
-                                self.user.name, self.name) if self.bookings_file else [])
+        booked = booking_holds(self._bookings(), time.time(), self.user.name, self.name,
+                               capacity={g.uuid: g.capacity for g in inventory})
         kept = self.line.holds(config, inventory, [*leases, *booked]) if self.line else []
         return booked + kept
+
+    def _bookings(self) -> list:
+        """Members' bookings; none (logged) when the store cannot be read: a broken store
+        costs the bookings, never every spawn."""
+        if not self.bookings_file:
+            return []
+        try:
+            return booking_store(self.bookings_file).bookings()
+        except (OSError, sqlite3.Error) as e:
+            self.log.error("The bookings' store %s cannot be read, so no booking keeps its "
+                           "GPUs now: %s", self.bookings_file, e)
+            return []
 
     @property
     def log_name(self) -> str:
@@ -376,10 +389,10 @@ class GpulabSpawner(DockerSpawner):
         groups = [g.name for g in self.user.groups]
         policy = policy_for(gpus_config, self.user.name, groups)
         inventory = await self.lease_book.current_inventory(gpus_config)
-        offered = not (policy.no_gpu or policy.max_gpus == 0 or not inventory)
-        open_now = {e.name for e in open_to(lab_environments(settings), groups,
-                                            self.user.admin)}
-        self.user_options, said = still_choosable(self.user_options, gpus_offered=offered,
+        most = 0 if policy.no_gpu or not inventory else min(policy.max_gpus, len(inventory))
+        open_now = [(e.name, e.gpus) for e in open_to(lab_environments(settings), groups,
+                                                      self.user.admin)]
+        self.user_options, said = still_choosable(self.user_options, most_gpus=most,
                                                   environments=open_now)
         for line in said:
             self._report(6, line)
