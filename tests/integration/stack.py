@@ -110,8 +110,18 @@ class Hub:
         return LabUser(self, name, r.json()["token"])
 
     def delete_user(self, name: str) -> None:
-        self.request("DELETE", f"/users/{name}/server")
-        wait_for(lambda: self.server_model(name) is None, 60, what=f"{name}'s server to stop")
+        """Stop her server, then delete her. The stop is asked again while a server is
+        there: one may have been starting when asked (the hub then refuses to stop it),
+        and the line may start one at any moment (seen in CI: the line started carol's
+        server as the teardown deleted bob, who held the GPU, and the one stop asked
+        before it was ready left it running)."""
+        def stopped() -> bool:
+            if self.server_model(name) is None:
+                return True
+            self.request("DELETE", f"/users/{name}/server")
+            return False
+
+        wait_for(stopped, 60, interval=1, what=f"{name}'s server to stop")
         self.request("DELETE", f"/users/{name}")
 
     def user_model(self, name: str) -> dict:
