@@ -23,7 +23,10 @@ watch=0
 [ "${1:-}" = --watch ] && watch=${2:?--watch needs seconds}
 
 command -v ctr >/dev/null 2>&1 || exit 0
-for socket in /var/run/docker/containerd/containerd.sock /run/containerd/containerd.sock; do
+# GPULAB_CONTAINERD_SOCKET: the containerd of another engine (tests/lane_engine.py's, with
+# DOCKER_HOST naming that engine's socket).
+for socket in ${GPULAB_CONTAINERD_SOCKET:-} /var/run/docker/containerd/containerd.sock \
+              /run/containerd/containerd.sock; do
   [ -S "$socket" ] && [ -w "$socket" ] && break
   socket=
 done

@@ -100,6 +100,17 @@ def start_dockerd() -> None:
             raise SystemExit(f"[lane-engine] dockerd did not answer in 60 s:\n"
                              f"{LOG.read_text()[-3000:]}")
         time.sleep(0.3)
+    # As scripts/ensure-docker.sh does for the main engine: a container whose process
+    # exited while dockerd was down can be lost by it just after it starts
+    # (scripts/lost-tasks.sh); look for a minute. Seen in CI without it: the Docker API
+    # filter exited as dockerd restarted, stayed "Exited" while containerd ran it, and
+    # every later spawn of the lane failed.
+    subprocess.run(["setsid", "sh", "-c", 'exec "$@" >>"$0" 2>&1 </dev/null &',
+                    str(ROOT / "lost-tasks.log"), str(REPO / "scripts" / "lost-tasks.sh"),
+                    "--watch", "60"],
+                   env={**os.environ, "DOCKER_HOST": f"unix://{SOCKET}",
+                        "GPULAB_CONTAINERD_SOCKET": str(EXEC / "containerd" / "containerd.sock")},
+                   check=True)
 
 
 def stop_dockerd(timeout: float = 60) -> None:
