@@ -166,13 +166,17 @@ def test_a_booking_stops_an_unbooked_holder_after_the_warning_and_keeps_its_gpu(
 
 def test_members_book_and_cancel_on_the_bookings_page(hub, lab_user, lab_config, gpus_yaml,
                                                      new_page):
+    from playwright.sync_api import expect
+
     lab_config.write("gpus.yaml", STANDIN_GPUS)
     bob, carol = lab_user("bob"), lab_user("carol")
     page = new_page()
     submit_login(page, bob.name, bob.token, next_url="/hub/home")
     page.click("#gpu-bookings-link a")
     page.wait_for_url(f"{HUB_URL}/hub/bookings")
-    assert "A booking lasts at most 8 h" in page.locator("#booking-limits").inner_text()
+    # the limits come with the calendar from the API, after the page itself
+    expect(page.locator("#booking-limits")).to_contain_text("A booking lasts at most 8 h",
+                                                            timeout=30_000)
     # tomorrow 10:00-12:00 in the browser's own time
     day = (datetime.now() + timedelta(days=1)).strftime("%Y-%m-%d")
     page.fill("#booking-gpus", "1")
