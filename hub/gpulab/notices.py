@@ -174,9 +174,15 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
         out.append({"kind": "stopped", "server": s.server, "at": s.at,
                     "text": f"Your {server_label(s.server)} was stopped: {s.message}. {after}"})
     for n in out:
-        at = datetime.fromtimestamp(n["at"], UTC)
-        n["iso"], n["utc"] = at.isoformat(), at.strftime("%Y-%m-%d %H:%M")
+        n.update(shown_time(n["at"]))
     return sorted(out, key=lambda n: n["at"])
+
+
+def shown_time(t: float) -> dict[str, str]:
+    """A time as the hub's pages show it: {"iso"} for the browser to put in the reader's
+    own time zone, {"utc"} for the page without JavaScript."""
+    at = datetime.fromtimestamp(t, UTC)
+    return {"iso": at.isoformat(), "utc": at.strftime("%Y-%m-%d %H:%M")}
 
 
 def home_page_notices(*paths: str | Path):

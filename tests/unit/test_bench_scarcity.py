@@ -11,7 +11,6 @@ from bench.scarcity import (
     FAIR_SHARE,
     FIRST_COME,
     HOUR,
-    LIGHT,
     POLICIES,
     REGULAR,
     RETRY,
@@ -124,4 +123,3 @@ def test_figures():
     # 2 GPUs from t=100 to t=250, in 60 s steps: 20 s of step 1, steps 2 and 3, 10 s of 4
     assert list(steps(100, 2, 60, until=250)) == [(1, pytest.approx(2 / 3)), (2, 2.0),
                                                   (3, 2.0), (4, pytest.approx(1 / 3))]
-    assert LIGHT.patience_hours < REGULAR.patience_hours

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from gpulab.bookings.store import booking_store
-
-
-def _when(t: float) -> dict[str, str]:
-    at = datetime.fromtimestamp(t, UTC)
-    return {"iso": at.isoformat(), "utc": at.strftime("%Y-%m-%d %H:%M")}
+from gpulab.notices import shown_time
 
 
 def home_page_bookings(path: str | os.PathLike):
@@ -23,7 +18,7 @@ def home_page_bookings(path: str | os.PathLike):
         if user is None:
             return []
         now = time.time()
-        return [{"gpus": len(b.gpus), "start": _when(b.start), "end": _when(b.end),
+        return [{"gpus": len(b.gpus), "start": shown_time(b.start), "end": shown_time(b.end),
                  "running": b.runs_at(now)}
                 for b in booking_store(path).bookings(user.name) if b.end > now]
 

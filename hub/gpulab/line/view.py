@@ -4,7 +4,6 @@ the whole line in its order for the operators' GPU dashboard."""
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from typing import Any
 
 from gpulab import live_config
@@ -12,11 +11,7 @@ from gpulab.gpus.config import GpusConfig
 from gpulab.line.order import Entry, position_of, ranked
 from gpulab.line.store import line_store
 from gpulab.line.usage import Usage
-
-
-def _when(t: float) -> dict[str, str]:
-    at = datetime.fromtimestamp(t, UTC)
-    return {"iso": at.isoformat(), "utc": at.strftime("%Y-%m-%d %H:%M")}
+from gpulab.notices import shown_time
 
 
 def line_rows(entries: list[Entry], user: str, config: GpusConfig,
@@ -27,14 +22,14 @@ def line_rows(entries: list[Entry], user: str, config: GpusConfig,
     for e in entries:
         if e.user != user:
             continue
-        row = {"server": e.server, "gpus": e.gpus, "joined": _when(e.joined_at),
+        row = {"server": e.server, "gpus": e.gpus, "joined": shown_time(e.joined_at),
                "environment": e.environment}
         if e.offered_at is None:
             row["state"] = "waiting"
             row["position"], row["waiting"] = position_of(e, entries, config, usage)
         else:
             row["state"] = "offered"
-            row["deadline"] = _when(e.offered_at + config.line.claim_window)
+            row["deadline"] = shown_time(e.offered_at + config.line.claim_window)
         rows.append(row)
     return rows
 
