@@ -280,3 +280,19 @@ def run_in_new_notebook(page, code: str, output: str | re.Pattern[str]) -> float
     page.keyboard.press("Shift+Enter")
     page.locator(".jp-OutputArea-output", has_text=output).first.wait_for(state="visible")
     return pressed
+
+
+def answer_shown(page, api_url: str, click) -> str:
+    """Run *click* (which makes the page call *api_url*) and return "STATUS text": the
+    answer's HTTP status and what the page then shows in its ``#result``. The text is
+    read inside the page in one step, once the page has put it there: the answer arrives
+    before the page's script has read it, an earlier answer's text may still stand, and
+    the page may reload itself a second after a success (the leases page does)."""
+    page.evaluate("() => { const r = document.querySelector('#result');"
+                  " if (r) { r.textContent = ''; r.hidden = true; } }")
+    with page.expect_response(lambda r: r.url == api_url) as answer:
+        click()
+    text = page.wait_for_function(
+        "() => { const r = document.querySelector('#result');"
+        " return r && !r.hidden && r.textContent ? r.textContent : null; }").json_value()
+    return f"{answer.value.status} {text}"

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from .browser import screenshot, submit_login
+from .browser import answer_shown, screenshot, submit_login
 from .stack import HUB_URL, docker, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
@@ -60,12 +60,9 @@ def click_release(page, user) -> str:
     what the page then says."""
     confirmations = []
     page.once("dialog", lambda d: (confirmations.append(d.message), d.accept()))
-    with page.expect_response(lambda r: r.url == RELEASE_API) as answer:
-        row_of(page, user).locator("button.release").click()
+    said = answer_shown(page, RELEASE_API, row_of(page, user).locator("button.release").click)
     assert confirmations and user.name in confirmations[0], confirmations
-    result = page.locator("#result")
-    result.wait_for(state="visible")
-    return f"{answer.value.status} {result.inner_text()}"
+    return said
 
 
 def test_admin_sees_a_running_lease_and_cannot_release_it(hub, hub_admin, lab_user, gpus_yaml,

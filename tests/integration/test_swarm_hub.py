@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from .autograd_cell import AUTOGRAD_CELL, check_result
-from .browser import submit_login
+from .browser import answer_shown, submit_login
 from .probes import probe
 from .stack import REPO, LabUser, StackError, wait_for
 from .swarm_lab import IMAGES, SwarmLab
@@ -370,11 +370,7 @@ def test_the_lease_page_lists_every_machines_services_and_releases_a_leftover(
     def release(user: str) -> str:
         page.once("dialog", lambda d: d.accept())
         row = page.locator("#lease-rows tr.lease", has=page.locator("td.user", has_text=user))
-        with page.expect_response(lambda r: r.url == release_api) as answer:
-            row.locator("button.release").click()
-        result = page.locator("#result")
-        result.wait_for(state="visible")
-        return f"{answer.value.status} {result.inner_text()}"
+        return answer_shown(page, release_api, row.locator("button.release").click)
 
     said = release(members[0].name)
     assert said.startswith("409 ") and "the hub runs this server; service running" in said, said
