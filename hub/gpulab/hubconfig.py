@@ -76,8 +76,9 @@ CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:se
 # groups (gpus.yaml): no activity, but groups. It reaches Prometheus, never Docker.
 GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers"]
 # The line service (gpulab.line) starts, looks at and stops members' servers, and reads
-# and changes the line (whose API asks for unfiltered admin:servers).
-LINE_SCOPES = ["admin:servers", "read:users:activity"]
+# and changes the line (whose API asks for unfiltered admin:servers); it reads the groups'
+# members for the budgets' metrics.
+LINE_SCOPES = ["admin:servers", "read:users:activity", "list:groups", "read:groups"]
 
 
 # Seconds a member's server trusts the hub's answer about a token (HubOAuth.cache_max_age).
@@ -225,8 +226,7 @@ def configure(c) -> None:
         # what gpulab.bookings.api's handlers read
         "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
                             "settings_file": str(settings_path),
-                            "used": lambda user, per: line_store(line_path).usage().used(
-                                user, per),
+                            "usage": lambda: line_store(line_path).usage(),
                             "swarm": bool(settings["hub.swarm"])}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
@@ -254,8 +254,9 @@ def configure(c) -> None:
     c.TokenAuthenticator.on_access_ended = [
         lambda name: line_store(line_path).forget_user(name),
         lambda name: booking_store(bookings_path).forget_user(name)]
-    # The line's length and waits on the hub's /hub/metrics, which Prometheus scrapes.
-    line_metrics.register(line_path, gpus_path)
+    # The line's length and waits, and budget use, on the hub's /hub/metrics, which
+    # Prometheus scrapes.
+    line_metrics.register(line_path, gpus_path, usage_path=DATA_DIR / LINE_USAGE_FILE)
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
     # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
     # so removing a name from hub.admins removes the right at the next start.

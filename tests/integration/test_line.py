@@ -10,6 +10,7 @@ as JupyterLab makes all the time.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import datetime
@@ -332,7 +333,39 @@ def test_a_spent_hard_budget_refuses_gpus_until_it_renews_and_the_form_says_so(
     lab_config.write("gpus.yaml", ONE_GPU.replace(
         "max_gpus: 1", "max_gpus: 1\n  budget: {gpu_hours: 0.001, per: month, enforce: hard}")
         + "line: {half_life: 10m}\n")
-    alice = lab_user("alice")
+    alice, bob = lab_user("alice"), lab_user("bob")
+    # in a group (the one every hub has), for the group's use in Prometheus and its
+    # shared budget
+    r = hub.request("POST", "/groups/operators/users", json={"users": [alice.name, bob.name]})
+    assert r.status_code == 200, r.text
+    try:
+        _spend_and_be_refused(hub, alice, new_page)
+        # a budget the group shares: bob, who used nothing, is refused for alice's use
+        lab_config.write("gpus.yaml", ONE_GPU + "groups:\n  operators: {budget: {gpu_hours: "
+                         "0.001, per: month, enforce: hard, shared: true}}\n"
+                         "line: {half_life: 10m}\n")
+        said = {}
+
+        def refused() -> bool:
+            r = spawn(bob, {"gpus": 1})
+            said["bob"] = (r.status_code, r.text)
+            if r.status_code in (201, 202):  # before the hub saw the new gpus.yaml
+                bob.stop_server()
+            return r.status_code == 403
+        wait_for(refused, 30, interval=2, what=f"bob to be refused by the group's budget: "
+                                               f"{said}")
+        message = json.loads(said["bob"][1])["message"]
+        assert message.startswith("Your group operators has used ") and \
+            "of its 0.001 GPU-hours this month, so no GPU until its budget renews" in message, \
+            message
+        wait_for(lambda: 'group="operators"' in prometheus_query(
+            "gpulab_group_budget_gpu_hours"), 30, interval=1,
+            what="Prometheus to have the group's shared budget")
+    finally:
+        hub.request("DELETE", "/groups/operators/users", json={"users": [alice.name, bob.name]})
+
+
+def _spend_and_be_refused(hub, alice, new_page):
     alice.start_server({"gpus": 1})
     time.sleep(8)
     alice.stop_server()
@@ -359,6 +392,24 @@ def test_a_spent_hard_budget_refuses_gpus_until_it_renews_and_the_form_says_so(
     assert place(alice) is None  # a spent hard budget is never queued
     alice.start_server({"gpus": 0})  # a server without GPUs still starts
     assert hub.server_model(alice.name)["ready"]
+
+    # Prometheus has her use, her budget and her group's use from the hub's /hub/metrics
+    def value(expr: str) -> float | None:
+        found = re.search(r"=> ([0-9.e+-]+) @", prometheus_query(expr))
+        return float(found[1]) if found else None
+    used = f'gpulab_budget_used_gpu_hours{{user="{alice.name}",period="month"}}'
+    wait_for(lambda: (value(used) or 0) >= 0.001, 30, interval=1,
+             what="Prometheus to have alice's budget use")
+    assert value(f'gpulab_budget_gpu_hours{{user="{alice.name}",period="month",'
+                 f'enforce="hard"}}') == 0.001
+    group = 'gpulab_group_used_gpu_hours{group="operators",period="month"}'
+    wait_for(lambda: (value(group) or 0) >= value(used), 30, interval=1,
+             what="Prometheus to have her group's use")
+    print(f"Prometheus: alice used {value(used)} GPU-hours, her group {value(group)}")
+    # the query docs/operations.md gives for members over budget finds her
+    over = prometheus_query("gpulab_budget_used_gpu_hours >= on(user, period) "
+                            "gpulab_budget_gpu_hours")
+    assert f'user="{alice.name}"' in over, over
 
 
 @pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)

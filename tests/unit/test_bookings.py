@@ -48,9 +48,9 @@ def booking(id_, user, gpus, start, end) -> Booking:
 
 
 def book(user="alice", count=1, start=NOW + HOUR, end=NOW + 2 * HOUR, bookings=(),
-         config=CONFIG, inventory=GPUS, groups=(), used=None, leases=()):
+         config=CONFIG, inventory=GPUS, groups=(), used=None, leases=(), sharing=()):
     return [g.index for g in choose(config, inventory, list(bookings), user, groups, count,
-                                    start, end, NOW, used, leases)]
+                                    start, end, NOW, used, leases, sharing=sharing)]
 
 
 # ---------------------------------------------------------------- what is booked
@@ -151,6 +151,17 @@ def test_a_hard_budget_counts_use_and_bookings_in_the_period_it_starts_in():
                                              r"\(from 2027-01-18 00:00 UTC\)"):
         book("capped", count=1, start=monday + 86400, end=monday + 86400 + 4 * HOUR,
              bookings=next_week, config=two_weeks)
+    # a group's shared budget: the other members' bookings count too, and it says whose
+    lab = parse_gpus_config("groups:\n  lab: {budget: {gpu_hours: 10, per: week, "
+                            "enforce: hard, shared: true}}\nbookings: {max_length: 8h}\n")
+    hers = [booking(5, "bob", [2, 3], NOW + 5 * HOUR, NOW + 8 * HOUR)]  # 6 GPU-hours
+    assert book("ann", count=1, end=NOW + 5 * HOUR, groups=["lab"], config=lab,
+                used=1.0, bookings=hers)  # bob shares nothing with her: 1 + 4 fits
+    with pytest.raises(BookingRefused, match=r"with 1.0 used and 6.0 booked in this week "
+                                             r".*over your group lab's budget of 10 "
+                                             r"GPU-hours per week"):
+        book("ann", count=1, end=NOW + 5 * HOUR, groups=["lab"], config=lab, used=1.0,
+             bookings=hers, sharing=("ann", "bob"))
     # use not known yet (the line service brings it): counted as none, bookings still count
     assert book("capped", count=2, end=NOW + 3 * HOUR, used=None)
     with pytest.raises(BookingRefused):

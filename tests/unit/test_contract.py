@@ -40,14 +40,16 @@ def produced_by_the_hub() -> set[str]:
     gpulab-backup's (the same package, its own process)."""
     from gpulab.backup.metrics import families as backup_families
     from gpulab.gpus.config import parse_gpus_config
-    from gpulab.line.metrics import families
+    from gpulab.line.metrics import budget_families, families
     from gpulab.line.order import Entry
+    from gpulab.line.usage import Usage
 
     every_figure = {"last_success": 1.0, "last_attempt_ok": True, "last_duration": 1.0,
                     "processed_bytes": 1, "added_bytes": 1, "repository_bytes": 1,
                     "snapshots": 1}
     return ({f.name for f in families([Entry(1, "ann", "", 1, 0.0)], parse_gpus_config(""), 1.0)}
-            | {f.name for f in backup_families(every_figure, 1.0, 1.0, {"backup": (2, 1)})})
+            | {f.name for f in backup_families(every_figure, 1.0, 1.0, {"backup": (2, 1)})}
+            | {f.name for f in budget_families(parse_gpus_config(""), Usage())})
 
 
 def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produces(produced):

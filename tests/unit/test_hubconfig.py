@@ -201,4 +201,5 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     assert c.JupyterHub.tornado_settings["gpulab-bookings"]["file"] == \
         c.GpulabSpawner.bookings_file
     # her budget's use, from the line's usage file: not known here (nothing brought it)
-    assert c.JupyterHub.tornado_settings["gpulab-bookings"]["used"]("alice", "month") is None
+    assert c.JupyterHub.tornado_settings["gpulab-bookings"]["usage"]().used("alice",
+                                                                           "month") is None

@@ -307,6 +307,9 @@ class RecordingHub:
         self.calls.append(("leave", user))
         return True
 
+    async def groups(self):
+        return [{"name": "students", "users": ["ann", "sue"]}, {"name": "staff"}]
+
 
 def service(hub, tmp_path, window="10m"):
     from gpulab.line.service import LineService
@@ -646,7 +649,58 @@ users:
     assert budget("amy", ["students"]) is None
 
 
+def test_a_groups_shared_budget_counts_its_members_use_together():
+    from gpulab.gpus.budget import budget_state
+    from gpulab.gpus.policy import policy_for
+
+    config = parse_gpus_config("""\
+groups:
+  lab: {budget: {gpu_hours: 10, per: week, enforce: hard, shared: true}}
+  solo: {budget: {gpu_hours: 4, per: week}}
+""")
+    shared = policy_for(config, "ann", ["lab"]).budget
+    assert shared.shared_by == "lab" and policy_for(config, "cy", ["solo"]).budget.shared_by == ""
+    usage = Usage(periods={"week": {"ann": 3.0, "bob": 6.0, "cy": 2.0}},
+                  groups={"lab": ("ann", "bob"), "solo": ("cy",)})
+    assert usage.sharing(shared, "ann") == ("ann", "bob")
+    assert usage.used_against(shared, "ann") == 9.0  # hers and bob's
+    # a member the line service has not seen in the group yet still counts hers
+    assert usage.used_against(shared, "dan") == 9.0 and usage.sharing(shared, "dan") == (
+        "ann", "bob", "dan")
+    own = policy_for(config, "cy", ["solo"]).budget
+    assert (usage.used_against(own, "cy"), usage.sharing(own, "cy")) == (2.0, ("cy",))
+    # the group's members not known (the hub did not say): not known, nothing enforced
+    assert Usage(periods={"week": {"ann": 3.0}}).used_against(shared, "ann") is None
+    assert Usage(groups={"lab": ("ann",)}).used_against(shared, "ann") is None  # no week
+    now = datetime(2026, 12, 2, 15, tzinfo=UTC).timestamp()
+    state = budget_state(shared, 10.5, now)
+    assert state.refusal() == (
+        "Your group lab has used 10.5 of its 10 GPU-hours this week, so no GPU until its "
+        "budget renews on 2026-12-07 00:00 UTC. Start the server with 0 GPUs, or ask an "
+        "admin.")
+    assert state.note().startswith("Your group lab has used 10.5 of its 10 GPU-hours this "
+                                   "week (once they are spent, you get no GPU")
+
+
+def test_a_spent_shared_soft_budget_puts_each_of_its_members_behind():
+    from gpulab.line.order import ranked
+
+    config = parse_gpus_config(
+        "groups: {lab: {budget: {gpu_hours: 5, shared: true}}}\n"
+        "defaults: {budget: {gpu_hours: 5}}\n")
+    entries = [entry(1, "ann", at=10, groups=["lab"]), entry(2, "bob", at=20)]
+    usage = Usage(periods={"month": {"ann": 1.0, "pat": 4.5, "bob": 4.0}},
+                  groups={"lab": ("ann", "pat")})
+    # ann used 1 of her group's 5, pat 4.5: spent together; bob, 4 of his own 5, goes first
+    assert [e.user for e in ranked(entries, config, usage)] == ["bob", "ann"]
+
+
 @pytest.mark.parametrize("text, error", [
+    ("defaults: {budget: {gpu_hours: 1, shared: true}}",
+     "defaults.budget.shared: only a group's budget can be shared"),
+    ("users: {ann: {budget: {gpu_hours: 1, shared: true}}}",
+     "users.ann.budget.shared: only a group's budget can be shared"),
+    ("groups: {lab: {budget: {gpu_hours: 1, shared: maybe}}}", "lab.budget.shared"),
     ("defaults: {budget: 5}", "expected none, or a mapping with gpu_hours:"),
     ("defaults: {budget: {gpu_hours: -1}}", "expected GPU-hours, a number of 0 or more"),
     ("defaults: {budget: {gpu_hours: 1, per: day}}", "per: expected week or month"),
@@ -727,6 +781,21 @@ async def test_the_line_service_brings_this_periods_gpu_hours_where_budgets_coun
     assert expr.startswith(f"sum_over_time(gpulab:user_gpus_held[{2 * 86400 + 15 * 3600}s])")
     got = usage.read(tmp_path / "usage.json", now)
     assert (got.decayed, got.used("ann", "week"), got.used("ann", "month")) == (None, 2.5, None)
+    # and the groups' members, for budget use per group in Prometheus
+    assert got.groups == {"students": ("ann", "sue"), "staff": ()}
+
+    class NoGroups(RecordingHub):
+        async def groups(self):
+            from gpulab.hubapi import HubApiError
+
+            raise HubApiError("GET", "/groups", 403, "not allowed")
+
+    # the hub refusing the groups costs the groups' use, not the members' numbers
+    line = LineService(NoGroups([]), str(gpus), str(tmp_path / "n.json"), 2,
+                       prometheus, str(tmp_path / "usage.json"))
+    await line.check(now=now + 1)
+    got = usage.read(tmp_path / "usage.json", now + 1)
+    assert (got.used("ann", "week"), got.groups) == (2.5, {})
 
 
 def test_what_a_spawn_asks_of_the_line(tmp_path):

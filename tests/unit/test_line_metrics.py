@@ -108,3 +108,85 @@ def test_an_unreadable_store_leaves_the_lines_families_out_and_the_rest_served(t
     registry = CollectorRegistry()
     metrics.register(tmp_path / "line.sqlite", tmp_path / "gpus.yaml", registry)
     assert samples(registry) == {}  # no exception: the scrape still answers
+
+
+# ---------------------------------------------------------------- budget use
+
+BUDGETS = """\
+defaults: {budget: {gpu_hours: 10, per: month}}
+groups:
+  students: {budget: {gpu_hours: 4, per: week, enforce: hard}}
+  staff: {budget: none}
+users:
+  zed: {budget: {gpu_hours: 1, per: week}}
+"""
+
+
+def test_budget_use_per_member_and_group_with_each_members_own_budget():
+    from gpulab.line.usage import Usage
+
+    usage = Usage(periods={"week": {"sue": 3.5, "tim": 1.0, "zed": 2.0},
+                           "month": {"sue": 9.0, "tim": 1.0, "zed": 2.0, "ann": 12.0}},
+                  groups={"students": ("sue", "tim", "tim"), "staff": ("pat",)})
+    got = samples(as_registry(metrics.budget_families(parse_gpus_config(BUDGETS), usage)))
+    used = {labels: v for (name, labels), v in got.items()
+            if name == "gpulab_budget_used_gpu_hours"}
+    assert used[(("period", "week"), ("user", "sue"))] == 3.5
+    assert used[(("period", "month"), ("user", "ann"))] == 12.0
+    # pat, in a group but with no use yet, used 0 (not "unknown")
+    assert used[(("period", "week"), ("user", "pat"))] == 0.0
+    assert {labels for labels in used} == {(("period", p), ("user", u)) for p in
+                                           ("week", "month")
+                                           for u in ("ann", "pat", "sue", "tim", "zed")}
+    budgets = {labels: v for (name, labels), v in got.items()
+               if name == "gpulab_budget_gpu_hours"}
+    assert budgets == {
+        (("enforce", "soft"), ("period", "month"), ("user", "ann")): 10.0,  # the default
+        (("enforce", "hard"), ("period", "week"), ("user", "sue")): 4.0,  # her group's
+        (("enforce", "hard"), ("period", "week"), ("user", "tim")): 4.0,
+        (("enforce", "soft"), ("period", "week"), ("user", "zed")): 1.0,  # his own entry
+    }  # pat: staff have none
+    groups = {labels: v for (name, labels), v in got.items()
+              if name == "gpulab_group_used_gpu_hours"}
+    assert groups == {(("group", "students"), ("period", "week")): 4.5,  # tim counted once
+                      (("group", "students"), ("period", "month")): 10.0,
+                      (("group", "staff"), ("period", "week")): 0.0,
+                      (("group", "staff"), ("period", "month")): 0.0}
+
+
+def test_budget_use_is_left_out_while_the_line_services_numbers_are_old_or_absent(tmp_path):
+    from gpulab.line import usage
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(BUDGETS)
+    registry = CollectorRegistry()
+    collector = metrics.register(tmp_path / "line.sqlite", gpus, registry,
+                                 usage_path=tmp_path / "usage.json")
+    collector.now = lambda: NOW
+    names = lambda: {name for name, _ in samples(registry)}  # noqa: E731
+    assert "gpulab_budget_used_gpu_hours" not in names()  # no file yet
+    usage.write(tmp_path / "usage.json", NOW - 30, None, {"month": {"ann": 2.0}},
+                {"students": ["sue"]})
+    got = samples(registry)
+    assert got[("gpulab_budget_used_gpu_hours", (("period", "month"), ("user", "ann")))] == 2.0
+    assert got[("gpulab_budget_used_gpu_hours", (("period", "month"), ("user", "sue")))] == 0.0
+    # sue's week budget (her group's) is not shown while this week's use is not known
+    assert ("gpulab_budget_gpu_hours", (("enforce", "hard"), ("period", "week"),
+                                        ("user", "sue"))) not in got
+    assert got[("gpulab_group_used_gpu_hours", (("group", "students"), ("period", "month")))] == 0.0
+    collector.now = lambda: NOW - 30 + usage.MAX_AGE + 1  # the line service stopped
+    assert "gpulab_budget_used_gpu_hours" not in names()
+    assert "gpulab_line_waiting" in names()  # the line's own families are still there
+
+
+def test_a_shared_budget_is_the_groups_not_each_members():
+    from gpulab.line.usage import Usage
+
+    config = parse_gpus_config(
+        "groups: {lab: {budget: {gpu_hours: 50, per: week, enforce: hard, shared: true}}}\n")
+    usage = Usage(periods={"week": {"ann": 30.0, "bob": 25.0}}, groups={"lab": ("ann", "bob")})
+    got = samples(as_registry(metrics.budget_families(config, usage)))
+    assert got[("gpulab_group_budget_gpu_hours",
+                (("enforce", "hard"), ("group", "lab"), ("period", "week")))] == 50.0
+    assert got[("gpulab_group_used_gpu_hours", (("group", "lab"), ("period", "week")))] == 55.0
+    assert not [k for k in got if k[0] == "gpulab_budget_gpu_hours"]  # nobody's own

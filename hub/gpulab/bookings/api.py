@@ -11,9 +11,9 @@
 * ``DELETE /hub/api/gpulab/bookings/USER/ID``: cancel (``servers`` for her).
 
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-bookings"]``:
-``{"file": the store, "gpus_file": gpus.yaml, "settings_file": gpulab.yaml, "used": a
-callable (user, "week" or "month") -> her GPU-hours of that period, or None when not
-known (the line's usage file; handed in so that bookings import no line), "swarm":
+``{"file": the store, "gpus_file": gpus.yaml, "settings_file": gpulab.yaml, "usage": a
+callable -> the members' GPU-hours the line service brought
+(:class:`gpulab.line.usage.Usage`; handed in so that bookings import no line), "swarm":
 bool}``.
 """
 
@@ -155,11 +155,11 @@ class MemberBookingsAPIHandler(BookingsBase):
         config = self.config()
         groups = [g.name for g in user.groups]
         inventory, leases = await self.book.snapshot(config)
+        used, sharing = self.budget_use(config, user.name, groups)
         try:
             booking = self.store.make(config, inventory, user.name, groups, body["gpus"],
-                                      start, end, self.current_user.name,
-                                      self.budget_used(config, user.name, groups), leases,
-                                      self.home_machine(user))
+                                      start, end, self.current_user.name, used, leases,
+                                      self.home_machine(user), sharing)
         except BookingRefused as e:
             self.log.info("Booking by %s for %s refused: %s", self.current_user.name,
                           user.name, e)
@@ -183,12 +183,16 @@ class MemberBookingsAPIHandler(BookingsBase):
             return ""
         return str(getattr(user.spawner, "home_node", "") or "")
 
-    def budget_used(self, config, user: str, groups: list[str]) -> float | None:
-        """Her GPU-hours of this budget period (None: no budget, or not known)."""
+    def budget_use(self, config, user: str, groups: list[str]
+                   ) -> tuple[float | None, tuple[str, ...]]:
+        """The GPU-hours counted against her budget this period (None: no budget, or not
+        known), and who shares it (her group's members, for a shared one)."""
         policy = policy_for(config, user, groups)
         if policy.budget is None:
-            return None
-        return self.bookings_settings["used"](user, policy.budget.per)
+            return None, ()
+        usage = self.bookings_settings["usage"]()
+        return (usage.used_against(policy.budget, user),
+                usage.sharing(policy.budget, user))
 
 
 class MemberBookingAPIHandler(BookingsBase):

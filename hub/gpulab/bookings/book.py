@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -78,11 +78,13 @@ def overlapping(bookings: Iterable[Booking], start: float, end: float) -> list[B
 def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Booking],
            user: str, groups: Sequence[str], count: object, start: float, end: float,
            now: float, used: float | None = None, leases: Sequence[Lease] = (),
-           machine: str = "") -> list[Gpu]:
+           machine: str = "", sharing: Collection[str] = ()) -> list[Gpu]:
     """The GPUs a new booking of *count* GPUs from *start* to *end* takes, or
-    :class:`BookingRefused`. *used*: her GPU-hours of this budget period so far (None:
-    not known, counted as none). Among the GPUs free then, those nobody holds now
-    (*leases*) come first, so that a booking stops nobody's server where it need not.
+    :class:`BookingRefused`. *used*: the GPU-hours counted against her budget this period
+    so far (None: not known, counted as none); *sharing*: the members whose bookings
+    count against it with hers (a group's shared budget). Among the GPUs free then,
+    those nobody holds now (*leases*) come first, so that a booking stops nobody's
+    server where it need not.
     *machine*: the node her servers must run on (a Swarm with homes on one machine), or
     "" for any."""
     limits = config.bookings
@@ -119,7 +121,7 @@ def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Book
                                   f"{when(b.end)} already, which overlaps this one; change "
                                   f"or cancel that one instead.")
     if policy.budget is not None and policy.budget.enforce == HARD:
-        over_budget(policy.budget, bookings, user, count, start, end, now, used)
+        over_budget(policy.budget, bookings, user, count, start, end, now, used, sharing)
     usable = usable_gpus(config, inventory, Request(user, "", tuple(groups), count, machine))
     taken = {u for b in overlapping(bookings, start, end) for u in b.gpus}
     free = [g for g in usable if g.uuid not in taken]
@@ -139,22 +141,26 @@ def choose(config: GpusConfig, inventory: Sequence[Gpu], bookings: Sequence[Book
 
 
 def over_budget(budget: Budget, bookings: Sequence[Booking], user: str, count: int,
-                start: float, end: float, now: float, used: float | None) -> None:
+                start: float, end: float, now: float, used: float | None,
+                sharing: Collection[str] = ()) -> None:
     """:class:`BookingRefused` when a booking of *count* GPUs from *start* to *end* would
-    take her past her hard *budget* in the week or month it starts in: what she used of
+    take her past her hard *budget* in the week or month it starts in: what was used of
     it (*used*, this period's; None: not known, counted as 0) if that is this period, her
-    other bookings' hours still to come in it, and this one's."""
+    other bookings' hours still to come in it (and those of the members *sharing* it),
+    and this one's."""
     period = period_start(start, budget.per)
     spent = (used or 0.0) if period == period_start(now, budget.per) else 0.0
+    who = {user, *sharing}
     booked = sum(len(b.gpus) * (b.end - max(b.start, now)) / 3600 for b in bookings
-                 if b.user == user and b.end > now
+                 if b.user in who and b.end > now
                  and period_start(max(b.start, now), budget.per) == period)
     hours = count * (end - start) / 3600
     if spent + booked + hours > budget.gpu_hours:
         which = "this" if period == period_start(now, budget.per) else "that"
+        whose = f"your group {budget.shared_by}'s" if budget.shared_by else "your"
         raise BookingRefused(403, f"This booking is {hours:.1f} GPU-hours; with {spent:.1f} "
                                   f"used and {booked:.1f} booked in {which} {budget.per} "
-                                  f"(from {when(period)}), it is over your budget of "
+                                  f"(from {when(period)}), it is over {whose} budget of "
                                   f"{budget.gpu_hours:g} GPU-hours per {budget.per}.")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from gpulab import private_db
@@ -48,7 +48,7 @@ class BookingStore:
     def make(self, config: GpusConfig, inventory: Sequence[Gpu], user: str,
              groups: Sequence[str], count: object, start: float, end: float, made_by: str,
              used: float | None = None, leases: Sequence[Lease] = (),
-             machine: str = "") -> Booking:
+             machine: str = "", sharing: Collection[str] = ()) -> Booking:
         """Check and record a booking in one transaction (two requests for the last free
         GPU cannot both get it); :class:`gpulab.bookings.book.BookingRefused` if not."""
         now = self.now()
@@ -59,7 +59,7 @@ class BookingStore:
             current = [_booking(r) for r in db.execute(
                 f"SELECT {_COLUMNS} FROM bookings WHERE end > ?", (now,))]
             gpus = choose(config, inventory, current, user, groups, count, start, end, now,
-                          used, leases, machine)
+                          used, leases, machine, sharing)
             uuids = tuple(g.uuid for g in gpus)
             cursor = db.execute(
                 "INSERT INTO bookings (user, gpus, start, end, made_by, made_at)"

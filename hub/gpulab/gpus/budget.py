@@ -2,7 +2,8 @@
 
 A budget is each member's own GPU-hours per calendar week (from Monday 00:00 UTC) or
 month (from the 1st, 00:00 UTC), counted the way the usage page counts them (GPUs held,
-busy or not). Spent, a ``soft`` budget puts her behind everyone within theirs in line
+busy or not); a group's ``shared`` budget counts its members' GPU-hours together.
+Spent, a ``soft`` budget puts her behind everyone within theirs in line
 (:mod:`gpulab.line.order`); a ``hard`` one refuses her GPUs (a server with 0 GPUs still
 starts) until the next period. Running servers are never stopped for a budget.
 """
@@ -54,12 +55,16 @@ class BudgetState:
         return datetime.fromtimestamp(self.resets_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
     def _used(self) -> str:
-        return (f"{_hours(self.used)} of your {self.budget.gpu_hours:g} GPU-hours this "
-                f"{self.budget.per}")
+        b = self.budget
+        if b.shared_by:
+            return (f"Your group {b.shared_by} has used {_hours(self.used)} of its "
+                    f"{b.gpu_hours:g} GPU-hours this {b.per}")
+        return f"You have used {_hours(self.used)} of your {b.gpu_hours:g} GPU-hours this {b.per}"
 
     def refusal(self) -> str:
         """What a member whose hard budget is spent is told."""
-        return (f"You have used {self._used()}, so no GPU until your budget renews on "
+        whose = "its" if self.budget.shared_by else "your"
+        return (f"{self._used()}, so no GPU until {whose} budget renews on "
                 f"{self._when()}. Start the server with 0 GPUs, or ask an admin.")
 
     def note(self) -> str:
@@ -67,7 +72,7 @@ class BudgetState:
         after = ("once they are spent, you get no GPU until they renew" if
                  self.budget.enforce == HARD else
                  "once they are spent, you wait behind members within theirs in line")
-        return f"You have used {self._used()} ({after}; they renew on {self._when()})."
+        return f"{self._used()} ({after}; they renew on {self._when()})."
 
 
 def _hours(h: float) -> str:

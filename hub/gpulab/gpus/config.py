@@ -19,6 +19,7 @@ Schema (every key optional; an empty or missing file means the defaults)::
       gpu_idle_timeout: 2h     # stop a server whose GPUs sat idle this long (0: never)
       max_server_age: 0        # stop a server holding GPUs this long after its start
       budget: none             # or {gpu_hours: 100, per: week | month, enforce: soft | hard}
+                               # (a group's, with shared: true, its members' together)
     groups:                    # JupyterHub groups; see "precedence" below
       <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age,
                 line_priority, budget}  # line_priority: higher goes first in line (0)
@@ -107,7 +108,7 @@ LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
 _DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS, "budget")
 _OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
                   "line_priority", "budget")
-_BUDGET_KEYS = ("gpu_hours", "per", "enforce")
+_BUDGET_KEYS = ("gpu_hours", "per", "enforce", "shared")
 WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from the 1st)
 SOFT, HARD = "soft", "hard"  # spent: she waits behind the others in line / GPUs refused
 _CULLING_KEYS = ("idle_below", "warn_before", "check_every")
@@ -166,12 +167,14 @@ class Pin:
 @dataclass(frozen=True)
 class Budget:
     """GPU-hours a member may use per week or month (each member's own, also when set
-    for a group); what happens once they are spent: ``soft``, she goes behind everyone
+    for a group, unless the group's is ``shared``: then its members' use together counts
+    against it); what happens once they are spent: ``soft``, she goes behind everyone
     within their budget in line; ``hard``, she gets no GPU until the next period."""
 
     gpu_hours: float
     per: str = "month"  # WEEK or MONTH
     enforce: str = "soft"  # SOFT or HARD
+    shared_by: str = ""  # a group whose members share these GPU-hours; "": her own
 
     @property
     def per_day(self) -> float:
@@ -553,19 +556,25 @@ def _bookings(r: _Reader, raw: Any) -> Bookings:
     )
 
 
-def _budget(r: _Reader, path: Path_, raw: Any) -> Budget | None:
-    """``budget:``: None for ``none`` (or absent), else a :class:`Budget`."""
+def _budget(r: _Reader, path: Path_, raw: Any, group: str = "") -> Budget | None:
+    """``budget:``: None for ``none`` (or absent), else a :class:`Budget`; *group*: the
+    group it is set for, which ``shared: true`` makes its members share."""
     if raw is None or raw == "none":
         return None
     body = r.mapping(path, raw, _BUDGET_KEYS,
-                     "none, or a mapping with gpu_hours:, per: (week or month) and "
-                     "enforce: (soft or hard)")
+                     "none, or a mapping with gpu_hours:, per: (week or month), "
+                     "enforce: (soft or hard) and, for a group, shared: (true or false)")
     if "gpu_hours" not in body:
         raise r.doc.error(path, "a budget needs gpu_hours: (GPU-hours per period)")
+    shared = r.check(path + ("shared",), _bool, body.get("shared", False))
+    if shared and not group:
+        raise r.doc.error(path + ("shared",), "only a group's budget can be shared "
+                                              "(its members' GPU-hours together)")
     return Budget(
         gpu_hours=r.check(path + ("gpu_hours",), _hours, body["gpu_hours"]),
         per=r.check(path + ("per",), _one_of(WEEK, MONTH), body.get("per", MONTH)),
         enforce=r.check(path + ("enforce",), _one_of(SOFT, HARD), body.get("enforce", SOFT)),
+        shared_by=group if shared else "",
     )
 
 
@@ -708,7 +717,8 @@ def _overrides(
                for key in LIMIT_KEYS if key in body},
             line_priority=(r.check(path + ("line_priority",), _priority, body["line_priority"])
                            if "line_priority" in body else None),
-            budget=_budget(r, path + ("budget",), body.get("budget")),
+            budget=_budget(r, path + ("budget",), body.get("budget"),
+                           name if section == "groups" else ""),
             no_budget="budget" in body and body["budget"] in (None, "none"),
             line=doc.line_of(path),
         )

@@ -156,8 +156,15 @@ class LineService:
                         "first come, first served and no budget is enforced", e,
                         line_usage.MAX_AGE)
             return
+        groups = {}
+        if periods:  # for budget use per group in Prometheus (gpulab.line.metrics)
+            try:
+                groups = {g["name"]: g.get("users") or [] for g in await self.hub.groups()}
+            except HubApiError as e:
+                log.warning("line: the groups' members not read (%s); no group's budget "
+                            "use in Prometheus this time", e)
         self.usage_at = now
-        line_usage.write(self.usage_file, now, decayed, spent)
+        line_usage.write(self.usage_file, now, decayed, spent, groups)
 
     async def apply(self, d: Decision) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user

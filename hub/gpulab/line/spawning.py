@@ -68,7 +68,7 @@ class LineAtSpawn:
         line service brings it from Prometheus; unknown, nothing is enforced)."""
         if policy.budget is None:
             return None
-        used = self.store.usage().used(self.user, policy.budget.per)
+        used = self.store.usage().used_against(policy.budget, self.user)
         return None if used is None else budget_state(policy.budget, used, time.time())
 
     def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.gpus.budget import period_start
-from gpulab.gpus.config import MONTH, WEEK
+from gpulab.gpus.config import MONTH, WEEK, Budget
 
 MAX_AGE = 300  # seconds after which the hub no longer uses these numbers
 MAX_POINTS = 1000  # per member and query
@@ -38,11 +38,29 @@ class Usage:
     # when it was read (epoch seconds): the clock fair share's line.max_wait counts by;
     # None: nobody's wait counts
     now: float | None = None
+    # the hub's groups as the line service last saw them: group -> its members
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def used(self, user: str, per: str) -> float | None:
         """Her GPU-hours this *per* (week or month); None when not known."""
         hours = self.periods.get(per)
         return None if hours is None else hours.get(user, 0.0)
+
+    def sharing(self, budget: Budget, user: str) -> tuple[str, ...]:
+        """Who shares *budget* with *user*: the members of the group whose shared budget
+        it is, she included (only she for her own); () when the group is not known."""
+        if not budget.shared_by:
+            return (user,)
+        members = self.groups.get(budget.shared_by)
+        return () if members is None else tuple(sorted({*members, user}))
+
+    def used_against(self, budget: Budget, user: str) -> float | None:
+        """What counts against *user*'s *budget* this period: her GPU-hours, or those of
+        everyone sharing it; None when not known."""
+        hours, sharing = self.periods.get(budget.per), self.sharing(budget, user)
+        if hours is None or not sharing:
+            return None
+        return sum(hours.get(u, 0.0) for u in sharing)
 
 
 NONE = Usage()
@@ -72,12 +90,14 @@ def by_user(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, 
 
 
 def write(path: str | os.PathLike, at: float, decayed: Mapping[str, float] | None = None,
-          periods: Mapping[str, Mapping[str, float]] | None = None) -> None:
+          periods: Mapping[str, Mapping[str, float]] | None = None,
+          groups: Mapping[str, Sequence[str]] | None = None) -> None:
     """Replace *path* atomically (the hub never reads half a file)."""
     path = Path(path)
     data = {"at": at, "decayed": dict(decayed) if decayed is not None else None,
             "periods": {per: {"start": period_start(at, per), "gpu_hours": dict(hours)}
-                        for per, hours in (periods or {}).items()}}
+                        for per, hours in (periods or {}).items()},
+            "groups": {g: list(members) for g, members in (groups or {}).items()}}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -98,7 +118,9 @@ def read(path: str | os.PathLike, now: float) -> Usage:
         periods = {per: {str(u): float(h) for u, h in p["gpu_hours"].items()}
                    for per, p in (data.get("periods") or {}).items()
                    if per in PERIODS and float(p["start"]) == period_start(now, per)}
+        groups = {str(g): tuple(str(u) for u in members)
+                  for g, members in (data.get("groups") or {}).items()}
         return Usage({str(u): float(h) for u, h in decayed.items()}
-                     if decayed is not None else None, periods, now)
+                     if decayed is not None else None, periods, now, groups)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return NONE
