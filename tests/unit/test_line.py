@@ -657,21 +657,30 @@ def test_a_groups_shared_budget_counts_its_members_use_together():
 groups:
   lab: {budget: {gpu_hours: 10, per: week, enforce: hard, shared: true}}
   solo: {budget: {gpu_hours: 4, per: week}}
+  big: {budget: {gpu_hours: 20, per: week}}
+users:
+  pi: {budget: none}
 """)
     shared = policy_for(config, "ann", ["lab"]).budget
     assert shared.shared_by == "lab" and policy_for(config, "cy", ["solo"]).budget.shared_by == ""
-    usage = Usage(periods={"week": {"ann": 3.0, "bob": 6.0, "cy": 2.0}},
-                  groups={"lab": ("ann", "bob"), "solo": ("cy",)})
-    assert usage.sharing(shared, "ann") == ("ann", "bob")
-    assert usage.used_against(shared, "ann") == 9.0  # hers and bob's
+    usage = Usage(periods={"week": {"ann": 3.0, "bob": 6.0, "cy": 2.0, "pi": 50.0,
+                                    "eve": 40.0}},
+                  groups={"lab": ("ann", "bob", "pi", "eve"), "solo": ("cy",), "big": ("eve",)})
+    # the PI (budget: none of her own) and eve (a more generous group's) are in lab but
+    # neither bound by its shared budget nor spending it
+    assert usage.sharing(shared, "ann", config) == ("ann", "bob")
+    assert usage.used_against(shared, "ann", config) == 9.0  # hers and bob's
+    assert policy_for(config, "pi", ["lab"]).budget is None
+    assert policy_for(config, "eve", ["lab", "big"]).budget.gpu_hours == 20
     # a member the line service has not seen in the group yet still counts hers
-    assert usage.used_against(shared, "dan") == 9.0 and usage.sharing(shared, "dan") == (
-        "ann", "bob", "dan")
+    assert usage.used_against(shared, "dan", config) == 9.0
+    assert usage.sharing(shared, "dan", config) == ("ann", "bob", "dan")
     own = policy_for(config, "cy", ["solo"]).budget
-    assert (usage.used_against(own, "cy"), usage.sharing(own, "cy")) == (2.0, ("cy",))
+    assert (usage.used_against(own, "cy", config), usage.sharing(own, "cy", config)) == (
+        2.0, ("cy",))
     # the group's members not known (the hub did not say): not known, nothing enforced
-    assert Usage(periods={"week": {"ann": 3.0}}).used_against(shared, "ann") is None
-    assert Usage(groups={"lab": ("ann",)}).used_against(shared, "ann") is None  # no week
+    assert Usage(periods={"week": {"ann": 3.0}}).used_against(shared, "ann", config) is None
+    assert Usage(groups={"lab": ("ann",)}).used_against(shared, "ann", config) is None
     now = datetime(2026, 12, 2, 15, tzinfo=UTC).timestamp()
     state = budget_state(shared, 10.5, now)
     assert state.refusal() == (
@@ -790,12 +799,35 @@ async def test_the_line_service_brings_this_periods_gpu_hours_where_budgets_coun
 
             raise HubApiError("GET", "/groups", 403, "not allowed")
 
-    # the hub refusing the groups costs the groups' use, not the members' numbers
+    # the hub refusing the groups later: the last ones read still count (a shared budget
+    # stays enforced); never read, there are none (and it is not)
+    line.hub = NoGroups([])
+    await line.check(now=now + 3600)
+    got = usage.read(tmp_path / "usage.json", now + 3600)
+    assert (got.used("ann", "week"), got.groups["students"]) == (2.5, ("ann", "sue"))
     line = LineService(NoGroups([]), str(gpus), str(tmp_path / "n.json"), 2,
                        prometheus, str(tmp_path / "usage.json"))
-    await line.check(now=now + 1)
-    got = usage.read(tmp_path / "usage.json", now + 1)
+    await line.check(now=now + 7200)
+    got = usage.read(tmp_path / "usage.json", now + 7200)
     assert (got.used("ann", "week"), got.groups) == (2.5, {})
+
+
+def test_a_spawn_counts_a_shared_budget_with_the_groups_use(tmp_path):
+    import time
+
+    from gpulab.gpus.policy import policy_for
+    from gpulab.line import usage
+    from gpulab.line.spawning import LineAtSpawn
+
+    store = LineStore(tmp_path / "line.sqlite")
+    config = parse_gpus_config(
+        "groups: {lab: {budget: {gpu_hours: 2, per: week, enforce: hard, shared: true}}}\n")
+    usage.write(store.usage_path, time.time(), None, {"week": {"ann": 1.5, "bob": 0.6}},
+                {"lab": ["ann", "bob"]})
+    state = LineAtSpawn(store, "bob", "", ["lab"]).budget(policy_for(config, "bob", ["lab"]),
+                                                          config)
+    assert (state.used, state.refuses) == (pytest.approx(2.1), True)
+    assert state.refusal().startswith("Your group lab has used 2.1 of its 2 GPU-hours")
 
 
 def test_what_a_spawn_asks_of_the_line(tmp_path):
@@ -810,7 +842,7 @@ def test_what_a_spawn_asks_of_the_line(tmp_path):
     assert (joined.status, joined.message.startswith(
         "No 1 GPU free now: you are number 1 in line (1 waiting).")) == (202, True)
     assert store.entry("bob", "").groups == ("phd",) and bob.waiting() == 1
-    assert bob.budget(policy_for(config, "bob")) is None  # use unknown: nothing enforced
+    assert bob.budget(policy_for(config, "bob"), config) is None  # use unknown: nothing enforced
     store.offer("bob", "")
     assert not bob.got_gpus() and store.entry("bob", "")  # the line started it: it stays
     store.offer("bob", "", offered=False)

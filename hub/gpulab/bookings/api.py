@@ -191,8 +191,8 @@ class MemberBookingsAPIHandler(BookingsBase):
         if policy.budget is None:
             return None, ()
         usage = self.bookings_settings["usage"]()
-        return (usage.used_against(policy.budget, user),
-                usage.sharing(policy.budget, user))
+        return (usage.used_against(policy.budget, user, config),
+                usage.sharing(policy.budget, user, config))
 
 
 class MemberBookingAPIHandler(BookingsBase):

@@ -28,10 +28,12 @@ file; none while that is over five minutes old, as the hub then enforces none ei
 ``gpulab_budget_used_gpu_hours{user, period}``
     each member's GPU-hours this calendar week or month (UTC), as budgets count them;
 ``gpulab_budget_gpu_hours{user, period, enforce}``
-    each member's budget (``enforce``: ``soft`` or ``hard``), after her groups and her
-    own entry; members without one, or whose budget is a group's shared one, have none;
+    the budget of each member the line service has seen (in a group, or with GPU-hours
+    this period), after her groups and her own entry (``enforce``: ``soft`` or
+    ``hard``); members without one, or whose budget is a group's shared one, have none;
 ``gpulab_group_used_gpu_hours{group, period}``
-    the sum of a group's members' GPU-hours;
+    the sum of a group's members' GPU-hours (all of them: against a shared budget only
+    those bound by it count, :meth:`gpulab.line.usage.Usage.sharing`);
 ``gpulab_group_budget_gpu_hours{group, period, enforce}``
     a group's ``shared`` budget (its members' GPU-hours together); a group's budget that
     is not shared is each member's own, under her name.

@@ -66,7 +66,7 @@ def standing(entry: Entry, config: GpusConfig | None, usage: Usage | None) -> St
         return Standing(0, None)
     usage = usage or NONE
     policy = policy_for(config, entry.user, entry.groups)
-    used = usage.used_against(policy.budget, entry.user) if policy.budget else None
+    used = usage.used_against(policy.budget, entry.user, config) if policy.budget else None
     over = bool(policy.budget and used is not None and used >= policy.budget.gpu_hours)
     decayed = usage.decayed if config.line.order == FAIR_SHARE else None
     hours = None if decayed is None else decayed.get(entry.user, 0.0)

@@ -3,7 +3,8 @@ not open it within the claim window, stop it so that the next member gets the GP
 
 A hub service like the GPU culler: it asks the hub's REST API (:mod:`gpulab.line.api`,
 through :class:`gpulab.hubapi.HubApi`) who is where in line, and acts through it. What
-it may do is its role's (``hubconfig.LINE_SCOPES``): start, look at and stop servers.
+it may do is its role's (``hubconfig.LINE_SCOPES``): start, look at and stop servers,
+and read the groups' members (for budgets a group shares).
 Which GPUs a member gets stays the spawner's decision: the hub keeps them for her from
 the moment her turn comes (:func:`gpulab.line.plan.holds`), so nobody takes them between
 two of this service's rounds.
@@ -100,6 +101,7 @@ class LineService:
         self.usage_file = usage_file
         self.usage_at = -math.inf  # when they were last asked for
         self.ready_at: dict[int, float] = {}  # entry id -> when its server was seen ready
+        self.groups: dict[str, list[str]] = {}  # the hub's groups' members, last read
 
     async def check(self, now: float | None = None) -> list[Decision]:
         """One round: the decisions taken."""
@@ -156,15 +158,15 @@ class LineService:
                         "first come, first served and no budget is enforced", e,
                         line_usage.MAX_AGE)
             return
-        groups = {}
-        if periods:  # for budget use per group in Prometheus (gpulab.line.metrics)
+        if periods:  # for shared budgets, and budget use per group in Prometheus
             try:
-                groups = {g["name"]: g.get("users") or [] for g in await self.hub.groups()}
+                self.groups = {g["name"]: g.get("users") or []
+                               for g in await self.hub.groups()}
             except HubApiError as e:
-                log.warning("line: the groups' members not read (%s); no group's budget "
-                            "use in Prometheus this time", e)
+                log.warning("line: the groups' members not read (%s); the last ones read "
+                            "(%d groups) still count for shared budgets", e, len(self.groups))
         self.usage_at = now
-        line_usage.write(self.usage_file, now, decayed, spent, groups)
+        line_usage.write(self.usage_file, now, decayed, spent, self.groups)
 
     async def apply(self, d: Decision) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user

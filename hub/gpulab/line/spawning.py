@@ -63,12 +63,12 @@ class LineAtSpawn:
     def waiting(self) -> int:
         return sum(e.offered_at is None for e in self.store.entries())
 
-    def budget(self, policy: Policy) -> BudgetState | None:
+    def budget(self, policy: Policy, config: GpusConfig) -> BudgetState | None:
         """Her budget and what she used of it, when she has one and her use is known (the
         line service brings it from Prometheus; unknown, nothing is enforced)."""
         if policy.budget is None:
             return None
-        used = self.store.usage().used_against(policy.budget, self.user)
+        used = self.store.usage().used_against(policy.budget, self.user, config)
         return None if used is None else budget_state(policy.budget, used, time.time())
 
     def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.gpus.budget import period_start
-from gpulab.gpus.config import MONTH, WEEK, Budget
+from gpulab.gpus.config import MONTH, WEEK, Budget, GpusConfig
+from gpulab.gpus.policy import policy_for
 
 MAX_AGE = 300  # seconds after which the hub no longer uses these numbers
 MAX_POINTS = 1000  # per member and query
@@ -46,18 +47,28 @@ class Usage:
         hours = self.periods.get(per)
         return None if hours is None else hours.get(user, 0.0)
 
-    def sharing(self, budget: Budget, user: str) -> tuple[str, ...]:
-        """Who shares *budget* with *user*: the members of the group whose shared budget
-        it is, she included (only she for her own); () when the group is not known."""
+    def sharing(self, budget: Budget, user: str, config: GpusConfig) -> tuple[str, ...]:
+        """Who shares *budget* with *user*: she and the members of the group whose shared
+        budget it is who are bound by it (not one whose own entry, or a more generous
+        group, gives her another budget); only she for her own; () when the group's
+        members are not known."""
         if not budget.shared_by:
             return (user,)
         members = self.groups.get(budget.shared_by)
-        return () if members is None else tuple(sorted({*members, user}))
+        if members is None:
+            return ()
+        groups_of: dict[str, list[str]] = {}
+        for group, names in self.groups.items():
+            for name in names:
+                groups_of.setdefault(name, []).append(group)
+        bound = {m for m in members
+                 if policy_for(config, m, groups_of.get(m, ())).budget == budget}
+        return tuple(sorted({*bound, user}))
 
-    def used_against(self, budget: Budget, user: str) -> float | None:
+    def used_against(self, budget: Budget, user: str, config: GpusConfig) -> float | None:
         """What counts against *user*'s *budget* this period: her GPU-hours, or those of
         everyone sharing it; None when not known."""
-        hours, sharing = self.periods.get(budget.per), self.sharing(budget, user)
+        hours, sharing = self.periods.get(budget.per), self.sharing(budget, user, config)
         if hours is None or not sharing:
             return None
         return sum(hours.get(u, 0.0) for u in sharing)

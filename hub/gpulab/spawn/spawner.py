@@ -261,7 +261,7 @@ class GpulabSpawner(DockerSpawner):
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
         line = self.line
-        budget = line.budget(policy) if line else None
+        budget = line.budget(policy, config) if line else None
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=line is not None,
                          waiting=line.waiting() if line else 0,
@@ -339,7 +339,7 @@ class GpulabSpawner(DockerSpawner):
             except EnvironmentRefused as e:
                 raise _http_error(e.status, str(e)) from None
             wait = wants_to_wait(self.user_options)
-            budget = line.budget(policy) if line else None
+            budget = line.budget(policy, gpus_config) if line else None
             if budget is not None and budget.refuses and (
                     policy.gpus if count is None else count):
                 self.log.info("Spawn of %s refused: hard budget spent (%.2f of %g GPU-hours)",
