@@ -30,15 +30,17 @@ class StackError(AssertionError):
     pass
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
-    """Poll *predicate* until it returns a truthy value; fail after *timeout* seconds."""
+def wait_for(predicate, timeout: float, interval: float = 0.2, what="condition"):
+    """Poll *predicate* until it returns a truthy value; fail after *timeout* seconds,
+    saying *what* was awaited (a string, or a callable that says it then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise StackError(f"timed out after {timeout:.0f} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise StackError(f"timed out after {timeout:.0f} s waiting for {said}")
         time.sleep(interval)
 
 
