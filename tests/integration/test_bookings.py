@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import requests
 
 from .browser import screenshot, submit_login
-from .stack import HUB_URL, wait_for
-from .standin import GPU0, STANDIN_GPUS, gpus_of
+from .stack import HUB_URL, container_logs, wait_for
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only
 WARN_BEFORE = 6  # seconds (culling.warn_before)
@@ -162,6 +162,25 @@ def test_a_booking_stops_an_unbooked_holder_after_the_warning_and_keeps_its_gpu(
     assert b["running"] and bookings_api(bob, "DELETE", f"/{bob.name}/{b['id']}").status_code == 204
     carol.start_server({"gpus": 1})
     assert gpus_of(carol.container)["label"] == GPU0
+
+
+def test_a_start_takes_a_gpu_nobody_booked_and_says_so_when_none_is(hub, lab_user, lab_config,
+                                                                   gpus_yaml):
+    """bob booked GPU 0 for tomorrow: carol, starting now, gets GPU 1 (by index she
+    would have had GPU 0, to be stopped tomorrow); dan, with only GPU 0 left, gets it
+    and is told at once when it will be stopped."""
+    lab_config.write("gpus.yaml", STANDIN_GPUS)
+    bob, carol, dan = lab_user("bob"), lab_user("carol"), lab_user("dan")
+    tomorrow = time.time() + 86400
+    r = book(bob, 1, tomorrow, tomorrow + 3600)
+    assert r.status_code == 201 and r.json()["gpu_labels"] == ["GPU 0 (stand-in)"], r.text
+    carol.start_server({"gpus": 1})
+    assert gpus_of(carol.container)["label"] == GPU1
+    dan.start_server({"gpus": 1})
+    assert gpus_of(dan.container)["label"] == GPU0
+    log = container_logs("gpulab-hub", 200)
+    assert f"{dan.name}: Another member has booked 1 of them from " in log and \
+        "this server will be stopped then, after a warning" in log, log[-3000:]
 
 
 def test_members_book_and_cancel_on_the_bookings_page(hub, lab_user, lab_config, gpus_yaml,

@@ -20,6 +20,7 @@ from gpulab.bookings.book import (
     choose,
     first_booked,
     holds,
+    upcoming,
 )
 from gpulab.bookings.store import KEEP_ENDED, BookingStore
 from gpulab.culler.decide import BOOKING, KEEP, STOP, WARN, Server, cull_decision
@@ -209,6 +210,28 @@ def test_the_first_booking_of_someone_else_on_a_servers_gpus():
     # carol's own booking and dan's ended one do not count; alice's does
     assert first_booked(bookings, "carol", [uuid(0)], NOW).booking.id == 3
     assert first_booked(bookings, "carol", [uuid(0)], NOW + HOUR) is None
+
+
+def test_a_spawn_gets_the_gpus_nobody_booked_first_then_those_booked_latest():
+    bookings = [booking(1, "bob", [0], NOW + 2 * HOUR, NOW + 3 * HOUR),
+                booking(2, "carol", [1], NOW + 5 * HOUR, NOW + 6 * HOUR),
+                booking(3, "bob", [1], NOW + HOUR, NOW + 2 * HOUR),  # GPU 1's first
+                booking(4, "alice", [2], NOW + HOUR, NOW + 2 * HOUR),  # her own
+                booking(5, "dan", [2], NOW - HOUR, NOW + HOUR)]  # running: held, not ahead
+    ahead = upcoming(bookings, "alice", NOW)
+    assert ahead == ((uuid(0), NOW + 2 * HOUR), (uuid(1), NOW + HOUR))
+    two = [gpu(0), gpu(1)]
+    config = parse_gpus_config("defaults: {gpus: 1, max_gpus: 2}\n")
+
+    def given(count, inventory, booked_from=ahead):
+        return [g.index for g in allocate(config, inventory, [],
+                                          Request("alice", "", (), count,
+                                                  booked_from=booked_from))]
+    assert given(1, [*two, gpu(2)]) == [2]  # GPU 2: only her own booking
+    assert given(1, two) == [0]  # GPU 0's booking is later than GPU 1's
+    assert given(2, two) == [0, 1]  # none free without: both, the later one first
+    assert given(1, two, booked_from=()) == [0]  # no bookings: by index, as before
+    assert given(1, [gpu(1), gpu(3)], booked_from=((uuid(3), NOW + HOUR),)) == [1]
 
 
 # ---------------------------------------------------------------- the GPU culler

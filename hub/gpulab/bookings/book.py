@@ -32,7 +32,7 @@ from gpulab.gpus.policy import policy_for
 from gpulab.settings import duration_text
 
 __all__ = ["BOOKED", "Booked", "Booking", "BookingRefused", "choose", "first_booked",
-           "holds", "overlapping", "when"]
+           "holds", "overlapping", "upcoming", "when"]
 
 BOOKED = "(booked by a member)"  # the holder of a GPU kept for a booking, for others
 # A start this far in the past still counts as "now" (a form filled in a minute ago).
@@ -197,6 +197,20 @@ class Booked:
     start: float
     gpus: int  # how many of the server's GPUs it takes
     booking: Booking
+
+
+def upcoming(bookings: Iterable[Booking], user: str, now: float
+             ) -> tuple[tuple[str, float], ...]:
+    """For a spawn of *user* at *now*: each GPU that a booking of someone else takes
+    later, with when the first such booking starts (``Request.booked_from``: the
+    allocator gives her the GPUs nobody booked first, then those booked latest, so that
+    a server is not started only to be stopped for a booking)."""
+    first: dict[str, float] = {}
+    for b in bookings:
+        if b.user != user and b.start > now:
+            for uuid in b.gpus:
+                first[uuid] = min(first.get(uuid, b.start), b.start)
+    return tuple(sorted(first.items()))
 
 
 def first_booked(bookings: Iterable[Booking], user: str, gpus: Iterable[str],

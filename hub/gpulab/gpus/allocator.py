@@ -27,6 +27,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -100,6 +101,9 @@ class Request:
     groups: Iterable[str] = ()  # the user's JupyterHub group names
     count: int | None = None  # None = the user's default (Policy.gpus)
     machine: str = ""  # the node its GPUs must be on ("": any; a Swarm's node-local homes)
+    # (GPU UUID, when someone else's booking of it starts): of the free GPUs, those
+    # nobody booked come first, then those booked latest (gpulab.bookings.book.upcoming)
+    booked_from: tuple[tuple[str, float], ...] = ()
 
 
 # ---------------------------------------------------------------- errors
@@ -335,9 +339,11 @@ def allocate(
     ordered: list[Gpu] = []
     ordered += [by_uuid[le.gpu_uuid] for le in own if le.gpu_uuid in by_uuid]
     ordered += [by_uuid[u] for u in pinned_uuids]
+    booked_from = dict(request.booked_from)
     ordered += sorted(
         candidates,
-        key=lambda g: (g.uuid in mine_elsewhere, load[g.uuid], node_load[g.node], g.index),
+        key=lambda g: (g.uuid in mine_elsewhere, -booked_from.get(g.uuid, math.inf),
+                       load[g.uuid], node_load[g.node], g.index),
     )
     most = 0  # the most free GPUs any one machine had
     for node in dict.fromkeys(g.node for g in ordered):

@@ -39,6 +39,7 @@ from traitlets import Any, Dict, Float, List, Unicode, default
 from traitlets.config import Configurable
 
 from gpulab import compat, live_config
+from gpulab.bookings.book import first_booked, upcoming, when
 from gpulab.bookings.book import holds as booking_holds
 from gpulab.bookings.store import booking_store
 from gpulab.environments import (
@@ -233,7 +234,8 @@ class GpulabSpawner(DockerSpawner):
     # ------------------------------------------------------------- options
 
     def _request(self, count: int | None) -> Request:
-        return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count)
+        return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count,
+                       booked_from=upcoming(self._bookings(), self.user.name, time.time()))
 
     async def _gpu_options_form(self, spawner=None) -> str:
         """The spawn form (:mod:`gpulab.spawn.form`); empty (no form) when the user can
@@ -509,6 +511,12 @@ class GpulabSpawner(DockerSpawner):
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
+                    booked = first_booked(self._bookings(), self.user.name, self.gpu_uuids,
+                                          time.time())
+                    if booked is not None:  # none free without: she is told now
+                        self._report(16, f"Another member has booked {booked.gpus} of "
+                                         f"them from {when(booked.start)}: this server "
+                                         f"will be stopped then, after a warning")
                 self.apply_settings(settings, self.gpu_uuids)
                 self._report(20, f"Creating your container from {self.image}")
                 try:
