@@ -183,6 +183,30 @@ def test_a_start_takes_a_gpu_nobody_booked_and_says_so_when_none_is(hub, lab_use
         "this server will be stopped then, after a warning" in log, log[-3000:]
 
 
+def test_the_lines_estimate_waits_out_another_members_booking(hub, lab_user, lab_config,
+                                                              gpus_yaml):
+    """alice's server holds the one GPU for an hour at most; carol booked it from in
+    10 minutes for two hours: dave, waiting in line, is told when carol's booking ends,
+    not when alice's hour does."""
+    lab_config.write("gpus.yaml", ONE_GPU + "  max_server_age: 1h\n")
+    alice, carol, dave = lab_user("alice"), lab_user("carol"), lab_user("dave")
+    alice.start_server({"gpus": 1})
+    start = time.time() + 600
+    r = book(carol, 1, start, start + 7200)
+    assert r.status_code == 201, r.text
+    r = requests.post(f"{hub.api}/users/{dave.name}/server", json={"gpus": 1, "wait": True},
+                      headers={"Authorization": f"token {dave.token}"}, timeout=60)
+    assert r.status_code == 202, r.text
+
+    def estimate():
+        r = requests.get(f"{hub.api}/gpulab/line/{dave.name}",
+                         headers={"Authorization": f"token {dave.token}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["line"][0]["eta"]
+    eta = wait_for(estimate, 60, interval=1, what="the line to estimate dave's turn")
+    assert abs(eta - (start + 7200)) < 2, (eta, start + 7200)
+
+
 def test_members_book_and_cancel_on_the_bookings_page(hub, lab_user, lab_config, gpus_yaml,
                                                      new_page):
     from playwright.sync_api import expect

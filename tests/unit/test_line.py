@@ -459,6 +459,31 @@ def test_the_members_ahead_keep_their_gpus_until_their_own_age_limit():
                                                              2: (4100.0, "age")}
 
 
+def test_estimates_count_other_members_bookings():
+    from gpulab.bookings.book import Booking, holds
+    from gpulab.line.eta import estimates
+
+    inventory = [gpu(0), gpu(1)]
+    config = parse_gpus_config("defaults: {max_gpus: 1}\n")
+    bookings = [Booking(1, "carol", (uuid(0),), 50.0, 300.0),  # running now: GPU 0 to 300
+                Booking(2, "erin", (uuid(1),), 400.0, 700.0),  # GPU 1 from 400 to 700...
+                Booking(3, "erin", (uuid(1),), 650.0, 900.0),  # ...and on to 900
+                Booking(4, "bob", (uuid(1),), 150.0, 250.0)]  # bob's own: not in his way
+    leases = [lease(1, "alice"), *holds(bookings, 100.0)]  # GPU 1 back at 450 (age)
+    places = plan(config, inventory, leases, [entry(1, "bob"), entry(2, "dave")])
+    got = estimates(config, inventory, leases, places, {uuid(1): (450.0, "age")}, 100.0,
+                    bookings)
+    # GPU 0 is free but booked until 300; GPU 1 comes back at 450, inside erin's bookings
+    # until 900: bob gets GPU 0 at 300, dave GPU 1 at 900
+    assert {i: (e.at, e.kind) for i, e in got.items()} == {1: (300.0, "age"),
+                                                             2: (900.0, "age")}
+    # without the bookings, as before: GPU 0 free now... and nobody knows when after bob
+    got = estimates(config, inventory, [lease(1, "alice")],
+                    plan(config, inventory, [lease(1, "alice")], [entry(1, "bob")]),
+                    {uuid(1): (450.0, "age")}, 100.0)
+    assert got == {}  # bob is served now: no estimate needed
+
+
 def test_estimates_keep_a_servers_gpus_on_one_machine():
     from gpulab.line.eta import estimates
 

@@ -29,6 +29,7 @@ from tornado import web
 
 from gpulab import live_config
 from gpulab import notices as notes
+from gpulab.bookings.book import Booking
 from gpulab.bookings.book import holds as booking_holds
 from gpulab.bookings.store import booking_store
 from gpulab.gpus.allocator import Lease
@@ -75,18 +76,22 @@ class LineAPIBase(APIHandler):
     def book(self) -> LeaseBook:
         return swarm_lease_book() if self.line_settings.get("swarm") else lease_book()
 
-    def booked(self, inventory, entries) -> list[Lease]:
-        """The GPUs of the bookings running now (gpulab.bookings): taken for everyone in
-        line but their booker (for the server she waits with). An unreadable store
-        (logged) keeps nothing."""
+    def bookings(self) -> list[Booking]:
+        """Members' bookings (gpulab.bookings); none when the store cannot be read
+        (logged)."""
         path = self.line_settings.get("bookings_file")
         if not path:
             return []
         try:
-            bookings = booking_store(path).bookings()
+            return booking_store(path).bookings()
         except (OSError, sqlite3.Error) as e:
             self.log.error("The bookings' store %s cannot be read: %s", path, e)
             return []
+
+    @staticmethod
+    def booked(bookings, inventory, entries) -> list[Lease]:
+        """The GPUs of the bookings running now: taken for everyone in line but their
+        booker (for the server she waits with)."""
         return booking_holds(bookings, time.time(),
                              capacity={g.uuid: g.capacity for g in inventory},
                              waiting={e.user: e.server for e in entries})
@@ -102,10 +107,12 @@ class LineAPIBase(APIHandler):
         etas: dict[int, Estimate] = {}
         if entries:
             inventory, leases = await self.book.snapshot(config)
-            leases += self.booked(inventory, entries)  # a running booking's GPUs
+            bookings = self.bookings()
+            leases += self.booked(bookings, inventory, entries)  # a running booking's GPUs
             places = plan(config, inventory, leases, entries, usage)
             releases = notes.read(self.line_settings["releases_file"]).releases
-            etas = estimates(config, inventory, leases, places, releases, time.time())
+            etas = estimates(config, inventory, leases, places, releases, time.time(),
+                             bookings)
         waiting = sum(p.state in (READY, WAITING) for p in places)
         self.write(json.dumps({
             "order": config.line.order,

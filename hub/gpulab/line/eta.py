@@ -10,6 +10,9 @@ Walking the line in order, each member waiting takes the GPUs she could use that
 back first (all on one machine); those before her who are being served, and she herself,
 then hold theirs until their own ``max_server_age`` (if they have one; else nobody knows
 when they come back). Her estimate is when the last of hers comes back.
+
+Bookings of other members keep their GPUs from her while they run: a GPU that would
+come back during one (or is free now while one runs) comes back for her at its end.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulab.bookings.book import BOOKED, Booking
 from gpulab.gpus.allocator import Gpu, Lease, usable_gpus
 from gpulab.gpus.config import GpusConfig
 from gpulab.gpus.policy import policy_for
@@ -34,14 +38,25 @@ class Estimate:
 
 def estimates(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
               places: Iterable[Place], releases: Mapping[str, tuple[float, str]],
-              now: float) -> dict[int, Estimate]:
+              now: float, bookings: Sequence[Booking] = ()) -> dict[int, Estimate]:
     """Each waiting entry's estimate, by entry id. *leases* are the leases held now (not
-    the line's holds); *places* are :func:`gpulab.line.plan.plan`'s, in line order."""
-    load = Counter(le.gpu_uuid for le in leases if le.user != HELD)
+    the line's holds; a running booking's are counted by *bookings*, its end known);
+    *places* are :func:`gpulab.line.plan.plan`'s, in line order."""
+    load = Counter(le.gpu_uuid for le in leases if le.user not in (HELD, BOOKED))
     free_at: dict[str, tuple[float, str] | None] = {
         g.uuid: (now, "") if load[g.uuid] < g.capacity else releases.get(g.uuid)
         for g in inventory}
     out: dict[int, Estimate] = {}
+    ahead = sorted((b for b in bookings if b.end > now), key=lambda b: (b.start, b.id))
+
+    def after_bookings(uuid: str, user: str, back: tuple[float, str]) -> tuple[float, str]:
+        """When a GPU back at *back* is *user*'s to take: after the bookings of others
+        that hold it then."""
+        t, kind = back
+        for b in ahead:
+            if b.user != user and uuid in b.gpus and b.start <= t < b.end:
+                t, kind = b.end, kind or AGE
+        return t, kind
 
     def taken(entry, gpus: Iterable[Gpu], since: float) -> None:
         """*entry*'s server holds *gpus* from *since*: back after her max_server_age, if
@@ -60,7 +75,8 @@ def estimates(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lea
         usable = usable_gpus(config, inventory, e.request())
         best: tuple[float, str, list[Gpu]] | None = None
         for node in dict.fromkeys(g.node for g in usable):
-            known = sorted(((free_at[g.uuid], g) for g in usable
+            known = sorted(((after_bookings(g.uuid, e.user, free_at[g.uuid]), g)
+                            for g in usable
                             if g.node == node and free_at.get(g.uuid) is not None),
                            key=lambda t: (t[0][0], t[1].index))
             if len(known) < e.gpus:
