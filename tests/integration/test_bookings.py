@@ -179,7 +179,7 @@ def test_a_start_takes_a_gpu_nobody_booked_and_says_so_when_none_is(hub, lab_use
     dan.start_server({"gpus": 1})
     assert gpus_of(dan.container)["label"] == GPU0
     log = container_logs("gpulab-hub", 200)
-    assert f"{dan.name}: Another member has booked 1 of them from " in log and \
+    assert f"{dan.name}: Another member has booked this GPU from " in log and \
         "this server will be stopped then, after a warning" in log, log[-3000:]
 
 

@@ -218,20 +218,33 @@ def test_a_spawn_gets_the_gpus_nobody_booked_first_then_those_booked_latest():
                 booking(3, "bob", [1], NOW + HOUR, NOW + 2 * HOUR),  # GPU 1's first
                 booking(4, "alice", [2], NOW + HOUR, NOW + 2 * HOUR),  # her own
                 booking(5, "dan", [2], NOW - HOUR, NOW + HOUR)]  # running: held, not ahead
-    ahead = upcoming(bookings, "alice", NOW)
-    assert ahead == ((uuid(0), NOW + 2 * HOUR), (uuid(1), NOW + HOUR))
+    ahead = upcoming(bookings, "alice", NOW)  # seconds until each GPU's first
+    assert ahead == ((uuid(0), 2 * HOUR), (uuid(1), HOUR))
     two = [gpu(0), gpu(1)]
     config = parse_gpus_config("defaults: {gpus: 1, max_gpus: 2}\n")
 
-    def given(count, inventory, booked_from=ahead):
-        return [g.index for g in allocate(config, inventory, [],
-                                          Request("alice", "", (), count,
-                                                  booked_from=booked_from))]
+    def given(count, inventory, booked_from=ahead, config=config, leases=()):
+        return [(g.node, g.index) if g.node else g.index
+                for g in allocate(config, inventory, list(leases),
+                                  Request("alice", "", (), count, booked_from=booked_from))]
     assert given(1, [*two, gpu(2)]) == [2]  # GPU 2: only her own booking
     assert given(1, two) == [0]  # GPU 0's booking is later than GPU 1's
     assert given(2, two) == [0, 1]  # none free without: both, the later one first
     assert given(1, two, booked_from=()) == [0]  # no bookings: by index, as before
-    assert given(1, [gpu(1), gpu(3)], booked_from=((uuid(3), NOW + HOUR),)) == [1]
+    assert given(1, [gpu(1), gpu(3)], booked_from=((uuid(3), HOUR),)) == [1]
+    # a booking after her server's max_server_age ends does not matter: by index again
+    ninety = parse_gpus_config("defaults: {gpus: 1, max_gpus: 2, max_server_age: 90m}\n")
+    in_two_hours = ((uuid(0), 2 * HOUR),)
+    assert given(1, two, booked_from=in_two_hours) == [1]
+    assert given(1, two, booked_from=in_two_hours, config=ninety) == [0]
+    # on a Swarm, a server of two goes to the machine where neither is booked, though
+    # the other machine is less loaded
+    a = [Gpu(i, uuid(i), "A100", node="a") for i in range(3)]
+    b = [Gpu(i, uuid(10 + i), "A100", node="b") for i in range(2)]
+    assert given(2, [*a, *b], booked_from=((uuid(11), HOUR),),
+                 leases=[lease(2, "zed")]) == [("a", 0), ("a", 1)]
+    assert given(2, [*a, *b], booked_from=(), leases=[lease(2, "zed")]) == [("b", 0),
+                                                                           ("b", 1)]
 
 
 # ---------------------------------------------------------------- the GPU culler

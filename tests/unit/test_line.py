@@ -464,24 +464,30 @@ def test_estimates_count_other_members_bookings():
     from gpulab.line.eta import estimates
 
     inventory = [gpu(0), gpu(1)]
-    config = parse_gpus_config("defaults: {max_gpus: 1}\n")
-    bookings = [Booking(1, "carol", (uuid(0),), 50.0, 300.0),  # running now: GPU 0 to 300
-                Booking(2, "erin", (uuid(1),), 400.0, 700.0),  # GPU 1 from 400 to 700...
-                Booking(3, "erin", (uuid(1),), 650.0, 900.0),  # ...and on to 900
-                Booking(4, "bob", (uuid(1),), 150.0, 250.0)]  # bob's own: not in his way
-    leases = [lease(1, "alice"), *holds(bookings, 100.0)]  # GPU 1 back at 450 (age)
-    places = plan(config, inventory, leases, [entry(1, "bob"), entry(2, "dave")])
-    got = estimates(config, inventory, leases, places, {uuid(1): (450.0, "age")}, 100.0,
-                    bookings)
-    # GPU 0 is free but booked until 300; GPU 1 comes back at 450, inside erin's bookings
-    # until 900: bob gets GPU 0 at 300, dave GPU 1 at 900
-    assert {i: (e.at, e.kind) for i, e in got.items()} == {1: (300.0, "age"),
-                                                             2: (900.0, "age")}
-    # without the bookings, as before: GPU 0 free now... and nobody knows when after bob
-    got = estimates(config, inventory, [lease(1, "alice")],
-                    plan(config, inventory, [lease(1, "alice")], [entry(1, "bob")]),
-                    {uuid(1): (450.0, "age")}, 100.0)
-    assert got == {}  # bob is served now: no estimate needed
+    config = parse_gpus_config("defaults: {max_gpus: 2}\n")
+    servers = [lease(1, "alice")]  # back at 450 at the latest (her age)
+    releases = {uuid(1): (450.0, "age")}
+
+    def etas(bookings, entries):
+        # as the line's API: the plan counts a running booking's GPUs as taken (its
+        # booker's, for her), the estimates the bookings with their times
+        places = plan(config, inventory, [*servers, *holds(
+            bookings, 100.0, waiting={e.user: e.server for e in entries})], entries)
+        got = estimates(config, inventory, servers, places, releases, 100.0, bookings)
+        return {i: (e.at, e.kind) for i, e in got.items()}
+
+    carol_now = Booking(1, "carol", (uuid(0),), 50.0, 300.0)  # running: GPU 0 until 300
+    erin = [Booking(2, "erin", (uuid(1),), 400.0, 700.0),  # GPU 1 from 400...
+            Booking(3, "erin", (uuid(1),), 650.0, 900.0)]  # ...on to 900
+    # GPU 0 is free but booked until 300; alice is stopped at 400 for erin, whose
+    # bookings keep GPU 1 until 900: bob gets GPU 0 at 300, dave GPU 1 at 900
+    assert etas([carol_now, *erin], [entry(1, "bob"), entry(2, "dave")]) == {
+        1: (300.0, "booking"), 2: (900.0, "booking")}
+    # bob, in line for two, booked GPU 1 from 150: alice is stopped then, and it is his
+    assert etas([Booking(4, "bob", (uuid(1),), 150.0, 250.0)],
+                [entry(1, "bob", gpus=2)]) == {1: (150.0, "booking")}
+    # carol, in line for two with her running booking of GPU 0: hers now, GPU 1 at 450
+    assert etas([carol_now], [entry(1, "carol", gpus=2)]) == {1: (450.0, "age")}
 
 
 def test_estimates_keep_a_servers_gpus_on_one_machine():

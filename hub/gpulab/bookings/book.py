@@ -202,14 +202,14 @@ class Booked:
 def upcoming(bookings: Iterable[Booking], user: str, now: float
              ) -> tuple[tuple[str, float], ...]:
     """For a spawn of *user* at *now*: each GPU that a booking of someone else takes
-    later, with when the first such booking starts (``Request.booked_from``: the
-    allocator gives her the GPUs nobody booked first, then those booked latest, so that
-    a server is not started only to be stopped for a booking)."""
+    later, with the seconds until the first such booking starts (``Request.booked_from``:
+    the allocator gives her the GPUs nobody booked first, then those booked latest, so
+    that a server is not started only to be stopped for a booking)."""
     first: dict[str, float] = {}
     for b in bookings:
         if b.user != user and b.start > now:
             for uuid in b.gpus:
-                first[uuid] = min(first.get(uuid, b.start), b.start)
+                first[uuid] = min(first.get(uuid, b.start - now), b.start - now)
     return tuple(sorted(first.items()))
 
 

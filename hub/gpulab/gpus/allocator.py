@@ -101,8 +101,9 @@ class Request:
     groups: Iterable[str] = ()  # the user's JupyterHub group names
     count: int | None = None  # None = the user's default (Policy.gpus)
     machine: str = ""  # the node its GPUs must be on ("": any; a Swarm's node-local homes)
-    # (GPU UUID, when someone else's booking of it starts): of the free GPUs, those
-    # nobody booked come first, then those booked latest (gpulab.bookings.book.upcoming)
+    # (GPU UUID, seconds until someone else's booking of it starts): of the free GPUs,
+    # those nobody booked before her max_server_age ends come first, then those booked
+    # latest, on the machine with the fewest booked (gpulab.bookings.book.upcoming)
     booked_from: tuple[tuple[str, float], ...] = ()
 
 
@@ -339,13 +340,15 @@ def allocate(
     ordered: list[Gpu] = []
     ordered += [by_uuid[le.gpu_uuid] for le in own if le.gpu_uuid in by_uuid]
     ordered += [by_uuid[u] for u in pinned_uuids]
-    booked_from = dict(request.booked_from)
+    age = policy.max_server_age  # a booking after her server must stop anyway: no matter
+    booked_from = {u: s for u, s in request.booked_from if not age or s < age}
     ordered += sorted(
         candidates,
         key=lambda g: (g.uuid in mine_elsewhere, -booked_from.get(g.uuid, math.inf),
                        load[g.uuid], node_load[g.node], g.index),
     )
     most = 0  # the most free GPUs any one machine had
+    fits: list[list[Gpu]] = []  # per machine that can serve it, in the order above
     for node in dict.fromkeys(g.node for g in ordered):
         chosen: list[Gpu] = []
         for g in ordered:
@@ -354,8 +357,10 @@ def allocate(
             if g.node == node and g not in chosen and eligible(g) and free(g):
                 chosen.append(g)
         if len(chosen) == count:
-            return chosen
+            fits.append(chosen)
         most = max(most, len(chosen))
+    if fits:  # the first machine, unless another needs fewer GPUs someone booked
+        return min(fits, key=lambda gpus: sum(g.uuid in booked_from for g in gpus))
     raise _not_enough(config, policy, candidates, others, count, most)
 
 

@@ -50,7 +50,8 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
             "position": p.position, "waiting": waiting,
             "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason,
             # when her turn is expected (None: nobody knows): "age" at the latest,
-            # "idle" if the GPUs' holders stay idle (gpulab.line.eta)
+            # "idle" if the GPUs' holders stay idle, "booking" as a booking of them
+            # starts or ends (gpulab.line.eta)
             "eta": eta.at if eta else None, "eta_kind": eta.kind if eta else "",
             # what places her (gpulab.line.order): her line_priority, and her recent
             # GPU-hours when the line is in fair share order (None otherwise)
@@ -106,12 +107,14 @@ class LineAPIBase(APIHandler):
         places: list[Place] = []
         etas: dict[int, Estimate] = {}
         if entries:
-            inventory, leases = await self.book.snapshot(config)
+            inventory, servers = await self.book.snapshot(config)
             bookings = self.bookings()
-            leases += self.booked(bookings, inventory, entries)  # a running booking's GPUs
+            # a running booking's GPUs are taken for the plan; the estimates count the
+            # bookings with their times instead
+            leases = servers + self.booked(bookings, inventory, entries)
             places = plan(config, inventory, leases, entries, usage)
             releases = notes.read(self.line_settings["releases_file"]).releases
-            etas = estimates(config, inventory, leases, places, releases, time.time(),
+            etas = estimates(config, inventory, servers, places, releases, time.time(),
                              bookings)
         waiting = sum(p.state in (READY, WAITING) for p in places)
         self.write(json.dumps({

@@ -233,6 +233,20 @@ class GpulabSpawner(DockerSpawner):
 
     # ------------------------------------------------------------- options
 
+    def _tell_if_booked(self, gpus_config) -> None:
+        """Where only GPUs another member booked were free, say so at once: the server
+        is stopped when the booking starts, unless its max_server_age ends first."""
+        now = time.time()
+        booked = first_booked(self._bookings(), self.user.name, self.gpu_uuids, now)
+        age = policy_for(gpus_config, self.user.name,
+                         [g.name for g in self.user.groups]).max_server_age
+        if booked is None or (age and booked.start >= now + age):
+            return
+        which = ("this GPU" if len(self.gpu_uuids) == 1 else
+                 f"{booked.gpus} of these {len(self.gpu_uuids)} GPUs")
+        self._report(16, f"Another member has booked {which} from {when(booked.start)}: "
+                         f"this server will be stopped then, after a warning")
+
     def _request(self, count: int | None) -> Request:
         return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count,
                        booked_from=upcoming(self._bookings(), self.user.name, time.time()))
@@ -511,12 +525,7 @@ class GpulabSpawner(DockerSpawner):
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
-                    booked = first_booked(self._bookings(), self.user.name, self.gpu_uuids,
-                                          time.time())
-                    if booked is not None:  # none free without: she is told now
-                        self._report(16, f"Another member has booked {booked.gpus} of "
-                                         f"them from {when(booked.start)}: this server "
-                                         f"will be stopped then, after a warning")
+                    self._tell_if_booked(gpus_config)
                 self.apply_settings(settings, self.gpu_uuids)
                 self._report(20, f"Creating your container from {self.image}")
                 try:
