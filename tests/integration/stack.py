@@ -116,15 +116,25 @@ class Hub:
         there: one may have been starting when asked (the hub then refuses to stop it),
         and the line may start one at any moment (seen in CI: the line started carol's
         server as the teardown deleted bob, who held the GPU, and the one stop asked
-        before it was ready left it running)."""
-        def stopped() -> bool:
-            if self.server_model(name) is None:
-                return True
-            self.request("DELETE", f"/users/{name}/server")
-            return False
+        before it was ready left it running). The delete is asked again until she is
+        gone: the line can also start her server between the last look and the delete,
+        which the hub then refuses with a 500 ("Spawner ... is active", seen in CI: her
+        server kept the GPU for the next module)."""
+        said = {}
 
-        wait_for(stopped, 60, interval=1, what=f"{name}'s server to stop")
-        self.request("DELETE", f"/users/{name}")
+        def gone() -> bool:
+            r = self.request("GET", f"/users/{name}")
+            if r.status_code == 404:
+                return True
+            if r.json()["servers"].get(""):
+                self.request("DELETE", f"/users/{name}/server")
+                return False
+            r = self.request("DELETE", f"/users/{name}")
+            said["delete"] = f"{r.status_code} {r.text[:200]}"
+            return r.status_code in (204, 404)
+
+        wait_for(gone, 60, interval=1,
+                 what=lambda: f"{name} to be stopped and deleted (last: {said})")
 
     def user_model(self, name: str) -> dict:
         r = self.request("GET", f"/users/{name}")

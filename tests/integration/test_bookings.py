@@ -205,6 +205,10 @@ def test_the_lines_estimate_waits_out_another_members_booking(hub, lab_user, lab
         return r.json()["line"][0]["eta"]
     eta = wait_for(estimate, 60, interval=1, what="the line to estimate dave's turn")
     assert abs(eta - (start + 7200)) < 2, (eta, start + 7200)
+    # he leaves the line (else it starts his server as alice's teardown frees the GPU)
+    r = requests.delete(f"{hub.api}/gpulab/line/{dave.name}",
+                        headers={"Authorization": f"token {dave.token}"}, timeout=30)
+    assert r.status_code == 204, r.text
 
 
 def test_members_book_and_cancel_on_the_bookings_page(hub, lab_user, lab_config, gpus_yaml,
