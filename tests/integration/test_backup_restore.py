@@ -266,6 +266,27 @@ def test_a_backup_killed_midway_leaves_no_lock_that_fails_the_next(hub):
     assert "not whole" not in out, out
 
 
+def test_a_backup_beside_another_restic_waits_for_its_lock(hub):
+    """restic's readers lock the repository too (`make backups` lists it from a container
+    of its own; the service reads it as it starts): a backup beside one waits for it, as
+    its prune needs the repository alone, instead of failing (seen in CI: `restic forget
+    failed: lock was created ... (197ms ago)`)."""
+    flags, repo = exporter_flags(), repository()
+    locks = Path(repo) / "locks"
+    make("backup", flags, GPULAB_BACKUP_DIR=repo)  # a repository, and nothing else in it
+    # another restic, holding its lock for 8 s (it then fails: nothing to save)
+    holder = subprocess.Popen(["docker", "exec", "gpulab-backup", "sh", "-c",
+                               "sleep 8 | restic backup --stdin --host another"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(locks.iterdir()), 30, what="the other restic's lock")
+        out = make("backup", flags, GPULAB_BACKUP_DIR=repo)
+    finally:
+        holder.wait(timeout=60)
+    assert "another restic holds the backup repository" in out, out
+    assert "waits for it" in out and "not whole" not in out, out
+
+
 def test_a_home_removed_while_the_backup_reads_it_leaves_the_backup_whole(hub):
     """An admin removes a member (and her home) while a backup runs: restic misses what
     vanished under it (its exit status 3), and that alone is no failed backup (a file
@@ -294,3 +315,33 @@ def test_a_home_removed_while_the_backup_reads_it_leaves_the_backup_whole(hub):
             break
     else:
         raise AssertionError(f"no removal landed while restic read the home:\n{seen[-2000:]}")
+
+
+def restic_backs_up() -> bool:
+    """Is gpulab-backup's `restic backup` running (its process, seen from the host)?"""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"restic\0backup\0"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_a_home_removed_as_the_backup_begins_is_backed_up_again_without_it(hub):
+    """An admin removes a member as a backup begins: restic fails a whole backup when a
+    folder above a path it was given goes (seen in CI: `Lstat: stat
+    /volumes/gpulab-home-...: no such file or directory`); it is made again of what is
+    there (20 of 20 removals within 90 ms of restic's start were, by hand)."""
+    flags, repo = exporter_flags(), repository()
+    env = {**os.environ, "GPULAB_EXPORTER_FLAGS": flags, "GPULAB_BACKUP_DIR": repo}
+    volume = "gpulab-home-0begun"
+    docker("volume", "create", volume)
+    backup = subprocess.Popen(["make", "-s", "backup"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(restic_backs_up, 60, interval=0, what="restic to begin the backup")
+    docker("volume", "rm", volume)
+    out, _ = backup.communicate(timeout=120)
+    assert backup.returncode == 0 and "not whole" not in out, out
+    assert f"{volume} removed as the backup began" in out, out
+    assert volume not in out.split("volumes:")[-1], out

@@ -4,7 +4,9 @@ a restore puts each part), its metrics, and the sqlite online copy against a wri
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import subprocess
 import threading
 
 import pytest
@@ -268,3 +270,72 @@ def test_an_error_without_a_cause_counts_as_gone_only_where_nothing_is_there_now
             '"item":"/volumes/gpulab-home-bea/_data/30/98"}\n')
     assert gone(line)
     assert not gone(line, exists=lambda path: True)
+
+
+# restic 0.14's words when another restic holds the repository (seen: a `forget` beside a
+# running `backup --stdin`)
+LOCKED = ("unable to create lock in backend: repository is already locked by PID 28 on "
+          "419c856a1704 by root (UID 0, GID 0)\nlock was created at 2026-12-03 21:07:48 "
+          "(1.630555111s ago)\nstorage ID ccfbe7c0\nthe `unlock` command can be used to "
+          "remove stale locks\n")
+
+
+def test_a_restic_that_meets_another_ones_lock_waits_for_it(tmp_path, monkeypatch):
+    from gpulab.backup import run
+
+    monkeypatch.setattr(run, "LOCK_RETRY", 0.01)
+    tries = tmp_path / "tries"
+    # fails twice as restic does beside another restic, then succeeds
+    script = (f"echo x >> {tries}; [ $(wc -l < {tries}) -gt 2 ] && echo done && exit 0; "
+              f"printf '%s' \"$LOCKED\" >&2; exit 1")
+    monkeypatch.setenv("LOCKED", LOCKED)
+    done = run.run_restic("sh", "-c", script)
+    assert done.returncode == 0 and done.stdout == "done\n"
+    assert len(tries.read_text().splitlines()) == 3
+
+    tries.unlink()  # another failure is no lock: said at once
+    done = run.run_restic("sh", "-c", f"echo x >> {tries}; echo 'Fatal: wrong password' >&2; "
+                                      "exit 1")
+    assert done.returncode == 1 and len(tries.read_text().splitlines()) == 1
+
+    tries.unlink()  # a lock that stays: given up after LOCK_WAIT, with restic's words
+    monkeypatch.setattr(run, "LOCK_WAIT", 0.1)
+    with pytest.raises(run.BackupError, match="repository is already locked by PID 28"):
+        run.restic("sh", "-c", f"echo x >> {tries}; printf '%s' \"$LOCKED\" >&2; exit 1")
+    assert len(tries.read_text().splitlines()) > 1
+    assert plan.locked_by_another(LOCKED) and not plan.locked_by_another(VANISHED)
+
+
+def test_a_home_removed_as_the_backup_began_is_backed_up_again_without_it(
+        tmp_path, monkeypatch):
+    """restic fails a whole backup when a folder above a path it was given goes as it
+    starts (a member removed then; seen in CI): the backup is made again of what is there."""
+    from gpulab.backup import run
+
+    volumes = tmp_path / "volumes"
+    for name in ("gpulab-hub-data", "gpulab-home-ann", "gpulab-home-bob"):
+        (volumes / name / "_data").mkdir(parents=True)
+    monkeypatch.setattr(plan, "VOLUMES", str(volumes))
+    given = []
+
+    def restic_removing_bob(*args):
+        given.append([a for a in args if a.startswith(str(volumes))])
+        if (volumes / "gpulab-home-bob").exists():
+            shutil.rmtree(volumes / "gpulab-home-bob")  # gone as restic began
+            return subprocess.CompletedProcess(args, 1, "", (
+                f"Fatal: unable to save snapshot: Lstat: stat {volumes}/gpulab-home-bob: no "
+                "such file or directory\n"))
+        return subprocess.CompletedProcess(args, 0, "{}", "")
+
+    monkeypatch.setattr(run, "run_restic", restic_removing_bob)
+    done, backed_up, homes = run.back_up_volumes(defaults(), False, False)
+    assert done.returncode == 0 and homes == ["gpulab-home-ann"]
+    assert backed_up == ["gpulab-home-ann", "gpulab-hub-data"]
+    assert len(given) == 2 and not any("bob" in path for path in given[1])
+
+    # a failure with every home still there is no removal: not made again
+    given.clear()
+    monkeypatch.setattr(run, "run_restic", lambda *args: given.append(args) or
+                        subprocess.CompletedProcess(args, 1, "", "Fatal: disk full\n"))
+    done, _, _ = run.back_up_volumes(defaults(), False, False)
+    assert done.returncode == 1 and len(given) == 1

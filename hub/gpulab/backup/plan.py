@@ -101,6 +101,13 @@ def only_vanished_from_homes(stderr: str, homes: Iterable[str],
         gone and any(p in where for p in prefixes) for where, gone in errors)
 
 
+def locked_by_another(stderr: str) -> bool:
+    """Did restic fail because another restic holds the repository (its lock is live)?
+    restic 0.14 says "unable to create lock in backend: repository is already locked by
+    PID 28 on ... lock was created at ... (1.63s ago)" (seen)."""
+    return "repository is already locked" in stderr
+
+
 def sqlite_files(names: Iterable[str]) -> list[str]:
     """The databases among a folder's file names (their journals are not databases)."""
     return sorted(n for n in names if n.endswith(".sqlite"))

@@ -30,6 +30,12 @@ from gpulab.backup import plan
 log = logging.getLogger(__name__)
 
 STATE_DIR = Path(os.environ.get("GPULAB_BACKUP_STATE", "/run/gpulab-backup"))
+# How long one restic of ours waits, trying again every LOCK_RETRY seconds, for another
+# restic that holds the repository: `make backups` lists it from a container of its own.
+LOCK_WAIT = 120.0
+LOCK_RETRY = 2.0
+# How many times a backup is made again when a home it was about to read was removed.
+VANISHED_TRIES = 3
 
 
 class BackupError(Exception):
@@ -37,14 +43,28 @@ class BackupError(Exception):
 
 
 def run_restic(*args: str) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(list(args), capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise BackupError("restic is not installed in this image (images/hub)") from None
+    """``restic ARGS`` run to its end; again while another restic holds the repository
+    (up to LOCK_WAIT seconds: restic 0.14 has no --retry-lock)."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            done = subprocess.run(list(args), capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            raise BackupError("restic is not installed in this image (images/hub)") from None
+        if done.returncode == 0 or not plan.locked_by_another(done.stderr) \
+                or time.monotonic() >= deadline:
+            return done
+        log.info("another restic holds the backup repository (%s); %s waits for it",
+                 last_words(done), " ".join(args[:2]))
+        time.sleep(LOCK_RETRY)
 
 
 def last_words(done: subprocess.CompletedProcess) -> str:
-    return " / ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-3:])
+    """restic's last three lines; first the one that names who holds the repository, when
+    another restic did (it comes before three more)."""
+    lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    holder = [line for line in lines[:-3] if plan.locked_by_another(line)][:1]
+    return " / ".join(holder + lines[-3:])
 
 
 def restic(*args: str) -> str:
@@ -195,6 +215,30 @@ def one_at_a_time(wait: float = 0) -> Iterator[None]:
         yield
 
 
+def back_up_volumes(settings: Mapping[str, Any], with_prometheus: bool,
+                    prometheus_stopped: bool
+                    ) -> tuple[subprocess.CompletedProcess, list[str], list[str]]:
+    """restic's backup of the volumes there now (and the rest of :func:`plan.backup_paths`):
+    its run, the volumes and the homes among them. Made again without a home that was
+    removed as restic began (its member removed): restic fails the whole backup when a
+    folder above a path it was given goes (seen: ``Lstat: stat /volumes/gpulab-home-...:
+    no such file or directory``, exit 1)."""
+    for _ in range(VANISHED_TRIES):
+        volumes = plan.volumes_to_back_up(
+            present_volumes(), settings["spawn.home_volume"],
+            settings["spawn.datasets_volume"], settings["backup.datasets"],
+            prometheus=prometheus_stopped)
+        homes = [v for v in volumes
+                 if v.startswith(plan.home_prefix(settings["spawn.home_volume"]))]
+        done = run_restic(*plan.backup_command(plan.backup_paths(volumes, with_prometheus)))
+        removed = [v for v in homes if not os.path.lexists(plan.volume_data(v))]
+        if done.returncode in (0, 3) or not removed:
+            break
+        log.info("%s removed as the backup began (restic: %s); backing up again without "
+                 "it", ", ".join(removed), last_words(done))
+    return done, volumes, homes
+
+
 def back_up(settings: Mapping[str, Any], prometheus_url: str | None,
             prometheus_stopped: bool = False) -> dict[str, Any]:
     """One whole backup, then the old ones forgotten as the settings keep; the status
@@ -220,17 +264,11 @@ def back_up(settings: Mapping[str, Any], prometheus_url: str | None,
                     with_prometheus = True
                 except BackupError as e:
                     problems.append(str(e))
-            volumes = plan.volumes_to_back_up(
-                present_volumes(), settings["spawn.home_volume"],
-                settings["spawn.datasets_volume"], settings["backup.datasets"],
-                prometheus=prometheus_stopped)
             try:
-                done = run_restic(*plan.backup_command(plan.backup_paths(volumes,
-                                                                         with_prometheus)))
+                done, volumes, homes = back_up_volumes(settings, with_prometheus,
+                                                       prometheus_stopped)
             finally:
                 drop_prometheus_snapshot()
-            homes = [v for v in volumes
-                     if v.startswith(plan.home_prefix(settings["spawn.home_volume"]))]
             if done.returncode == 3 and plan.only_vanished_from_homes(done.stderr, homes,
                                                                      os.path.lexists):
                 log.info("files gone from members' homes while the backup read them (deleted "

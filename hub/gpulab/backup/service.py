@@ -61,20 +61,30 @@ def clear_locks() -> None:
 
 def recover_status() -> None:
     """After a restart (the status lives in a tmpfs): the last good backup from the
-    repository itself, so that the schedule and the metrics go on from it."""
-    status = read_status()
-    if status.get("last_success") is not None:
-        return
+    repository itself, so that the schedule and the metrics go on from it. Read under the
+    backups' lock: restic's readers lock the repository too, and a `make backup` typed
+    just after the restart failed to prune beside them (seen in CI)."""
+    try:
+        with one_at_a_time():
+            status = read_status()
+            if status.get("last_success") is None and last_backup_into(status):
+                write_status(status)
+    except BackupError:
+        return  # a `make backup` runs, and writes the status itself
+
+
+def last_backup_into(status: dict[str, Any]) -> bool:
+    """The repository's last backup put into *status*; whether there was one to read."""
     try:
         latest = latest_snapshot()
         if latest is None:
-            return
+            return False
         status.update(last_success=restic_time(latest["time"]),
                       last_snapshot=latest["short_id"], **repository_facts())
+        return True
     except (BackupError, ValueError, KeyError) as e:
         log.warning("cannot read the last backup from the repository: %s", e)
-        return
-    write_status(status)
+        return False
 
 
 def run_once(settings: Mapping[str, Any], prometheus_url: str | None,
