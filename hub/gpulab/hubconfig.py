@@ -360,7 +360,10 @@ def configure(c) -> None:
         "command": [sys.executable, "-m", "gpulab.line", "--gpus-file", str(gpus_path),
                     "--notices", str(line_notices_path),
                     "--usage-file", str(DATA_DIR / LINE_USAGE_FILE),
-                    "--interval", str(min(5, scrape_seconds()))],
+                    "--interval", str(min(5, scrape_seconds())),
+                    # e-mail to a member whose turn came (gpulab.yaml mail.*)
+                    "--settings-file", str(settings_path), "--secrets-dir", str(SECRETS_DIR),
+                    "--hub-url", public_url or os.environ.get("GPULAB_MEMBER_URL", "")],
         "environment": gpu_services_env,
     })
     load_roles.append({

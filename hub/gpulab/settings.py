@@ -176,6 +176,25 @@ def _optional_string(value: Any) -> str:
     return _string(value)
 
 
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"expected a port number from 1 to 65535, got {value!r}")
+    return value
+
+
+def _mail_security(value: Any) -> str:
+    if value not in ("starttls", "tls", "none"):
+        raise ValueError(f"expected starttls, tls or none, got {value!r}")
+    return value
+
+
+def _mail_sender(value: Any) -> str:
+    s = _optional_string(value)
+    if s and (not re.fullmatch(r"[^@\s<>]+@[^@\s<>]+", s)):
+        raise ValueError(f"expected an e-mail address such as gpulab@lab.example, got {value!r}")
+    return s
+
+
 # ---------------------------------------------------------------- declarations
 
 
@@ -288,6 +307,24 @@ SETTINGS: tuple[Setting, ...] = (
             "Back up the shared datasets volume (spawn.datasets_volume) too. Off by "
             "default: datasets are large and usually fetched again from where they came "
             "from. Example: true"),
+    Setting("mail.smtp_host", _optional_string, "",
+            "The lab's SMTP server, for e-mail to members: a member who gives her address "
+            "when she joins the line for GPUs is told by e-mail when her turn comes. Empty: "
+            "gpulab sends no e-mail (members are told on the hub's pages). Example: "
+            "smtp.lab.example"),
+    Setting("mail.smtp_port", _port, 587,
+            "The SMTP server's port: 587 (submission, with starttls), 465 (tls) or 25. "
+            "Example: 465"),
+    Setting("mail.security", _mail_security, "starttls",
+            "How the connection to the SMTP server is protected: starttls (upgraded to TLS "
+            "after connecting; refused if the server cannot), tls (TLS from the start), or "
+            "none (a relay on the lab's own network only). Example: tls"),
+    Setting("mail.from", _mail_sender, "",
+            "The sender of gpulab's e-mail; needed with mail.smtp_host. Example: "
+            "gpulab@lab.example"),
+    Setting("mail.username", _optional_string, "",
+            "Log in to the SMTP server as this user, with the password in the file "
+            "secrets/smtp-password (never in this file); empty: no login. Example: gpulab"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -347,6 +384,10 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         raise doc.error(("spawn", "home_size"),
                         "spawn.home_size is not applied with hub.swarm yet (each machine "
                         "creates its homes itself): remove it, or set it to 0")
+    if values["mail.smtp_host"] and not values["mail.from"]:
+        raise doc.error(("mail", "smtp_host"),
+                        "mail.smtp_host is set without mail.from: give the address gpulab's "
+                        "e-mail comes from, e.g. from: gpulab@lab.example")
     return Settings(values, doc.filename)
 
 

@@ -10,17 +10,20 @@ as JupyterLab makes all the time.
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
 import re
+import subprocess
 import time
 from datetime import datetime
 
 import pytest
 import requests
 
-from .browser import screenshot, submit_login
+from .browser import jupyterlab_shows, screenshot, submit_login
 from .restarts import kill_from_host, wait_restarted
-from .stack import HUB_URL, prometheus_query, wait_for
+from .stack import HUB_URL, docker, prometheus_query, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 ONE_GPU = STANDIN_GPUS.replace("  - {index: 1", "  # - {index: 1")  # GPU 0 only
@@ -48,6 +51,11 @@ def place(user) -> tuple[str, int, int] | None:
 def server_ready(user) -> bool:
     model = user.hub.server_model(user.name)
     return bool(model and model["ready"])
+
+
+def place_offered_at(user) -> float:
+    """When the line started *user*'s server (her claim window opened)."""
+    return line_of(user)[0]["offered_at"]
 
 
 def open_server(user) -> bool:
@@ -247,6 +255,96 @@ def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
     alice.stop_server()
     time.sleep(5)  # two rounds of the line service: nothing is started for him
     assert hub.server_model(bob.name) is None
+
+
+# An SMTP server for the lab, on the hub's monitoring network (Python's own smtpd, in the
+# hub image): each message it is given, as a line of JSON in its log.
+SMTP_NAME, SMTP_PORT = "gpulab-test-smtp", 2525
+SMTP_SINK = f"""
+import asyncore, json, smtpd, warnings
+warnings.simplefilter("ignore")
+class Sink(smtpd.SMTPServer):
+    def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):
+        print(json.dumps({{"from": mailfrom, "to": rcpttos, "data": data.decode()}}), flush=True)
+Sink(("0.0.0.0", {SMTP_PORT}), None)
+asyncore.loop()
+"""
+
+
+@pytest.fixture
+def smtp_server():
+    """The lab's SMTP server: a function that answers the messages it got so far."""
+    docker("rm", "-f", SMTP_NAME, check=False)
+    docker("run", "-d", "--name", SMTP_NAME, "--network", "gpulab-monitoring", "--user",
+           "65534:65534", "--read-only", "--cap-drop", "ALL", "--entrypoint", "python3",
+           "gpulab/hub:latest", "-u", "-c", SMTP_SINK)
+
+    def received() -> list:
+        logs = subprocess.run(["docker", "logs", SMTP_NAME], capture_output=True,
+                              text=True, timeout=30).stdout
+        return [(m["to"], email.message_from_string(m["data"], policy=email.policy.default))
+                for m in map(json.loads, logs.splitlines())]
+
+    yield received
+    docker("rm", "-f", SMTP_NAME, check=False)
+
+
+def test_a_member_who_gave_her_address_is_emailed_when_her_turn_comes(
+        hub, lab_user, lab_config, gpus_yaml, new_page, smtp_server):
+    # two minutes to open it: time to read the e-mail, however slow a start is here
+    lab_config.write("gpus.yaml", ONE_GPU + "line: {claim_window: 2m}\n")
+    alice, bob = lab_user("alice"), lab_user("bob")
+    alice.start_server({"gpus": 1})
+    address = f"{bob.name}@lab.example"
+    # a lab without SMTP says so, and nothing is done
+    r = spawn(bob, {"gpus": 1, "wait": True, "email": address})
+    assert r.status_code == 400 and "This lab sends no e-mail" in r.json()["message"], r.text
+    lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + (
+        f"mail:\n  smtp_host: {SMTP_NAME}\n  smtp_port: {SMTP_PORT}\n  security: none\n"
+        f"  from: gpulab@lab.example\n"))
+    # bad addresses, and an address without waiting: clear 400s that change nothing
+    for options, said in (
+            ({"gpus": 1, "wait": True, "email": "bob"}, "must be an e-mail address"),
+            ({"gpus": 1, "wait": True, "email": f"{address}\r\nBcc: eve@evil.example"},
+             "must be an e-mail address"),
+            ({"gpus": 1, "wait": True, "email": ["bob@lab.example"]},
+             "must be an e-mail address"),
+            ({"gpus": 1, "email": address}, 'Tick "Wait in line"')):
+        r = spawn(bob, options)
+        assert r.status_code == 400 and said in r.json()["message"], (options, r.text)
+    assert place(bob) is None and hub.server_model(bob.name) is None
+
+    # bob waits from the spawn form, giving his address
+    page = new_page()
+    submit_login(page, bob.name, bob.token, next_url="/hub/spawn")
+    page.select_option("#gpulab-gpus", "1")
+    page.check("#gpulab-wait")
+    page.fill("#gpulab-email", address)
+    screenshot(page, "line-email-on-the-form.png")
+    with page.expect_navigation():
+        page.click("#spawn_form [type=submit]")
+    page.wait_for_url(f"{HUB_URL}/hub/home")
+    assert "you are number 1 of 1" in page.locator("#gpu-line").inner_text()
+    assert line_of(bob)[0]["email"] == address
+    assert smtp_server() == []
+
+    # the GPU comes free: his server starts, and the e-mail says so, with its link
+    alice.stop_server()
+    got = wait_for(smtp_server, 120, interval=1, what="the e-mail telling bob his turn came")
+    ((to, message),) = got
+    assert to == [address] and message["Subject"] == "Your GPUs are ready", message
+    body = message.get_content()
+    assert "your server has started with 1 GPU kept for you" in body, body
+    link = re.search(r"Open it by (\S+ \S+) UTC \(within 2 min\): (\S+)", body)
+    assert link and link.group(2) == f"{HUB_URL}/hub/user/{bob.name}/", body
+    deadline = datetime.fromisoformat(link.group(1) + "+00:00").timestamp()
+    assert abs(deadline - (place_offered_at(bob) + 120)) < 60, body
+    # he opens the link in his browser: JupyterLab, his server is his, out of the line
+    page.goto(link.group(2))
+    assert jupyterlab_shows(page, 90_000), page.url
+    wait_for(lambda: place(bob) is None, 30, interval=1,
+             what="bob's opened server to count as claimed")
+    assert hub.server_model(bob.name) is not None
 
 
 def test_a_free_gpu_kept_for_a_member_waiting_for_two_is_nobody_elses_until_she_leaves(

@@ -357,11 +357,12 @@ def test_the_store_keeps_her_environment_and_takes_an_older_gpulabs_file(tmp_pat
         db.execute("INSERT INTO line (user, server, gpus, joined_at) VALUES ('ann', '', 1, 5)")
     store = LineStore(old)
     [ann] = store.entries()
-    assert (ann.user, ann.joined_at, ann.environment) == ("ann", 5, "")
-    bob = store.join("bob", "", 1, ("phd",), "course")
-    assert bob.environment == "course"
+    assert (ann.user, ann.joined_at, ann.environment, ann.email) == ("ann", 5, "", "")
+    bob = store.join("bob", "", 1, ("phd",), "course", "bob@lab.example")
+    assert (bob.environment, bob.email) == ("course", "bob@lab.example")
     # asking again keeps her place, with the environment of the new request
-    assert store.join("bob", "", 2, ("phd",), "pytorch").environment == "pytorch"
+    again = store.join("bob", "", 2, ("phd",), "pytorch")
+    assert (again.environment, again.email) == ("pytorch", "")
     assert store.entry("bob", "").joined_at == bob.joined_at
     LineStore(old)  # opened again: nothing to add, nothing lost
     assert [e.user for e in LineStore(old).entries()] == ["ann", "bob"]

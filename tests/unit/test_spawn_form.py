@@ -68,6 +68,16 @@ def test_the_form_offers_zero_to_the_quota_with_the_default_chosen():
     assert page.paragraphs == {"gpulab-culling": "A server holding GPUs is stopped."}
 
 
+def test_where_the_lab_sends_email_the_line_asks_for_an_address():
+    rows = gpu_rows([EXCLUSIVE], HOLDERS, is_admin=False)
+    html = render_spawn_form(SpawnForm(1, 1, rows, line=True, waiting=2, email=True))
+    assert 'name="wait"' in html and 'type="email" id="gpulab-email" name="email"' in html
+    without = render_spawn_form(SpawnForm(1, 1, rows, line=True, waiting=2))
+    assert 'name="wait"' in without and 'name="email"' not in without
+    # no line, no address
+    assert 'name="email"' not in render_spawn_form(SpawnForm(1, 1, rows, email=True))
+
+
 def test_on_a_swarm_the_form_names_each_gpus_machine_and_where_the_server_goes():
     rows = gpu_rows([Gpu(0, "GPU-a", "A100", node="n1", machine="gpu-1")], {}, is_admin=False)
     page = Page(render_spawn_form(SpawnForm(1, 0, rows, landing="Your server would start "

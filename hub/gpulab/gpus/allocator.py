@@ -515,8 +515,9 @@ def reconcile(
 
 
 _DIGITS = re.compile(r"[0-9]{1,6}")
-OPTIONS = ("gpus", "wait", "environment")  # what user_options may hold (environment:
-# checked by gpulab.spawn.environments)
+# What user_options may hold (environment: checked by gpulab.environments; email, where
+# she is told of her turn in line, by gpulab.mail).
+OPTIONS = ("gpus", "wait", "environment", "email")
 
 
 def wants_to_wait(raw: Any) -> bool:
@@ -554,8 +555,9 @@ def validate_user_options(raw: Any, max_gpus: int) -> int | None:
         raise InvalidRequest(
             f"Unknown server option(s): {', '.join(unknown)}. The options are "
             f"\"gpus\": the number of GPUs (0 to {max_gpus}; GPUs are chosen by the hub), "
-            f"\"wait\": true to wait in line when they are not free, and \"environment\": "
-            f"the name of one of the lab's environments."
+            f"\"wait\": true to wait in line when they are not free, \"email\": where "
+            f"you are told when your turn in line comes, and \"environment\": the name of "
+            f"one of the lab's environments."
         )
     wants_to_wait(raw)
     value = raw.get("gpus")

@@ -9,6 +9,7 @@ import asyncio
 import os
 
 from gpulab.line.service import LineService
+from gpulab.mail import MailSettings
 from gpulab.prometheus_api import DEFAULT_URL, Prometheus
 from gpulab.service_loop import hub_api_from_environment, run_until_stopped
 
@@ -28,10 +29,20 @@ def main(argv: list[str] | None = None) -> None:
                    default=os.environ.get("GPULAB_PROMETHEUS_URL", DEFAULT_URL),
                    help="where those GPU-hours come from; env GPULAB_PROMETHEUS_URL; "
                         "default: %(default)s")
+    p.add_argument("--settings-file", default=None,
+                   help="config/gpulab.yaml: how to e-mail a member whose turn came "
+                        "(mail.*), read at each e-mail; without it, no e-mail")
+    p.add_argument("--secrets-dir", default="",
+                   help="the folder of secrets/smtp-password (with mail.username)")
+    p.add_argument("--hub-url", default=os.environ.get("GPULAB_MEMBER_URL", ""),
+                   help="the hub's URL as members open it, for the link in the e-mail; "
+                        "env GPULAB_MEMBER_URL; default: none (no link)")
     args = p.parse_args(argv)
     hub = hub_api_from_environment("gpulab.line")
+    mail = (MailSettings(args.settings_file, args.secrets_dir, args.hub_url)
+            if args.settings_file else None)
     line = LineService(hub, args.gpus_file, args.notices, args.interval,
-                       Prometheus(args.prometheus_url), args.usage_file)
+                       Prometheus(args.prometheus_url), args.usage_file, mail)
     asyncio.run(run_until_stopped(line.run, "line"))
 
 

@@ -47,6 +47,7 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
     return {"id": e.id, "user": e.user, "server": e.server, "gpus": e.gpus,
             "joined_at": e.joined_at, "offered_at": e.offered_at, "state": p.state,
             "environment": e.environment,  # "": the lab's one
+            "email": e.email,  # where she is told that her turn came ("": not by e-mail)
             "position": p.position, "waiting": waiting,
             "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason,
             # when her turn is expected (None: nobody knows): "age" at the latest,

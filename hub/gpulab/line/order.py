@@ -41,6 +41,7 @@ class Entry:
     groups: tuple[str, ...] = ()  # her JupyterHub groups when she joined
     offered_at: float | None = None  # when the line started her server (epoch seconds)
     environment: str = ""  # the environment she waits in (spawn.environments); "": the lab's one
+    email: str = ""  # where she is told that her turn came ("": on the hub's pages only)
 
     def request(self) -> Request:
         return Request(self.user, self.server, self.groups, self.gpus)

@@ -31,6 +31,7 @@ from gpulab.gpus.config import FAIR_SHARE, GpusConfig
 from gpulab.hubapi import HubApi, HubApiError, hub_time
 from gpulab.line import usage as line_usage
 from gpulab.line.plan import OFFERED, READY, REFUSED
+from gpulab.mail import MailSettings
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
@@ -57,6 +58,7 @@ class Decision:
     gpus: int = 0
     message: str = ""  # for her (a notice) and the log
     environment: str = ""  # START: the environment to start her server in ("": the lab's)
+    email: str = ""  # START: where she is told that her turn came ("": not by e-mail)
 
 
 def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
@@ -69,7 +71,8 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
     if state == REFUSED:
         return Decision(REFUSE, user, name, gpus, entry.get("reason") or "")
     if state == READY:
-        return Decision(START, user, name, gpus, environment=entry.get("environment") or "")
+        return Decision(START, user, name, gpus, environment=entry.get("environment") or "",
+                        email=entry.get("email") or "")
     if state != OFFERED:
         return Decision(WAIT, user, name, gpus)
     if server is None or not (server.get("ready") or server.get("pending")):
@@ -92,8 +95,10 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
 class LineService:
     def __init__(self, hub: HubApi, gpus_file: str, notices_file: str,
                  interval: float = 5.0, prometheus: Prometheus | None = None,
-                 usage_file: str | None = None):
+                 usage_file: str | None = None, mail: MailSettings | None = None):
         self.hub = hub
+        self.mail = mail  # how to e-mail a member whose turn came (None: no e-mail)
+        self.claim_window = 0  # gpus.yaml's line.claim_window, as this round read it
         self.gpus_file = gpus_file
         self.notices_file = notices_file
         self.interval = interval
@@ -109,7 +114,7 @@ class LineService:
         config = live_config.gpus_file.load(self.gpus_file)
         await self.refresh_usage(config, now)
         entries = await self.hub.line()
-        window = config.line.claim_window
+        window = self.claim_window = config.line.claim_window
         taken = []
         for entry in entries:
             server = None
@@ -188,6 +193,9 @@ class LineService:
             else:
                 log.info("line: %s's turn: starting it with %d GPU(s)%s", who, d.gpus,
                          f" in {d.environment}" if d.environment else "")
+                if d.email and self.mail is not None:
+                    await self.mail.tell_turn(d.email, d.user, d.server, d.gpus,
+                                              self.claim_window, time.time())
             return
         if d.action == EXPIRED:
             await self.hub.stop_server(d.user, d.server)

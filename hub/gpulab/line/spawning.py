@@ -72,22 +72,25 @@ class LineAtSpawn:
         return None if used is None else budget_state(policy.budget, used, time.time())
 
     def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,
-             environment: str = "") -> Joined:
+             environment: str = "", email: str = "") -> Joined:
         """Put this server in line for *count* GPUs in *environment* (its name; "" where
         the lab has one), keeping its place if it is in line already, unless waiting
-        could never serve it. The line starts her server in that environment."""
+        could never serve it. The line starts her server in that environment, and tells
+        her at *email* ("": on the hub's pages only)."""
         never = never_fits(config, inventory, Request(self.user, self.server, self.groups,
                                                       count))
         if never:
             return Joined(409, never)
-        entry = self.store.join(self.user, self.server, count, self.groups, environment)
+        entry = self.store.join(self.user, self.server, count, self.groups, environment,
+                                email)
         position, waiting = position_of(entry, self.store.entries(), config,
                                         self.store.usage())
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"
+        told = " and an e-mail tells you so" if email else ""
         return Joined(202, f"No {gpus} free now: you are number {position} in line "
                            f"({waiting} waiting). Your server starts by itself when it is "
-                           f"your turn; your hub home page shows your place, and you can "
-                           f"leave the line there.")
+                           f"your turn{told}; your hub home page shows your place, and you "
+                           f"can leave the line there.")
 
     def got_gpus(self) -> bool:
         """Her spawn got its GPUs without waiting for the line to start her server: her

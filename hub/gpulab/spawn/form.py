@@ -36,6 +36,7 @@ class SpawnForm:
     landing: str = ""  # on a Swarm: where the server would start
     line: bool = False  # the lab has a line for GPUs: offer to wait in it
     waiting: int = 0  # members waiting in it now
+    email: bool = False  # the lab sends e-mail: offer to tell her by e-mail when her turn comes
     budget: str = ""  # her GPU-hour budget and its use (gpulab.gpus.budget)
     environments: tuple[tuple[str, str], ...] = ()  # (name, label) to choose from, if several
     environments_without_gpus: bool = False  # one of them starts without GPUs

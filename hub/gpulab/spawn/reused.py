@@ -24,10 +24,11 @@ def still_choosable(options: Mapping[str, Any], *, most_gpus: int,
     tell her about it. *most_gpus*: the most GPUs she could ask for now (0: none for
     her, or none in the lab); *environments*: those open to her now, in order, as
     ``(name, whether its servers may have GPUs)``. Waiting in line is never carried
-    over: she waits when she asks to."""
+    over (nor where she is told of her turn): she waits when she asks to."""
     kept = dict(options)
     said = []
     kept.pop("wait", None)
+    kept.pop("email", None)
     env = kept.get("environment")
     names = [name for name, _ in environments]
     if env is not None and env not in names:

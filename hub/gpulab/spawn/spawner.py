@@ -53,6 +53,7 @@ from gpulab.environments import (
 )
 from gpulab.gpus.allocator import (
     AllocationError,
+    InvalidRequest,
     NotEnoughGpus,
     Request,
     validate_user_options,
@@ -62,6 +63,8 @@ from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
+from gpulab.mail import address_in_options
+from gpulab.mail import enabled as mail_enabled
 from gpulab.settings import ConfigError, Settings, bytes_text
 from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
@@ -281,6 +284,7 @@ class GpulabSpawner(DockerSpawner):
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=line is not None,
                          waiting=line.waiting() if line else 0,
+                         email=line is not None and mail_enabled(settings),
                          budget=budget.note() if budget else "", environments=choices,
                          environments_without_gpus=without)
 
@@ -355,6 +359,11 @@ class GpulabSpawner(DockerSpawner):
             except EnvironmentRefused as e:
                 raise _http_error(e.status, str(e)) from None
             wait = wants_to_wait(self.user_options)
+            try:
+                email = address_in_options(self.user_options, wait,
+                                           mail_enabled(self._lab_config[0]))
+            except ValueError as e:
+                raise InvalidRequest(str(e)) from None
             budget = line.budget(policy, gpus_config) if line else None
             if budget is not None and budget.refuses and (
                     policy.gpus if count is None else count):
@@ -367,7 +376,7 @@ class GpulabSpawner(DockerSpawner):
             message = e.detailed_message if self.user.admin else str(e)
             self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
             if line is not None and wait:
-                raise await self._join_line(line, gpus_config, e.requested) from None
+                raise await self._join_line(line, gpus_config, e.requested, email) from None
             if line is not None:
                 message += HINT
             raise _http_error(e.status, message) from None
@@ -378,15 +387,17 @@ class GpulabSpawner(DockerSpawner):
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
 
-    async def _join_line(self, line: LineAtSpawn, gpus_config, count: int) -> web.HTTPError:
-        """Put this server in line for *count* GPUs: the 202 that says so (a 303 to her
-        home page from the spawn form), or the 409 if waiting could never serve it."""
+    async def _join_line(self, line: LineAtSpawn, gpus_config, count: int,
+                         email: str = "") -> web.HTTPError:
+        """Put this server in line for *count* GPUs, to be told at *email* when her turn
+        comes: the 202 that says so (a 303 to her home page from the spawn form), or the
+        409 if waiting could never serve it."""
         inventory = await self.lease_book.current_inventory(gpus_config)
         # the environment she asked for, where the lab lists several: the line starts her
         # server in it when her turn comes
         listed = bool(self._lab_config[0]["spawn.environments"])
         joined = line.join(gpus_config, inventory, count,
-                           self._environment.name if listed else "")
+                           self._environment.name if listed else "", email)
         said = _http_error(joined.status, joined.message)
         if joined.status != 202:
             return said

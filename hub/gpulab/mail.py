@@ -1,0 +1,181 @@
+"""E-mail to members through the lab's SMTP server: that their turn in line came.
+
+gpulab.yaml's ``mail.*`` settings say which server and how (:data:`gpulab.settings.SETTINGS`);
+the password, when ``mail.username`` is set, is the file ``secrets/smtp-password``
+(:data:`PASSWORD_FILE`), never the settings file. A member gives her address herself,
+when she joins the line (``"email"`` beside ``"wait": true``).
+
+:func:`check_address` and :func:`turn_message` are pure; :func:`send` is the one place
+that speaks SMTP (blocking, with a timeout); :class:`MailSettings` is the line service's
+async shell around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import smtplib
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from pathlib import Path
+from typing import Any
+
+from gpulab import live_config
+from gpulab.settings import duration_text
+from gpulab.yamlfile import ConfigError
+
+__all__ = ["MailError", "MailSettings", "address_in_options", "check_address", "enabled",
+           "send", "turn_message"]
+
+log = logging.getLogger("gpulab.mail")
+
+PASSWORD_FILE = "smtp-password"  # in the secrets folder
+TIMEOUT = 20.0  # seconds for the SMTP server to answer each step
+MAX_ADDRESS = 254  # RFC 5321's limit on a path
+# What SMTP takes as an address as is: a local part and a domain, nothing that could end
+# a header line or add a second address (no display name, no spaces, commas or brackets).
+_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}"
+                      r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                      r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+")
+
+
+class MailError(Exception):
+    """E-mail that could not be sent; ``str(e)`` says why, for the log."""
+
+
+def enabled(settings: Mapping[str, Any]) -> bool:
+    return bool(settings["mail.smtp_host"])
+
+
+def check_address(value: object) -> str:
+    """The address a member gave (spaces around it dropped), or ValueError saying what
+    an address looks like."""
+    address = value.strip() if isinstance(value, str) else ""
+    if len(address) > MAX_ADDRESS or not _ADDRESS.fullmatch(address):
+        raise ValueError(f"\"email\" must be an e-mail address such as ann@lab.example, "
+                         f"got {value!r}.")
+    return address
+
+
+def address_in_options(options: object, wait: bool, mail_on: bool) -> str:
+    """Where a member asks to be told that her turn in line came (``"email"`` in her
+    server's options, beside ``"wait": true``; the spawn form's field, left empty: ""),
+    or ValueError saying what is wrong with it, for her. *mail_on*: the lab sends
+    e-mail (:func:`enabled`)."""
+    raw = options.get("email") if isinstance(options, Mapping) else None
+    if raw is None or raw == "":
+        return ""
+    if not mail_on:
+        raise ValueError("This lab sends no e-mail (its admins have not set "
+                         "mail.smtp_host): leave out \"email\". Your hub home page shows "
+                         "your place in line and tells you when your turn comes.")
+    if not wait:
+        raise ValueError("An e-mail address is for waiting in line: it tells you when your "
+                         "turn comes. Tick \"Wait in line\" (through the REST API: "
+                         "\"wait\": true), or leave the address out.")
+    return check_address(raw)
+
+
+def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
+                 gpus: int, claim_window: int, offered_at: float,
+                 hub_url: str = "") -> EmailMessage:
+    """The e-mail telling *user* that the line started her server (*server*: "" for her
+    default one) with her *gpus* GPUs at *offered_at*, and until when she has to open
+    it (*claim_window* seconds later)."""
+    deadline = datetime.fromtimestamp(offered_at + claim_window, UTC)
+    where = (f"{hub_url.rstrip('/')}/hub/user/{user}/{server}" if hub_url
+             else "the lab's JupyterHub (your home page there has a link to it)")
+    named = f" {server}" if server else ""
+    message = EmailMessage()
+    message["Subject"] = "Your GPUs are ready"
+    message["From"] = settings["mail.from"]
+    message["To"] = to
+    message["Date"] = formatdate(offered_at, usegmt=True)
+    message["Message-ID"] = make_msgid("gpulab-line", settings["mail.from"].rpartition("@")[2])
+    message.set_content(
+        f"Hello {user},\n\n"
+        f"it is your turn in the lab's line for GPUs: your server{named} has started with "
+        f"{gpus} GPU{'s' if gpus != 1 else ''} kept for you.\n\n"
+        f"Open it by {deadline:%Y-%m-%d %H:%M} UTC (within "
+        f"{duration_text(claim_window)}): {where}\n\n"
+        f"If you do not, it is stopped and its GPUs go to the next member waiting.\n\n"
+        f"-- gpulab (you gave this address when you joined the line)\n")
+    return message
+
+
+def send(settings: Mapping[str, Any], message: EmailMessage,
+         secrets_dir: str | Path) -> None:
+    """Hand *message* to the lab's SMTP server (``mail.*``); MailError if it cannot be."""
+    host, port = settings["mail.smtp_host"], settings["mail.smtp_port"]
+    security, username = settings["mail.security"], settings["mail.username"]
+    try:
+        password = (Path(secrets_dir) / PASSWORD_FILE).read_text().strip() if username else ""
+    except OSError as e:
+        raise MailError(f"mail.username is set, but its password cannot be read from "
+                        f"secrets/{PASSWORD_FILE}: {e.strerror}") from None
+    try:
+        if security == "tls":
+            smtp: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT,
+                                                  context=ssl.create_default_context())
+        else:
+            smtp = smtplib.SMTP(host, port, timeout=TIMEOUT)
+        with smtp:
+            if security == "starttls":
+                smtp.ehlo()
+                if not smtp.has_extn("starttls"):
+                    raise MailError(f"the SMTP server {host}:{port} offers no STARTTLS "
+                                    f"(mail.security: starttls); set mail.security to tls "
+                                    f"or, for a relay on the lab's own network, none")
+                smtp.starttls(context=ssl.create_default_context())
+            if username:
+                smtp.login(username, password)
+            smtp.send_message(message)
+    except smtplib.SMTPNotSupportedError:
+        raise MailError(f"the SMTP server {host}:{port} offers no login (SMTP AUTH), and "
+                        f"mail.username is set: leave it empty for this server") from None
+    except smtplib.SMTPAuthenticationError as e:
+        raise MailError(f"the SMTP server {host}:{port} refused the login of "
+                        f"{username}: {e.smtp_code} {e.smtp_error!r}") from None
+    except (OSError, smtplib.SMTPException) as e:
+        raise MailError(f"the SMTP server {host}:{port} did not take the e-mail: "
+                        f"{e}") from None
+
+
+@dataclass(frozen=True)
+class MailSettings:
+    """Where the line service finds how to send e-mail: gpulab.yaml (read at each
+    e-mail: an admin's edit counts at once), the secrets folder, and the hub's URL as
+    members open it ("" when unknown: the e-mail then names no link)."""
+
+    settings_file: str
+    secrets_dir: str
+    hub_url: str = ""
+
+    async def tell_turn(self, to: str, user: str, server: str, gpus: int,
+                        claim_window: int, offered_at: float) -> bool:
+        """E-mail *user* at *to* that her turn came; whether it went to the SMTP server
+        (why not is logged: the line goes on without it)."""
+        who = f"{user}:{server}" if server else user
+        try:
+            settings = live_config.settings_file.load(self.settings_file)
+        except ConfigError as e:
+            log.warning("line: %s not told by e-mail: %s", who, e)
+            return False
+        if not enabled(settings):
+            log.info("line: %s not told by e-mail: mail.smtp_host is not set (any more)",
+                     who)
+            return False
+        message = turn_message(settings, to, user, server, gpus, claim_window, offered_at,
+                               self.hub_url)
+        try:
+            await asyncio.to_thread(send, settings, message, self.secrets_dir)
+        except MailError as e:
+            log.warning("line: %s not told by e-mail: %s", who, e)
+            return False
+        log.info("line: told %s by e-mail that their turn came", who)
+        return True
