@@ -346,11 +346,13 @@ class HubApi:
         return (await self.request("GET", line_path(user), token=token))[1]["line"]
 
     async def offer(self, user: str, server: str = "", offered: bool = True, *,
-                    token: str | None = None) -> None:
+                    token: str | None = None) -> float | None:
         """The line is starting *user*'s *server*: her claim window opens (*offered*
-        false: it could not, she waits again in her place)."""
-        await self.request("PATCH", line_path(user, server), {"offered": offered},
-                           token=token)
+        false: it could not, she waits again in her place). When it opened (None: it
+        did not)."""
+        _, body = await self.request("PATCH", line_path(user, server), {"offered": offered},
+                                     token=token)
+        return (body or {}).get("offered_at") if isinstance(body, dict) else None
 
     async def leave_line(self, user: str, server: str = "", *,
                          token: str | None = None) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import smtplib
 import ssl
 from collections.abc import Mapping
@@ -26,24 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import live_config
+from gpulab.email_address import check_address
 from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
 
-__all__ = ["MailError", "MailSettings", "address_in_options", "check_address", "enabled",
-           "send", "turn_message"]
+__all__ = ["MailError", "MailSettings", "address_in_options", "enabled", "send",
+           "turn_message"]
 
 log = logging.getLogger("gpulab.mail")
 
 PASSWORD_FILE = "smtp-password"  # in the secrets folder
 TIMEOUT = 20.0  # seconds for the SMTP server to answer each step
-MAX_ADDRESS = 254  # RFC 5321's limit on a path
-# What SMTP takes as an address as is: a local part and a domain, nothing that could end
-# a header line or add a second address (no display name, no spaces, commas or brackets).
-_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}"
-                      r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-                      r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+")
-
-
 class MailError(Exception):
     """E-mail that could not be sent; ``str(e)`` says why, for the log."""
 
@@ -52,23 +44,15 @@ def enabled(settings: Mapping[str, Any]) -> bool:
     return bool(settings["mail.smtp_host"])
 
 
-def check_address(value: object) -> str:
-    """The address a member gave (spaces around it dropped), or ValueError saying what
-    an address looks like."""
-    address = value.strip() if isinstance(value, str) else ""
-    if len(address) > MAX_ADDRESS or not _ADDRESS.fullmatch(address):
-        raise ValueError(f"\"email\" must be an e-mail address such as ann@lab.example, "
-                         f"got {value!r}.")
-    return address
-
-
-def address_in_options(options: object, wait: bool, mail_on: bool) -> str:
+def address_in_options(options: object, wait: bool, mail_on: bool,
+                       from_form: bool = False) -> str:
     """Where a member asks to be told that her turn in line came (``"email"`` in her
     server's options, beside ``"wait": true``; the spawn form's field, left empty: ""),
     or ValueError saying what is wrong with it, for her. *mail_on*: the lab sends
-    e-mail (:func:`enabled`)."""
+    e-mail (:func:`enabled`). From the spawn form (*from_form*), an address typed
+    without ticking "Wait in line" is not asked for: no e-mail, and no error."""
     raw = options.get("email") if isinstance(options, Mapping) else None
-    if raw is None or raw == "":
+    if raw is None or raw == "" or (from_form and not wait):
         return ""
     if not mail_on:
         raise ValueError("This lab sends no e-mail (its admins have not set "
@@ -92,14 +76,14 @@ def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
              else "the lab's JupyterHub (your home page there has a link to it)")
     named = f" {server}" if server else ""
     message = EmailMessage()
-    message["Subject"] = "Your GPUs are ready"
+    message["Subject"] = "Your turn for GPUs: your server is starting"
     message["From"] = settings["mail.from"]
     message["To"] = to
     message["Date"] = formatdate(offered_at, usegmt=True)
     message["Message-ID"] = make_msgid("gpulab-line", settings["mail.from"].rpartition("@")[2])
     message.set_content(
         f"Hello {user},\n\n"
-        f"it is your turn in the lab's line for GPUs: your server{named} has started with "
+        f"it is your turn in the lab's line for GPUs: your server{named} is starting, with "
         f"{gpus} GPU{'s' if gpus != 1 else ''} kept for you.\n\n"
         f"Open it by {deadline:%Y-%m-%d %H:%M} UTC (within "
         f"{duration_text(claim_window)}): {where}\n\n"
@@ -118,6 +102,7 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
     except OSError as e:
         raise MailError(f"mail.username is set, but its password cannot be read from "
                         f"secrets/{PASSWORD_FILE}: {e.strerror}") from None
+    server = f"the SMTP server {host}:{port}"
     try:
         if security == "tls":
             smtp: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT,
@@ -125,25 +110,28 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
         else:
             smtp = smtplib.SMTP(host, port, timeout=TIMEOUT)
         with smtp:
+            smtp.ehlo()
             if security == "starttls":
-                smtp.ehlo()
                 if not smtp.has_extn("starttls"):
-                    raise MailError(f"the SMTP server {host}:{port} offers no STARTTLS "
-                                    f"(mail.security: starttls); set mail.security to tls "
-                                    f"or, for a relay on the lab's own network, none")
+                    raise MailError(f"{server} offers no STARTTLS (mail.security: "
+                                    f"starttls); set mail.security to tls or, for a relay "
+                                    f"on the lab's own network, none")
                 smtp.starttls(context=ssl.create_default_context())
+                smtp.ehlo()
             if username:
+                if not smtp.has_extn("auth"):
+                    raise MailError(f"{server} offers no login (SMTP AUTH), and "
+                                    f"mail.username is set: leave it empty for this server")
                 smtp.login(username, password)
             smtp.send_message(message)
-    except smtplib.SMTPNotSupportedError:
-        raise MailError(f"the SMTP server {host}:{port} offers no login (SMTP AUTH), and "
-                        f"mail.username is set: leave it empty for this server") from None
     except smtplib.SMTPAuthenticationError as e:
-        raise MailError(f"the SMTP server {host}:{port} refused the login of "
-                        f"{username}: {e.smtp_code} {e.smtp_error!r}") from None
+        raise MailError(f"{server} refused the login of {username}: {e.smtp_code} "
+                        f"{e.smtp_error.decode(errors='replace')}") from None
+    except smtplib.SMTPRecipientsRefused as e:  # its text has the address: not logged
+        codes = sorted({code for code, _ in e.recipients.values()})
+        raise MailError(f"{server} refused the member's address ({codes})") from None
     except (OSError, smtplib.SMTPException) as e:
-        raise MailError(f"the SMTP server {host}:{port} did not take the e-mail: "
-                        f"{e}") from None
+        raise MailError(f"{server} did not take the e-mail: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.contract import INFRA_VOLUMES
+from gpulab.email_address import is_address
 from gpulab.environments import EnvironmentError_, parse_environments
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
@@ -190,8 +191,9 @@ def _mail_security(value: Any) -> str:
 
 def _mail_sender(value: Any) -> str:
     s = _optional_string(value)
-    if s and (not re.fullmatch(r"[^@\s<>]+@[^@\s<>]+", s)):
-        raise ValueError(f"expected an e-mail address such as gpulab@lab.example, got {value!r}")
+    if s and not is_address(s):
+        raise ValueError(f"expected one plain e-mail address (ASCII, no name) such as "
+                         f"gpulab@lab.example, got {value!r}")
     return s
 
 
@@ -384,6 +386,10 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         raise doc.error(("spawn", "home_size"),
                         "spawn.home_size is not applied with hub.swarm yet (each machine "
                         "creates its homes itself): remove it, or set it to 0")
+    if values["mail.username"] and values["mail.security"] == "none":
+        raise doc.error(("mail", "username"),
+                        "mail.username with mail.security: none would send the SMTP "
+                        "password unencrypted: use starttls or tls")
     if values["mail.smtp_host"] and not values["mail.from"]:
         raise doc.error(("mail", "smtp_host"),
                         "mail.smtp_host is set without mail.from: give the address gpulab's "

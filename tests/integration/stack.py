@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -274,7 +275,7 @@ class LabConfig:
         if path not in self._originals:
             self._originals[path] = path.read_text()
             self._backup(path).write_text(self._originals[path])
-        path.write_text(text)
+        _replace(path, text)
         return path
 
     def original(self, name: str) -> str:
@@ -283,9 +284,19 @@ class LabConfig:
 
     def restore(self) -> None:
         for path, text in self._originals.items():
-            path.write_text(text)
+            _replace(path, text)
             self._backup(path).unlink(missing_ok=True)
         self._originals.clear()
+
+
+def _replace(path: Path, text: str) -> None:
+    """*path* with *text*, in one step: the other lanes' hub reads these files at every
+    spawn, and a file truncated and then written can be read empty in between (valid:
+    the defaults)."""
+    new = path.with_name(f".{path.name}.new.{os.getpid()}")
+    new.write_text(text)
+    shutil.copymode(path, new)
+    os.replace(new, path)
 
 
 def _alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ thread); the line service's use of it."""
 
 from __future__ import annotations
 
+import asyncio
 import email
 import smtplib
 import threading
@@ -12,14 +13,8 @@ from email.policy import default
 
 import pytest
 
-from gpulab.mail import (
-    MailError,
-    MailSettings,
-    address_in_options,
-    check_address,
-    send,
-    turn_message,
-)
+from gpulab.email_address import check_address
+from gpulab.mail import MailError, MailSettings, address_in_options, send, turn_message
 from gpulab.settings import ConfigError, defaults, load_settings
 
 with warnings.catch_warnings():
@@ -46,7 +41,8 @@ def test_an_address_is_kept_as_given(given, kept):
     "a" * 65 + "@lab.example", "ann@" + "l" * 250 + ".example",
 ])
 def test_anything_else_is_refused_saying_what_an_address_is(given):
-    with pytest.raises(ValueError, match="must be an e-mail address such as ann@lab.example"):
+    with pytest.raises(ValueError, match="must be one e-mail address such as ann@lab.example"
+                                         ", and nothing else"):
         check_address(given)
 
 
@@ -60,23 +56,25 @@ def test_an_address_goes_with_waiting_in_a_lab_that_sends_email():
         address_in_options({"wait": True, "email": "ann@lab.example"}, True, False)
     with pytest.raises(ValueError, match="Tick \"Wait in line\""):
         address_in_options({"email": "ann@lab.example"}, False, True)
-    with pytest.raises(ValueError, match="must be an e-mail address"):
+    # the form's field filled in without ticking the box: she did not ask to wait
+    assert address_in_options({"email": "ann@lab.example"}, False, True, from_form=True) == ""
+    with pytest.raises(ValueError, match="must be one e-mail address"):
         address_in_options({"wait": True, "email": "ann"}, True, True)
 
 
 def test_the_email_says_her_turn_came_until_when_and_where():
     m = turn_message(MAIL, "ann@lab.example", "ann", "", 2, 600, 1_800_000_000,
                      "https://gpu.lab.example/")
-    assert (m["Subject"], m["From"], m["To"]) == ("Your GPUs are ready", "gpulab@lab.example",
-                                                  "ann@lab.example")
+    assert (m["Subject"], m["From"], m["To"]) == (
+        "Your turn for GPUs: your server is starting", "gpulab@lab.example", "ann@lab.example")
     body = m.get_content()
-    assert "your server has started with 2 GPUs kept for you" in body, body
+    assert "your server is starting, with 2 GPUs kept for you" in body, body
     # 1_800_000_000 is 2027-01-15 08:00 UTC; ten minutes later
     assert "Open it by 2027-01-15 08:10 UTC (within 10 min): " \
            "https://gpu.lab.example/hub/user/ann/" in body, body
     assert "its GPUs go to the next member waiting" in body
     named = turn_message(MAIL, "ann@lab.example", "ann", "train", 1, 60, 1_800_000_000)
-    assert "your server train has started with 1 GPU kept" in named.get_content()
+    assert "your server train is starting, with 1 GPU kept" in named.get_content()
     assert "the lab's JupyterHub" in named.get_content()  # no URL known: no link
 
 
@@ -88,6 +86,13 @@ def test_mail_settings_are_checked_with_the_file_and_line(tmp_path):
     f.write_text("mail:\n  smtp_host: smtp.lab.example\n  from: gpulab@lab.example\n"
                  "  security: ssl\n")
     with pytest.raises(ConfigError, match=r"gpulab.yaml:4.*starttls, tls or none"):
+        load_settings(f)
+    f.write_text("mail:\n  smtp_host: smtp.lab.example\n  from: gpulab@lab.example\n"
+                 "  security: none\n  username: gpulab\n")
+    with pytest.raises(ConfigError, match=r"gpulab.yaml:5.*password unencrypted"):
+        load_settings(f)
+    f.write_text("mail:\n  smtp_host: smtp.lab.example\n  from: Gpulab <gpulab@lab.example>\n")
+    with pytest.raises(ConfigError, match=r"gpulab.yaml:3.*one plain e-mail address"):
         load_settings(f)
     f.write_text("mail:\n  smtp_host: smtp.lab.example\n  from: gpulab@lab.example\n"
                  "  smtp_port: 465\n  security: tls\n")
@@ -124,8 +129,8 @@ def test_the_email_reaches_the_smtp_server(sink, tmp_path):
     send(settings, turn_message(settings, "ann@lab.example", "ann", "", 1, 600, 1e9),
          tmp_path)
     [(sender, to, message)] = sink.got
-    assert (sender, to, message["Subject"]) == ("gpulab@lab.example", ["ann@lab.example"],
-                                                "Your GPUs are ready")
+    assert (sender, to) == ("gpulab@lab.example", ["ann@lab.example"])
+    assert message["Subject"] == "Your turn for GPUs: your server is starting"
 
 
 def test_a_server_that_cannot_do_what_the_settings_say_is_said_clearly(sink, tmp_path):
@@ -159,6 +164,7 @@ async def test_the_line_service_emails_her_when_it_starts_her_server(sink, tmp_p
     line = service(hub, tmp_path)
     line.mail = mail
     await line.check(now=100)
+    await asyncio.gather(*line.mailing)  # sent beside the rounds
     assert [c[:2] for c in hub.calls] == [("offer", "bob"), ("start", "bob"),
                                          ("offer", "cy"), ("start", "cy")]
     [(_, to, message)] = sink.got  # cy gave no address
@@ -173,6 +179,7 @@ async def test_the_line_service_emails_her_when_it_starts_her_server(sink, tmp_p
                                     spawn_status=status), tmp_path)
         line.mail = mail
         await line.check(now=100)
+        assert not line.mailing
     assert sink.got == []
 
     # an SMTP server that is down: logged, and the line goes on
@@ -181,4 +188,6 @@ async def test_the_line_service_emails_her_when_it_starts_her_server(sink, tmp_p
     line = service(hub, tmp_path)
     line.mail = mail
     await line.check(now=100)
-    assert [c[0] for c in hub.calls] == ["offer", "start"]
+    sending = list(line.mailing)
+    assert [c[0] for c in hub.calls] == ["offer", "start"]  # the round did not wait for it
+    assert await asyncio.gather(*sending) == [False]  # not told, and no exception

@@ -99,6 +99,7 @@ class LineService:
         self.hub = hub
         self.mail = mail  # how to e-mail a member whose turn came (None: no e-mail)
         self.claim_window = 0  # gpus.yaml's line.claim_window, as this round read it
+        self.mailing: set[asyncio.Task] = set()  # e-mails being sent
         self.gpus_file = gpus_file
         self.notices_file = notices_file
         self.interval = interval
@@ -176,7 +177,7 @@ class LineService:
     async def apply(self, d: Decision) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user
         if d.action == START:
-            await self.hub.offer(d.user, d.server)
+            offered_at = await self.hub.offer(d.user, d.server)
             options = {"gpus": d.gpus, **({"environment": d.environment}
                                           if d.environment else {})}
             status, body = await self.hub.start_server(d.user, d.server, options)
@@ -194,8 +195,13 @@ class LineService:
                 log.info("line: %s's turn: starting it with %d GPU(s)%s", who, d.gpus,
                          f" in {d.environment}" if d.environment else "")
                 if d.email and self.mail is not None:
-                    await self.mail.tell_turn(d.email, d.user, d.server, d.gpus,
-                                              self.claim_window, time.time())
+                    # beside the rounds: an SMTP server that is slow to answer holds up
+                    # nobody's turn
+                    task = asyncio.create_task(self.mail.tell_turn(
+                        d.email, d.user, d.server, d.gpus, self.claim_window,
+                        offered_at or time.time()))
+                    self.mailing.add(task)
+                    task.add_done_callback(self.mailing.discard)
             return
         if d.action == EXPIRED:
             await self.hub.stop_server(d.user, d.server)

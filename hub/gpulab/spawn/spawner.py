@@ -360,8 +360,9 @@ class GpulabSpawner(DockerSpawner):
                 raise _http_error(e.status, str(e)) from None
             wait = wants_to_wait(self.user_options)
             try:
-                email = address_in_options(self.user_options, wait,
-                                           mail_enabled(self._lab_config[0]))
+                email = address_in_options(
+                    self.user_options, wait, mail_enabled(self._lab_config[0]),
+                    from_form=not compat.from_rest_api(getattr(self, "handler", None)))
             except ValueError as e:
                 raise InvalidRequest(str(e)) from None
             budget = line.budget(policy, gpus_config) if line else None
