@@ -30,6 +30,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 LAST_GOOD_DIR_ENV = "GPULAB_LAST_GOOD_DIR"
+# An editor that saves in place truncates the file, then writes it: read in between, it
+# is empty, which is valid (all defaults). A file that held something and is empty now
+# is read again this long after, and only then taken as emptied.
+EMPTY_AGAIN_AFTER = 0.05
 
 
 class LastGood(Generic[T]):
@@ -52,6 +56,9 @@ class LastGood(Generic[T]):
         path = str(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
+            if not text and path in self._good:  # being saved in place, or emptied?
+                time.sleep(EMPTY_AGAIN_AFTER)
+                text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             if self._missing is None:
                 return self._refused(path, ConfigError(path, None, "", "file not found"))

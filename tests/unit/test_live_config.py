@@ -12,10 +12,12 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from gpulab.gpus.config import GpusConfig, parse_gpus_config
 from gpulab.live_config import LastGood, _parse_settings, file_kind
 from gpulab.settings import ConfigError
 
@@ -162,3 +164,34 @@ def test_config_check_warns_instead_of_failing_when_a_last_good_version_is_kept(
     assert main(["config", "get", "--last-good", str(store), "spawn.mem_limit",
                  str(path)]) == 0
     assert capsys.readouterr().out.strip() == str(3 * 2**30)
+
+
+def test_a_file_read_while_an_editor_saves_it_in_place_is_not_taken_as_emptied(
+        tmp_path, monkeypatch):
+    """An editor saving in place truncates, then writes: the hub's next spawn may read
+    the file empty in between, which is valid (all defaults: no reserved GPU, no pin).
+    Read again a moment later it has the edit; emptied for good, it is the defaults."""
+    import threading
+
+    from gpulab import live_config
+
+    monkeypatch.setattr(live_config, "EMPTY_AGAIN_AFTER", 0.5)  # slack for a loaded machine
+    path = tmp_path / "gpus.yaml"
+    path.write_text("defaults: {max_gpus: 1}\n")
+    kind = LastGood(lambda text, p: parse_gpus_config(text, p))
+    assert kind.load(path).default_max_gpus == 1
+    saved = threading.Event()
+
+    def save_in_place():
+        with open(path, "w") as f:  # truncated now
+            saved.set()
+            time.sleep(0.01)
+            f.write("defaults: {max_gpus: 2}\n")
+
+    writer = threading.Thread(target=save_in_place)
+    writer.start()
+    saved.wait()
+    assert kind.load(path).default_max_gpus == 2  # not the defaults' 1 of an empty file
+    writer.join()
+    path.write_text("")  # an admin empties it: the defaults
+    assert kind.load(path).default_max_gpus == GpusConfig().default_max_gpus
