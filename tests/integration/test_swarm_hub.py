@@ -190,6 +190,51 @@ def test_one_line_for_the_whole_swarm(lab, members, running):
         lab.hub.delete_user(waiting.name)
 
 
+def test_a_member_waits_for_a_gpu_on_the_machine_with_her_home(lab, members, running):
+    """spawn.swarm_homes: machine (the default): her home is where her server first ran,
+    and her server runs only there. Waiting in line, a GPU freed on another machine is
+    not hers: it goes to whoever may have it (before: the line kept it for her and tried
+    to start her server with it every round, refused every time), and her turn comes when
+    one frees on her machine."""
+    at = lab.placement()
+    homed = members[0]
+    home = at[homed.name][0]
+    there = next(u for u in members if at[u.name][0] != home)
+    here = next(u for u in members if u is not homed and at[u.name][0] == home)
+    newcomer, other = lab.hub.create_user(prefix="x"), lab.hub.create_user(prefix="y")
+    try:
+        homed.stop_server()
+        _spawn_once_its_gpu_is_free(newcomer)  # takes the GPU she held: her machine is full
+        wait_ready(newcomer)
+        assert lab.placement()[newcomer.name][0] == home
+        r = spawn(homed, {"gpus": 1, "wait": True})
+        assert r.status_code == 202 and "number 1 in line" in r.json()["message"], r.text
+
+        there.stop_server()  # a GPU frees on the other machine: not hers
+        _spawn_once_its_gpu_is_free(other)  # another member gets it
+        wait_ready(other)
+        assert lab.placement()[other.name][0] == at[there.name][0]
+        (mine,) = line_of(homed)
+        assert mine["state"] == "waiting" and lab.hub.server_model(homed.name) is None, mine
+
+        here.stop_server()  # one frees on her machine: her turn
+        t0 = time.monotonic()
+        wait_ready(homed, 120)
+        print(f"her server started on {home} {time.monotonic() - t0:.1f} s after a GPU "
+              f"there came free")
+        assert lab.placement()[homed.name][0] == home
+    finally:
+        lab.hub.delete_user(newcomer.name)
+        lab.hub.delete_user(other.name)
+
+
+def line_of(user: LabUser) -> list[dict]:
+    r = requests.get(f"{user.hub.api}/gpulab/line/{user.name}", headers=user._headers(),
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["line"]
+
+
 def _neighbours(lab, members):
     """(attacker, her machine, a member on the same machine, a member on another one)."""
     at = lab.addresses()

@@ -109,6 +109,30 @@ def test_plan(leases, entries, expected):
     assert states(plan(CONFIG, FOUR, leases, entries)) == expected
 
 
+def test_on_a_swarm_a_member_whose_home_is_on_one_machine_waits_for_its_gpus():
+    """spawn.swarm_homes: machine (the default): her server can only run where her home
+    is. A GPU freed on another machine is not hers: the line neither starts her server
+    with it (its start would be refused, again every round) nor keeps it from others."""
+    swarm = [replace(gpu(0), node="node-a", machine="a"),
+             replace(gpu(1), node="node-b", machine="b")]
+    ann = replace(entry(1, "ann"), machine="node-a")  # her home is on a
+    bob = entry(2, "bob")  # no home yet: anywhere
+    # a's GPU held, b's free: ann waits (keeping nothing), bob behind her gets b's
+    places = plan(CONFIG, swarm, [lease(0, "carol")], [ann, bob])
+    assert states(places) == [("ann", WAITING, 1, []), ("bob", READY, 2, [1])]
+    assert [(le.gpu_uuid, le.user) for le in holds(places, [])] == [(uuid(1), "bob")]
+    # a's comes free: hers
+    places = plan(CONFIG, swarm, [lease(1, "carol")], [ann, bob])
+    assert states(places) == [("ann", READY, 1, [0]), ("bob", WAITING, 2, [])]
+
+
+def test_a_line_store_keeps_the_machine_she_waits_on(tmp_path):
+    store = LineStore(tmp_path / "line.sqlite")
+    ann = store.join("ann", "", 1, (), machine="node-a")
+    assert ann.machine == "node-a" and ann.request().machine == "node-a"
+    assert store.join("ann", "", 1, ()).machine == ""  # asked again without: anywhere
+
+
 def test_a_ready_entry_gets_what_allocate_gives_it_once_the_holds_of_others_count():
     leases = [lease(0, "alice")]
     places = plan(CONFIG, FOUR, leases, [entry(1, "bob")])

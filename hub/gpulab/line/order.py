@@ -42,9 +42,12 @@ class Entry:
     offered_at: float | None = None  # when the line started her server (epoch seconds)
     environment: str = ""  # the environment she waits in (spawn.environments); "": the lab's one
     email: str = ""  # where she is told that her turn came ("": on the hub's pages only)
+    # the node her server must run on ("": any): on a Swarm, the one that holds her home
+    # (spawn.swarm_homes: machine), so that her turn comes with GPUs there
+    machine: str = ""
 
     def request(self) -> Request:
-        return Request(self.user, self.server, self.groups, self.gpus)
+        return Request(self.user, self.server, self.groups, self.gpus, machine=self.machine)
 
     @property
     def key(self) -> tuple[str, str]:

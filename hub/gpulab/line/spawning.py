@@ -72,17 +72,18 @@ class LineAtSpawn:
         return None if used is None else budget_state(policy.budget, used, time.time())
 
     def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,
-             environment: str = "", email: str = "") -> Joined:
+             environment: str = "", email: str = "", machine: str = "") -> Joined:
         """Put this server in line for *count* GPUs in *environment* (its name; "" where
         the lab has one), keeping its place if it is in line already, unless waiting
         could never serve it. The line starts her server in that environment, and tells
-        her at *email* ("": on the hub's pages only)."""
+        her at *email* ("": on the hub's pages only). *machine*: the node her server must
+        run on ("": any; on a Swarm, the one with her home): she waits for GPUs there."""
         never = never_fits(config, inventory, Request(self.user, self.server, self.groups,
-                                                      count))
+                                                      count, machine=machine))
         if never:
             return Joined(409, never)
         entry = self.store.join(self.user, self.server, count, self.groups, environment,
-                                email)
+                                email, machine)
         position, waiting = position_of(entry, self.store.entries(), config,
                                         self.store.usage())
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"

@@ -398,7 +398,8 @@ class GpulabSpawner(DockerSpawner):
         # server in it when her turn comes
         listed = bool(self._lab_config[0]["spawn.environments"])
         joined = line.join(gpus_config, inventory, count,
-                           self._environment.name if listed else "", email)
+                           self._environment.name if listed else "", email,
+                           self._request(count).machine)
         said = _http_error(joined.status, joined.message)
         if joined.status != 202:
             return said
