@@ -224,8 +224,12 @@ swarm-node-up: docker
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 
+# The hub stops first: its line service, seeing the GPUs of the servers removed here come
+# free, would start waiting members' servers as the lab goes down, and they would come
+# back after make up out of the line ("could not be started when it was your turn").
 down:
 	@if docker info >/dev/null 2>&1; then \
+	  docker stop gpulab-hub >/dev/null 2>&1 || true; \
 	  ids=$$(docker ps -aq --filter label=org.gpulab.managed=true); \
 	  if [ -n "$$ids" ]; then echo "[gpulab] removing user containers"; docker rm -f $$ids >/dev/null; fi; \
 	  if [ "$$(docker info --format '{{.Swarm.ControlAvailable}}')" = true ]; then \

@@ -1,5 +1,6 @@
-"""`make down && make up`: users, login tokens, homes and the last good settings are
-kept; `make down` takes the firewall rules away and `make up` puts them back.
+"""`make down && make up`: users, login tokens, homes, the last good settings and the
+line for GPUs are kept; `make down` takes the firewall rules away and `make up` puts
+them back.
 
 This takes the whole stack down (about a minute with the way back), so it is marked
 ``stack_restart`` and runs after every other test (tests/integration/conftest.py), and
@@ -17,6 +18,8 @@ from gpulab.contract import INFRA_CONTAINERS as STACK
 
 from .browser import submit_login
 from .stack import container_logs, docker, exporter_flags, make, wait_for
+from .standin import GPU0, gpus_of
+from .test_line import ONE_GPU, place, server_ready, spawn
 
 pytestmark = pytest.mark.stack_restart
 
@@ -36,8 +39,15 @@ def memory_limit(container: str) -> int:
 
 def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hub, lab_user,
                                                                              lab_config,
-                                                                             new_page):
+                                                                             new_page,
+                                                                             gpus_yaml):
     user = lab_user("keeper")
+    # a member waits in line for the one GPU, which another holds
+    lab_config.write("gpus.yaml", ONE_GPU)
+    holder, waiter = lab_user("holder"), lab_user("waiter")
+    holder.start_server({"gpus": 1})
+    r = spawn(waiter, {"gpus": 1, "wait": True})
+    assert r.status_code == 202 and place(waiter) == ("waiting", 1, 1), r.text
     original = lab_config.original("gpulab.yaml")
     lab_config.write("gpulab.yaml", original.replace("  mem_limit: 8g\n", "  mem_limit: 3g\n"))
     user.start_server()
@@ -81,3 +91,9 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
     r = user.api("GET", "/contents/kept.txt", params={"content": "1", "format": "text"})
     assert r.status_code == 200, (r.text, container_logs(user.container))
     assert r.json()["content"] == note
+
+    # the line: she kept her place, and the GPU that make down took from its holder is
+    # hers now
+    wait_for(lambda: server_ready(waiter), 120, interval=1,
+             what="the line to start the waiting member's server after make up")
+    assert gpus_of(waiter.container)["device_ids"] == [GPU0]
