@@ -110,10 +110,7 @@ def budget_families(config: GpusConfig, usage: Usage) -> list[Metric]:
         "gpulab_group_budget_gpu_hours",
         "A group's shared budget: its members' GPU-hours together per period.",
         labels=["group", "period", "enforce"])
-    groups_of: dict[str, list[str]] = {}
-    for group, members in usage.groups.items():
-        for member in members:
-            groups_of.setdefault(member, []).append(group)
+    groups_of = usage.member_groups
     members = sorted({*groups_of, *(u for hours in usage.periods.values() for u in hours)})
     for member in members:
         budget = policy_for(config, member, groups_of.get(member, ())).budget

@@ -14,6 +14,7 @@ the line is then first come, first served, and no budget is enforced.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -42,6 +43,15 @@ class Usage:
     # the hub's groups as the line service last saw them: group -> its members
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
+    @functools.cached_property
+    def member_groups(self) -> Mapping[str, tuple[str, ...]]:
+        """*groups* the other way round: member -> the groups she is in (once per read)."""
+        out: dict[str, list[str]] = {}
+        for group, names in self.groups.items():
+            for name in names:
+                out.setdefault(name, []).append(group)
+        return {name: tuple(groups) for name, groups in out.items()}
+
     def used(self, user: str, per: str) -> float | None:
         """Her GPU-hours this *per* (week or month); None when not known."""
         hours = self.periods.get(per)
@@ -57,12 +67,8 @@ class Usage:
         members = self.groups.get(budget.shared_by)
         if members is None:
             return ()
-        groups_of: dict[str, list[str]] = {}
-        for group, names in self.groups.items():
-            for name in names:
-                groups_of.setdefault(name, []).append(group)
         bound = {m for m in members
-                 if policy_for(config, m, groups_of.get(m, ())).budget == budget}
+                 if policy_for(config, m, self.member_groups.get(m, ())).budget == budget}
         return tuple(sorted({*bound, user}))
 
     def used_against(self, budget: Budget, user: str, config: GpusConfig) -> float | None:
