@@ -50,13 +50,14 @@ class LastGood(Generic[T]):
         self._missing = missing  # the value of an absent file; None: absent is an error
         self.store = Path(store) if store else None
         self._good: dict[str, T] = {}
+        self._had_text: dict[str, bool] = {}  # path -> whether its last good text had any
         self.errors: dict[str, str] = {}  # path -> the error that is being ignored now
 
     def load(self, path: str | Path) -> T:
         path = str(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
-            if not text and path in self._good:  # being saved in place, or emptied?
+            if not text and self._had_text.get(path):  # being saved in place, or emptied?
                 time.sleep(EMPTY_AGAIN_AFTER)
                 text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -80,6 +81,7 @@ class LastGood(Generic[T]):
 
     def _accepted(self, path: str, value: T, text: str | None) -> None:
         self._good[path] = value
+        self._had_text[path] = bool(text)
         if self.errors.pop(path, None) is not None:
             log.info("%s is valid again and in force", path)
         self._save(path, text)

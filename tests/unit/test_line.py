@@ -124,6 +124,15 @@ def test_on_a_swarm_a_member_whose_home_is_on_one_machine_waits_for_its_gpus():
     # a's comes free: hers
     places = plan(CONFIG, swarm, [lease(1, "carol")], [ann, bob])
     assert states(places) == [("ann", READY, 1, [0]), ("bob", WAITING, 2, [])]
+    # a is down or drained (its GPUs out of the inventory): she waits, keeping nothing,
+    # not refused as if she asked for more than the lab has
+    places = plan(CONFIG, swarm[1:], [], [ann, bob])
+    assert states(places) == [("ann", WAITING, 1, []), ("bob", READY, 2, [1])]
+    # a joined the Swarm again under a new ID: the line knows it by its hostname too
+    rejoined = [replace(swarm[0], node="node-a2"), swarm[1]]
+    by_name = replace(ann, machine="a")
+    assert states(plan(CONFIG, rejoined, [lease(1, "carol")], [by_name])) == [
+        ("ann", READY, 1, [0])]
 
 
 def test_a_line_store_keeps_the_machine_she_waits_on(tmp_path):

@@ -195,3 +195,20 @@ def test_a_file_read_while_an_editor_saves_it_in_place_is_not_taken_as_emptied(
     writer.join()
     path.write_text("")  # an admin empties it: the defaults
     assert kind.load(path).default_max_gpus == GpusConfig().default_max_gpus
+
+
+def test_an_emptied_file_is_read_again_only_once(tmp_path, monkeypatch):
+    """Once the empty version is in force, later loads take it at once: the hub, the
+    Docker proxy and the line load these files on every spawn, request and round."""
+    from gpulab import live_config
+
+    slept = []
+    monkeypatch.setattr(live_config.time, "sleep", slept.append)
+    path = tmp_path / "gpus.yaml"
+    path.write_text("defaults: {max_gpus: 2}\n")
+    kind = LastGood(lambda text, p: parse_gpus_config(text, p))
+    kind.load(path)
+    path.write_text("")
+    for _ in range(3):
+        assert kind.load(path).default_max_gpus == GpusConfig().default_max_gpus
+    assert len(slept) == 1

@@ -61,16 +61,14 @@ def clear_locks() -> None:
 
 def recover_status() -> None:
     """After a restart (the status lives in a tmpfs): the last good backup from the
-    repository itself, so that the schedule and the metrics go on from it. Read under the
-    backups' lock: restic's readers lock the repository too, and a `make backup` typed
-    just after the restart failed to prune beside them (seen in CI)."""
-    try:
-        with one_at_a_time():
-            status = read_status()
-            if status.get("last_success") is None and last_backup_into(status):
-                write_status(status)
-    except BackupError:
-        return  # a `make backup` runs, and writes the status itself
+    repository itself, so that the schedule and the metrics go on from it. Not under
+    the backups' lock: on a large repository these reads take minutes, and a `make
+    backup` typed meanwhile would be told one runs already. restic's read locks are
+    live while they read; a backup's prune beside them waits for them
+    (:func:`gpulab.backup.run.run_restic`; before, it failed: seen in CI)."""
+    status = read_status()
+    if status.get("last_success") is None and last_backup_into(status):
+        write_status(status)
 
 
 def last_backup_into(status: dict[str, Any]) -> bool:

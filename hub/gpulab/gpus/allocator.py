@@ -52,6 +52,7 @@ __all__ = [
     "add_leases",
     "allocate",
     "leases_from_labels",
+    "on_machine",
     "reconcile",
     "release",
     "resolve_inventory",
@@ -100,7 +101,9 @@ class Request:
     server: str = ""
     groups: Iterable[str] = ()  # the user's JupyterHub group names
     count: int | None = None  # None = the user's default (Policy.gpus)
-    machine: str = ""  # the node its GPUs must be on ("": any; a Swarm's node-local homes)
+    # the machine its GPUs must be on, by node ID or hostname ("": any; a Swarm's
+    # node-local homes)
+    machine: str = ""
     # (GPU UUID, seconds until someone else's booking of it starts): of the free GPUs,
     # those nobody booked before her max_server_age ends come first, then those booked
     # latest, on the machine with the fewest booked (gpulab.bookings.book.upcoming)
@@ -298,7 +301,7 @@ def allocate(
     policy = policy_for(config, request.user, request.groups)
     asked = _count_of(request.count)
     if request.machine:
-        inventory = [g for g in inventory if g.node == request.machine]
+        inventory = on_machine(inventory, request.machine)
     if policy.no_gpu:
         if asked:
             raise NoGpuAccess(
@@ -378,6 +381,12 @@ def _eligibility(config: GpusConfig, inventory: Sequence[Gpu], policy: Policy):
     return eligible
 
 
+def on_machine(inventory: Sequence[Gpu], machine: str) -> list[Gpu]:
+    """The GPUs of *machine*: its Swarm node ID, or its hostname (which a machine keeps
+    when it leaves the Swarm and joins again, under a new ID)."""
+    return [g for g in inventory if machine in (g.node, g.machine)]
+
+
 def usable_gpus(config: GpusConfig, inventory: Sequence[Gpu], request: Request) -> list[Gpu]:
     """The GPUs of *inventory* that :func:`allocate` may ever give *request*'s user (busy
     or not): what a member waiting in line waits for (:mod:`gpulab.line.plan`)."""
@@ -385,7 +394,7 @@ def usable_gpus(config: GpusConfig, inventory: Sequence[Gpu], request: Request) 
     if policy.no_gpu:
         return []
     if request.machine:
-        inventory = [g for g in inventory if g.node == request.machine]
+        inventory = on_machine(inventory, request.machine)
     eligible = _eligibility(config, inventory, policy)
     return [g for g in inventory if eligible(g)]
 

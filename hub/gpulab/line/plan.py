@@ -26,6 +26,7 @@ from gpulab.gpus.allocator import (
     Request,
     add_leases,
     allocate,
+    on_machine,
     usable_gpus,
 )
 from gpulab.gpus.config import GpusConfig
@@ -65,6 +66,14 @@ def plan(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
     for e in ranked(entries, config, usage):
         request = e.request()
         offered = e.offered_at is not None
+        if request.machine and not on_machine(inventory, request.machine):
+            # the machine with her home is down, drained or gone for now: she waits
+            if offered:
+                places.append(Place(e, OFFERED, 0))
+            else:
+                position += 1
+                places.append(Place(e, WAITING, position))
+            continue
         try:
             too_many = never_fits(config, inventory, request)
             if too_many:

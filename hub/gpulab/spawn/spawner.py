@@ -388,6 +388,10 @@ class GpulabSpawner(DockerSpawner):
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         return gpus
 
+    def _line_machine(self) -> str:
+        """The machine her server must run on, for the line ("": any)."""
+        return ""
+
     async def _join_line(self, line: LineAtSpawn, gpus_config, count: int,
                          email: str = "") -> web.HTTPError:
         """Put this server in line for *count* GPUs, to be told at *email* when her turn
@@ -399,7 +403,7 @@ class GpulabSpawner(DockerSpawner):
         listed = bool(self._lab_config[0]["spawn.environments"])
         joined = line.join(gpus_config, inventory, count,
                            self._environment.name if listed else "", email,
-                           self._request(count).machine)
+                           self._line_machine())
         said = _http_error(joined.status, joined.message)
         if joined.status != 202:
             return said

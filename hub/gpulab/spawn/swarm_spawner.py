@@ -133,6 +133,12 @@ class GpulabSwarmSpawner(GpulabSpawner):
         homes = (settings or self._lab_config[0])["spawn.swarm_homes"]
         return self.home_node if homes == "machine" else ""
 
+    def _line_machine(self) -> str:
+        """Her home's machine by hostname, which it keeps when it joins the Swarm again
+        under a new ID (the line may wait across that); by ID before one is known."""
+        home = self._home_machine()
+        return (self.home_machine or home) if home else ""
+
     def _request(self, count, settings: Settings | None = None):
         return replace(super()._request(count), machine=self._home_machine(settings))
 
