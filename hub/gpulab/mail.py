@@ -5,7 +5,8 @@ the password, when ``mail.username`` is set, is the file ``secrets/smtp-password
 (:data:`PASSWORD_FILE`), never the settings file. A member gives her address herself,
 when she joins the line (``"email"`` beside ``"wait": true``).
 
-:func:`check_address` and :func:`turn_message` are pure; :func:`send` is the one place
+:func:`address_in_options` and :func:`turn_message` are pure (the address itself is
+checked by :mod:`gpulab.email_address`); :func:`send` is the one place
 that speaks SMTP (blocking, with a timeout); :class:`MailSettings` is the line service's
 async shell around them.
 """
@@ -36,6 +37,8 @@ log = logging.getLogger("gpulab.mail")
 
 PASSWORD_FILE = "smtp-password"  # in the secrets folder
 TIMEOUT = 20.0  # seconds for the SMTP server to answer each step
+
+
 class MailError(Exception):
     """E-mail that could not be sent; ``str(e)`` says why, for the log."""
 

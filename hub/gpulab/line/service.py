@@ -98,7 +98,6 @@ class LineService:
                  usage_file: str | None = None, mail: MailSettings | None = None):
         self.hub = hub
         self.mail = mail  # how to e-mail a member whose turn came (None: no e-mail)
-        self.claim_window = 0  # gpus.yaml's line.claim_window, as this round read it
         self.mailing: set[asyncio.Task] = set()  # e-mails being sent
         self.gpus_file = gpus_file
         self.notices_file = notices_file
@@ -115,7 +114,7 @@ class LineService:
         config = live_config.gpus_file.load(self.gpus_file)
         await self.refresh_usage(config, now)
         entries = await self.hub.line()
-        window = self.claim_window = config.line.claim_window
+        window = config.line.claim_window
         taken = []
         for entry in entries:
             server = None
@@ -126,7 +125,7 @@ class LineService:
                     self.ready_at.setdefault(entry["id"], now)
             d = decide(entry, server, now, window, self.ready_at.get(entry["id"]))
             if d.action != WAIT:
-                await self.apply(d)
+                await self.apply(d, window)
                 taken.append(d)
             if d.action not in (WAIT, START):
                 self.ready_at.pop(entry["id"], None)
@@ -174,7 +173,7 @@ class LineService:
         self.usage_at = now
         line_usage.write(self.usage_file, now, decayed, spent, self.groups)
 
-    async def apply(self, d: Decision) -> None:
+    async def apply(self, d: Decision, claim_window: int) -> None:
         who = f"{d.user}:{d.server}" if d.server else d.user
         if d.action == START:
             offered_at = await self.hub.offer(d.user, d.server)
@@ -198,7 +197,7 @@ class LineService:
                     # beside the rounds: an SMTP server that is slow to answer holds up
                     # nobody's turn
                     task = asyncio.create_task(self.mail.tell_turn(
-                        d.email, d.user, d.server, d.gpus, self.claim_window,
+                        d.email, d.user, d.server, d.gpus, claim_window,
                         offered_at or time.time()))
                     self.mailing.add(task)
                     task.add_done_callback(self.mailing.discard)
