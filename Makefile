@@ -91,7 +91,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit test-idp lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -118,7 +118,7 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token backup-password; do \
+	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token backup-password crypt-key; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
@@ -288,8 +288,19 @@ venv: $(VENV)/.installed
 lint: venv
 	$(VENV)/bin/ruff check hub tests bench monitoring images
 
-test-unit: venv
+test-unit: venv test-idp
 	@PYTEST=$(VENV)/bin/pytest scripts/test-unit.sh
+
+# The OpenID Connect provider the single sign-on tests sign in through (tests/idp.py): npm's
+# oidc-provider, pinned by tests/idp/package-lock.json, run with Node (Debian's nodejs where
+# no node is installed).
+test-idp: tests/idp/node_modules/.installed
+tests/idp/node_modules/.installed: tests/idp/package.json tests/idp/package-lock.json
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	  echo "[gpulab] installing Node.js for the test identity provider ..."; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm >/dev/null; }
+	@npm ci --prefix tests/idp --no-audit --no-fund --loglevel=error >/dev/null
+	@touch $@
 
 # Unit tests first (a failure shows within a minute, before anything starts), then the
 # test stack and the integration tests (scripts/test-integration.sh: the simulated-Swarm

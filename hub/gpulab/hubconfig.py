@@ -244,8 +244,10 @@ def configure(c) -> None:
     # Token login (admin-issued login tokens, the throttle, trusted proxies); admins and
     # operators come from the settings file, exactly.
     try:
-        configure_login(c, settings, DATA_DIR, default_trusted_proxies(settings))
-    except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry
+        configure_login(c, settings, DATA_DIR, default_trusted_proxies(settings),
+                        secrets_dir=SECRETS_DIR, public_url=public_url)
+    except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry, a
+        # missing secret of the identity provider's
         raise SystemExit(f"gpulab: {e}") from None
     # The line's and the bookings' REST API (and the bookings page); members whose
     # access ends leave the line and lose their bookings.

@@ -197,6 +197,39 @@ def _mail_sender(value: Any) -> str:
     return s
 
 
+def _login_provider(value: Any) -> str:
+    if value not in ("none", "oidc"):
+        raise ValueError(f"expected none (login tokens only) or oidc (the lab's OpenID "
+                         f"Connect provider beside login tokens), got {value!r}")
+    return value
+
+
+def _url(value: Any) -> str:
+    s = _optional_string(value)
+    if s and not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", s):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return s
+
+
+def _name_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"expected a list of group names, got {value!r}")
+    return tuple(v.strip() for v in value)
+
+
+def _group_map(value: Any) -> dict[str, tuple[str, ...]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("expected a mapping of the identity provider's groups to gpulab's "
+                         f"groups, e.g. {{ml-staff: staff}}, got {value!r}")
+    return {str(k).strip(): _name_list(v) for k, v in value.items()}
+
+
 # ---------------------------------------------------------------- declarations
 
 
@@ -327,6 +360,58 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mail.username", _optional_string, "",
             "Log in to the SMTP server as this user, with the password in the file "
             "secrets/smtp-password (never in this file); empty: no login. Example: gpulab"),
+    Setting("login.provider", _login_provider, "none",
+            "How members sign in besides admin-issued login tokens: none (login tokens "
+            "only) or oidc (the lab's OpenID Connect provider, e.g. Keycloak, Authentik, "
+            "Dex; docs/operations.md, Single sign-on). Login tokens keep working either "
+            "way. Read at hub start. Example: oidc"),
+    Setting("login.label", _string, "Lab sign-in",
+            "The name of the identity provider on the sign-in page's button (\"Sign in "
+            "with ...\"). Example: Lab account"),
+    Setting("login.oidc_authorize_url", _url, "",
+            "The provider's authorization endpoint (authorization_endpoint in its "
+            "/.well-known/openid-configuration). Example: "
+            "https://id.lab.example/realms/lab/protocol/openid-connect/auth"),
+    Setting("login.oidc_token_url", _url, "",
+            "The provider's token endpoint (token_endpoint). Example: "
+            "https://id.lab.example/realms/lab/protocol/openid-connect/token"),
+    Setting("login.oidc_userinfo_url", _url, "",
+            "The provider's userinfo endpoint (userinfo_endpoint); the hub asks it every "
+            "login.refresh_every whether a member is still in the directory. Example: "
+            "https://id.lab.example/realms/lab/protocol/openid-connect/userinfo"),
+    Setting("login.oidc_client_id", _optional_string, "",
+            "The client ID registered for gpulab at the provider; its secret goes in "
+            "secrets/oidc-client-secret (never in this file). Register the redirect URI "
+            "<public URL>/hub/oidc/oauth_callback. Example: gpulab"),
+    Setting("login.oidc_scopes", _name_list, ("openid", "profile", "email"),
+            "Scopes gpulab asks for. Add the one that releases the groups claim if the "
+            "provider needs one (often groups). Example: [openid, profile, email, groups]"),
+    Setting("login.oidc_username_claim", _string, "preferred_username",
+            "The userinfo claim that is the member's gpulab username; it must be a valid "
+            "gpulab username (lowercase letters, digits, - and _). Example: preferred_username"),
+    Setting("login.oidc_groups_claim", _string, "groups",
+            "The userinfo claim that lists the member's groups. Example: groups"),
+    Setting("login.oidc_ca_file", _optional_string, "",
+            "A CA bundle (path inside the hub container) for a provider whose certificate "
+            "a private CA signed; empty: the system's CAs. Example: /srv/gpulab/config/lab-ca.pem"),
+    Setting("login.allowed_groups", _name_list, (),
+            "The provider's groups whose members may sign in (required with a provider); "
+            "a member who leaves all of them loses access within login.refresh_every. "
+            "Example: [gpu-users]"),
+    Setting("login.admin_groups", _name_list, (),
+            "The provider's groups whose members are hub admins (besides hub.admins). "
+            "Example: [gpu-admins]"),
+    Setting("login.operator_groups", _name_list, (),
+            "The provider's groups whose members are operators (besides hub.operators). "
+            "Example: [gpu-ops]"),
+    Setting("login.groups", _group_map, {},
+            "The provider's groups mapped to gpulab's groups (gpus.yaml groups: quotas, "
+            "pools, budgets): a member is in exactly the gpulab groups her provider groups "
+            "map to, kept in step at every check. Example: {ml-staff: staff, students: students}"),
+    Setting("login.refresh_every", parse_duration, 300,
+            "How often the hub asks the provider again whether a signed-in member is still "
+            "in the directory and in which groups; a member removed there loses access "
+            "within this time. Example: 1m"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -394,6 +479,17 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         raise doc.error(("mail", "smtp_host"),
                         "mail.smtp_host is set without mail.from: give the address gpulab's "
                         "e-mail comes from, e.g. from: gpulab@lab.example")
+    if values["login.provider"] == "oidc":
+        missing = [k for k in ("login.oidc_authorize_url", "login.oidc_token_url",
+                               "login.oidc_userinfo_url", "login.oidc_client_id",
+                               "login.allowed_groups") if not values[k]]
+        if missing:
+            raise doc.error(("login", "provider"),
+                            f"oidc needs {', '.join(missing)} as well")
+        if values["login.refresh_every"] <= 0:
+            raise doc.error(("login", "refresh_every"),
+                            "must be more than 0: it bounds how long a "
+                            "member removed from the directory keeps access")
     return Settings(values, doc.filename)
 
 

@@ -78,8 +78,8 @@ c.JupyterHub.proxy_class = "real_hub.RouteTableProxy"
 c.JupyterHub.template_paths = [str(TEMPLATES)]
 c.JupyterHub.cleanup_servers = False
 c.JupyterHub.log_level = "DEBUG"
-settings = Settings({{**defaults(), "hub.member_token_max_age": {max_age}}})
-configure_login(c, settings, data, [{trusted!r}])
+settings = Settings({{**defaults(), "hub.member_token_max_age": {max_age}, **{settings!r}}})
+configure_login(c, settings, data, [{trusted!r}], secrets_dir=data)
 c.JupyterHub.services = [
     {{"name": "gpulab-admin", "api_token": {admin_token!r}}},
     {{"name": "not-admin", "api_token": {weak_token!r}}},
@@ -112,6 +112,9 @@ class RunningHub:
     oauth_token: str
     max_age: int
     ssh_token: str = field(default_factory=lambda: secrets.token_hex(32))
+    # more settings (gpulab.settings keys, parsed values); secrets they need go in data
+    settings: dict = field(default_factory=dict)
+    extra_config: str = ""  # appended to the config file
     process: subprocess.Popen | None = None
     log_path: Path = field(init=False)
 
@@ -121,6 +124,10 @@ class RunningHub:
     @property
     def host(self) -> str:
         return "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.hub_port}"
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -132,11 +139,11 @@ class RunningHub:
         config = self.data / "jupyterhub_config.py"
         config.write_text(CONFIG.format(
             data=str(self.data), proxy_port=free_port(), hub_port=self.hub_port,
-            max_age=self.max_age, trusted=TRUSTED_PROXY, admin_token=self.admin_token,
+            max_age=self.max_age, settings=self.settings, trusted=TRUSTED_PROXY, admin_token=self.admin_token,
             weak_token=self.weak_token, oauth_token=self.oauth_token,
             ssh_token=self.ssh_token,
             admin_scopes=ADMIN_SCOPES,
-            weak_scopes=[s for s in ADMIN_SCOPES if s != "admin:users"]))
+            weak_scopes=[s for s in ADMIN_SCOPES if s != "admin:users"]) + self.extra_config)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(HERE), str(REPO), str(REPO / "hub"), os.environ.get("PYTHONPATH", "")])}
         log = self.log_path.open("ab")

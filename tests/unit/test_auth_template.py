@@ -7,6 +7,7 @@ import os
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader
@@ -64,6 +65,8 @@ def render(env, **ns):
         "user": None,
         "services": [],
         "parsed_scopes": {},
+        "authenticator": SimpleNamespace(sso=None),  # settings login.provider: none
+        "next": "%2Fhub%2Fhome",  # JupyterHub passes it url-escaped
     }
     context.update(ns)
     return env.get_template("login.html").render(**context)
@@ -105,3 +108,19 @@ def test_template_ships_with_the_package():
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert 'gpulab = ["templates/*.html"]' in pyproject
     assert os.access(TEMPLATES / "login.html", os.R_OK)
+
+
+def test_without_a_provider_there_is_no_sso_button(env):
+    assert 'id="sso-login"' not in render(env)
+
+
+def test_the_sso_button_carries_next_and_escapes_the_label(env):
+    sso = SimpleNamespace(login_service='Lab <script>alert(1)</script> "id"')
+    html = render(env, authenticator=SimpleNamespace(sso=sso))
+    assert 'href="/hub/oidc/oauth_login?next=%2Fhub%2Fhome"' in html
+    assert "Sign in with Lab &lt;script&gt;alert(1)&lt;/script&gt; &#34;id&#34;" in html
+    assert "<script>alert(1)" not in html
+    # the token form stays beside it
+    parser = Inputs()
+    parser.feed(html)
+    assert {"username", "password", "_xsrf"} <= set(parser.inputs)

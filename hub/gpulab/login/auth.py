@@ -68,6 +68,8 @@ _DEVICE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}\Z")
 THROTTLE_FILE = "gpulab-login-throttle.sqlite"
 LOGIN_TOKENS_FILE = "gpulab-login-tokens.sqlite"
 SSH_KEYS_FILE = "gpulab-ssh-keys.sqlite"
+# The key JupyterHub encrypts an identity provider's tokens with (secrets/, made by make secrets).
+CRYPT_KEY_FILE = "crypt-key"
 
 
 def credentials_in_query(query: str) -> list[str]:
@@ -350,10 +352,35 @@ class TokenAuthenticator(Authenticator):
         """,
     ).tag(config=True)
 
+    identity_provider = Unicode(
+        "",
+        help="""The lab's identity provider members may sign in with besides login
+        tokens: "" (none) or "oidc" (gpulab.login.sso.LabOIDCAuthenticator, configured
+        as c.LabOIDCAuthenticator). configure_login() sets it from settings
+        login.provider.""",
+    ).tag(config=True)
+
+    sso = Instance(Authenticator, allow_none=True,
+                   help="The identity provider's authenticator (from identity_provider), "
+                        "or None.")
     login_tokens = Instance(LoginTokenStore, help="The login-token record; from the path above.")
     ssh_keys = Instance(SshKeyStore, help="The SSH key record; from ssh_keys_db_path.")
     throttle = Instance(Throttle, help="The failed-login store; built from the traits above.")
     trusted = Instance(TrustedProxies, help="Parsed `trusted_proxies`.")
+
+    @default("sso")
+    def _sso_default(self):
+        if not self.identity_provider:
+            return None
+        if self.identity_provider != "oidc":
+            raise ValueError(f"unknown identity_provider {self.identity_provider!r}")
+        from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: only with SSO
+        return LabOIDCAuthenticator(parent=self)
+
+    @default("enable_auth_state")
+    def _enable_auth_state_default(self):
+        # The provider's tokens, kept encrypted in the hub's database (c.CryptKeeper.keys).
+        return bool(self.identity_provider)
 
     @default("login_tokens")
     def _login_tokens_default(self):
@@ -405,7 +432,11 @@ class TokenAuthenticator(Authenticator):
     def get_handlers(self, app):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
-        return [("/login", GpulabLoginHandler), *lt.api_handlers(),
+        sso = []
+        if self.sso is not None:
+            from gpulab.login.sso import sso_handlers
+            sso = sso_handlers()
+        return [("/login", GpulabLoginHandler), *sso, *lt.api_handlers(),
                 *sshkeys.api_handlers(), *self.more_api_handlers]
 
     def access_ended(self, username: str) -> None:
@@ -476,6 +507,11 @@ class TokenAuthenticator(Authenticator):
         db = inspect(orm_user).session
         if lt.login_tokens(db, self.login_tokens, orm_user):
             return True
+        if self.sso is not None and user is not orm_user:
+            # Signed in with the lab's identity provider: it decides (gpulab.login.sso).
+            vouched = await self.sso.check(user, handler)
+            if vouched:
+                return vouched
         keep = lt.running_server_tokens(db, user)
         # API tokens an admin made for this user stand on their own: a request made with
         # one of them (or, while one exists, with her servers' own tokens) goes on.
@@ -513,8 +549,11 @@ def default_trusted_proxies(settings: Mapping, environ: Mapping[str, str] = os.e
     return [proxy_ip, *settings["hub.trusted_proxies"]]
 
 
-def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Sequence[str]) -> None:
-    """Everything token login needs, on JupyterHub config object *c*."""
+def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Sequence[str],
+                    secrets_dir: Path | None = None, public_url: str = "") -> None:
+    """Everything token login needs, on JupyterHub config object *c*; with settings
+    ``login.provider: oidc`` the lab's identity provider too, with its client secret and
+    the key that encrypts its tokens at rest from *secrets_dir*."""
     data_dir = Path(data_dir)
     trusted = TrustedProxies(trusted_proxies)  # refuses a bad entry before anything is set
     c.JupyterHub.authenticator_class = "gpulab-token"
@@ -534,3 +573,23 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     # Without a login token, token-authenticated requests are refused too: JupyterHub's
     # default lets them through on stale auth.
     c.Authenticator.auth_refresh_strict = True
+    if settings["login.provider"] == "oidc":
+        from gpulab.login import sso
+        secrets_dir = Path(secrets_dir or data_dir)
+        c.TokenAuthenticator.identity_provider = "oidc"
+        sso.configure_oidc(c, settings, read_file_secret(secrets_dir / sso.CLIENT_SECRET_FILE),
+                           public_url)
+        c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
+
+
+def read_file_secret(path: Path) -> str:
+    """The secret in *path*, or a ValueError that says how to put it there."""
+    try:
+        value = Path(path).read_text().strip()
+    except FileNotFoundError:
+        raise ValueError(f"secret {path} is missing: `make secrets` creates the hub's own; "
+                         "the identity provider's client secret is the one it gave "
+                         "for gpulab") from None
+    if not value:
+        raise ValueError(f"secret {path} is empty")
+    return value

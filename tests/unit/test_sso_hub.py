@@ -1,0 +1,258 @@
+"""Single sign-on with the lab's OpenID Connect provider, against a real ``jupyterhub`` and a
+real provider (npm's oidc-provider, tests/idp.py), both on loopback.
+
+The hub is configured by ``gpulab.login.auth.configure_login`` with settings
+``login.provider: oidc`` as the hub container is; the provider's directory is a JSON file
+the tests edit while it runs ("the lab removed her"). Members sign in as a browser does:
+the hub's button, the provider's form, back to the hub, cookies kept (``requests``), and
+once in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+import requests
+from real_hub import new_hub
+
+from tests import idp
+
+REFRESH = 2  # login.refresh_every of this hub, seconds
+PASSWORD = "correct horse"
+CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
+
+
+def account(*groups: str, **more) -> dict:
+    return {"password": PASSWORD, "groups": list(groups), **more}
+
+
+DIRECTORY = {
+    "ada": account("gpu-users", "gpu-admins", "ml-staff"),
+    "bo": account("gpu-users", "ml-staff"),
+    "cy": account("lab-guests"),  # in no allowed group
+    "mallet": account("gpu-users", username="bo"),  # another identity claiming bo's name
+    "Not Valid": account("gpu-users"),
+}
+
+
+@pytest.fixture(scope="module")
+def sso(tmp_path_factory):
+    """(hub, provider): a hub whose members sign in at the provider."""
+    idp.require()
+    data = tmp_path_factory.mktemp("sso-hub")
+    hub = new_hub(data)
+    provider = idp.OidcProvider(data / "idp", [f"{hub.url}/hub/oidc/oauth_callback"])
+    provider.run_dir.mkdir(parents=True)
+    provider.set_accounts(DIRECTORY)
+    (data / "oidc-client-secret").write_text(provider.client_secret)
+    (data / "crypt-key").write_text(secrets.token_hex(32))
+    hub.settings = {**provider.settings(),
+                    "login.label": "Lab account",
+                    "login.allowed_groups": ("gpu-users",),
+                    "login.admin_groups": ("gpu-admins",),
+                    "login.operator_groups": ("gpu-ops",),
+                    "login.groups": {"ml-staff": ("staff",), "students": ("students",)},
+                    "login.refresh_every": REFRESH}
+    hub.extra_config = '\nc.JupyterHub.load_groups = {"extra": {"users": []}}\n'
+    provider.start()
+    try:
+        hub.start()
+        yield hub, provider
+    finally:
+        hub.stop()
+        provider.stop()
+
+
+@pytest.fixture
+def logs(sso, request):
+    """The ends of the hub's and the provider's logs when the test fails."""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        hub, provider = sso
+        print(f"\n----- jupyterhub log -----\n{hub.log_tail(80)}"
+              f"\n----- oidc-provider log -----\n{provider.log_tail()}")
+
+
+def sign_in(hub, name: str, password: str = PASSWORD) -> tuple[requests.Session, requests.Response]:
+    """Through the hub's button and the provider's form; the last response."""
+    s = requests.Session()
+    r = s.get(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=10)
+    assert r.status_code == 200
+    button = re.search(r'id="sso-login"[^>]*href="([^"]+)"', r.text)
+    assert button, "no 'Sign in with' button on the sign-in page"
+    r = s.get(urljoin(r.url, button.group(1).replace("&amp;", "&")), timeout=10)
+    assert r.status_code == 200 and "Lab directory" in r.text, r.text[:500]
+    form = re.search(r'action="(/interaction/[^"]+)"', r.text).group(1)
+    r = s.post(urljoin(r.url, form), data={"prompt": "login", "login": name,
+                                           "password": password}, timeout=10)
+    return s, r
+
+
+def user_model(hub, name: str) -> dict | None:
+    r = hub.api("GET", f"/users/{name}")
+    return r.json() if r.status == 200 else None
+
+
+def home_status(s: requests.Session, hub) -> str:
+    """"home" while her session holds, "login" once she must sign in again."""
+    r = s.get(f"{hub.url}/hub/home", allow_redirects=False, timeout=10,
+              headers={"Sec-Fetch-Mode": "navigate"})
+    if r.status_code == 200:
+        return "home"
+    assert r.status_code == 302, r.status_code
+    return "login" if urlsplit(r.headers["Location"]).path == "/hub/login" else r.headers["Location"]
+
+
+def own_token(s: requests.Session, hub, name: str) -> str:
+    """A token she makes for a script with her browser session."""
+    xsrf = s.cookies.get("_xsrf")
+    r = s.post(f"{hub.url}/hub/api/users/{name}/tokens", json={"note": "my script"},
+               headers={"X-XSRFToken": xsrf, "Referer": f"{hub.url}/hub/token"}, timeout=10)
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+def whoami(hub, token: str) -> int:
+    return requests.get(f"{hub.url}/hub/api/user", timeout=10,
+                        headers={"Authorization": f"token {token}"}).status_code
+
+
+def wait_for(check, what: str, timeout: float = REFRESH * 5):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.25)
+    return time.monotonic()
+
+
+def test_a_member_signs_in_with_the_lab_account_and_gets_her_groups(sso, logs):
+    hub, provider = sso
+    s, r = sign_in(hub, "bo")
+    assert r.status_code == 200 and urlsplit(r.url).path == "/hub/home", (r.url, r.text[:300])
+    assert home_status(s, hub) == "home"
+    model = user_model(hub, "bo")
+    assert model["admin"] is False
+    assert model["groups"] == ["staff"]  # ml-staff -> staff; gpu-users is not mapped
+
+
+def test_the_admin_group_makes_an_admin(sso, logs):
+    hub, _ = sso
+    _, r = sign_in(hub, "ada")
+    assert urlsplit(r.url).path == "/hub/home"
+    assert user_model(hub, "ada")["admin"] is True
+
+
+@pytest.mark.parametrize("name, password, status, says", [
+    ("cy", PASSWORD, 403, "in none of the groups that may use this GPU hub"),
+    ("ada", "wrong", 401, "Invalid username or password"),  # the provider refuses
+    ("Not Valid", PASSWORD, 403, "cannot use"),  # a name gpulab cannot use
+])
+def test_who_may_not_sign_in_is_refused(sso, logs, name, password, status, says):
+    hub, _ = sso
+    _, r = sign_in(hub, name, password)
+    assert r.status_code == status, (r.url, r.text[:500])
+    assert says in r.text
+    if name == "cy":
+        assert user_model(hub, "cy") is None
+
+
+def test_another_identity_with_her_name_is_refused(sso, logs):
+    hub, _ = sso
+    sign_in(hub, "bo")  # bo's identity is bound to the name bo
+    _, r = sign_in(hub, "mallet")  # the provider calls mallet "bo" too
+    assert r.status_code == 403 and "another identity" in r.text
+
+
+def test_a_member_removed_from_the_directory_loses_access_within_seconds(sso, logs):
+    hub, provider = sso
+    name = f"m{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users")})
+    s, r = sign_in(hub, name)
+    assert urlsplit(r.url).path == "/hub/home"
+    token = own_token(s, hub, name)
+    assert whoami(hub, token) == 200
+    time.sleep(REFRESH + 0.5)
+    assert home_status(s, hub) == "home"  # asked again, and still vouched for
+
+    provider.set_accounts(DIRECTORY)  # the lab removes her
+    removed = time.monotonic()
+    ended = wait_for(lambda: home_status(s, hub) == "login", "her session ends")
+    print(f"session ended {ended - removed:.1f} s after her removal")
+    assert whoami(hub, token) == 403
+    _, r = sign_in(hub, name)  # and she cannot sign in again
+    assert r.status_code == 401
+
+
+def test_leaving_the_allowed_groups_ends_access_and_group_changes_follow(sso, logs):
+    hub, provider = sso
+    name = f"g{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users", "students")})
+    s, _ = sign_in(hub, name)
+    assert user_model(hub, name)["groups"] == ["students"]
+    # an admin puts her in a group the mapping does not decide: it stays hers
+    assert hub.api("POST", "/groups/extra/users", {"users": [name]}).status == 200
+
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users", "ml-staff", "gpu-ops")})
+    wait_for(lambda: home_status(s, hub) == "home"
+             and sorted(user_model(hub, name)["groups"]) == ["extra", "operators", "staff"],
+             "students -> staff, and operators, at a check")
+
+    provider.set_accounts({**DIRECTORY, name: account("ml-staff")})  # out of gpu-users
+    wait_for(lambda: home_status(s, hub) == "login", "her session ends")
+
+
+def test_login_tokens_still_sign_in_beside_the_lab_account(sso, logs):
+    hub, _ = sso
+    name = f"t{secrets.token_hex(3)}"
+    assert hub.api("POST", f"/users/{name}", {}).status == 201
+    token = hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).json()["token"]
+    s = requests.Session()
+    r = s.get(f"{hub.url}/hub/login", timeout=10)
+    r = s.post(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=10, data={
+        "username": name, "password": token, "_xsrf": s.cookies.get("_xsrf")})
+    assert r.status_code == 200 and urlsplit(r.url).path == "/hub/home"
+    time.sleep(REFRESH + 0.5)
+    assert home_status(s, hub) == "home"  # the provider is never asked about her
+
+
+def test_in_chromium_a_member_signs_in_with_the_button(sso, logs, tmp_path):
+    hub, _ = sso
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} not found: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            page.goto(f"{hub.url}/hub/home")  # signed out: to the sign-in page
+            page.get_by_role("button", name="Sign in with Lab account").click()
+            page.fill("#login", "bo")
+            page.fill("#password", PASSWORD)
+            page.click("#submit")
+            page.wait_for_url(re.compile(r".*/hub/home$"))
+            assert "bo" in page.inner_text("body")
+        except Exception:
+            page.screenshot(path=str(tmp_path / "sso.png"))
+            raise
+        finally:
+            browser.close()
+
+
+def test_while_the_provider_is_down_signed_in_members_keep_access(sso, logs):
+    """Last in the module: it stops the provider."""
+    hub, provider = sso
+    s, _ = sign_in(hub, "bo")
+    provider.stop()
+    time.sleep(REFRESH + 0.5)
+    assert home_status(s, hub) == "home"
+    assert "Could not ask the lab's sign-in about bo" in hub.log_tail(200)
