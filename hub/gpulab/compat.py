@@ -185,6 +185,13 @@ def set_current_user(handler: Any, user: Any) -> None:
     handler._jupyterhub_user = user
 
 
+def cookie_authenticated(handler: Any) -> bool:
+    """The request's user came from her browser session cookie, not from a token
+    (JupyterHub marks token-authenticated requests only)."""
+    return (handler.current_user is not None
+            and not getattr(handler, "_token_authenticated", False))
+
+
 def mark_cookie_request(handler: Any) -> None:
     """A request not authenticated by a token says so, for ``refresh_auth``."""
     if not hasattr(handler, "_token_authenticated"):

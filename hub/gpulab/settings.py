@@ -197,6 +197,10 @@ def _mail_sender(value: Any) -> str:
     return s
 
 
+def _optional_abs_path(value: Any) -> str:
+    return _abs_path(value) if value not in (None, "") else ""
+
+
 def _login_provider(value: Any) -> str:
     if value not in ("none", "oidc"):
         raise ValueError(f"expected none (login tokens only) or oidc (the lab's OpenID "
@@ -391,7 +395,7 @@ SETTINGS: tuple[Setting, ...] = (
             "gpulab username (lowercase letters, digits, - and _). Example: preferred_username"),
     Setting("login.oidc_groups_claim", _string, "groups",
             "The userinfo claim that lists the member's groups. Example: groups"),
-    Setting("login.oidc_ca_file", _optional_string, "",
+    Setting("login.oidc_ca_file", _optional_abs_path, "",
             "A CA bundle (path inside the hub container) for a provider whose certificate "
             "a private CA signed; empty: the system's CAs. Example: /srv/gpulab/config/lab-ca.pem"),
     Setting("login.allowed_groups", _name_list, (),
@@ -408,6 +412,12 @@ SETTINGS: tuple[Setting, ...] = (
             "The provider's groups mapped to gpulab's groups (gpus.yaml groups: quotas, "
             "pools, budgets): a member is in exactly the gpulab groups her provider groups "
             "map to, kept in step at every check. Example: {ml-staff: staff, students: students}"),
+    Setting("login.link_existing_accounts", _bool, False,
+            "Let the provider's identity of a name take over a hub account of that name "
+            "that exists already (made with login tokens, or by an admin) and never signed "
+            "in with the provider. Off, such accounts are refused, so that whoever the "
+            "provider calls admin does not become the hub's admin; turn it on while moving "
+            "a lab whose provider's usernames are the hub's onto single sign-on. Example: true"),
     Setting("login.refresh_every", parse_duration, 300,
             "How often the hub asks the provider again whether a signed-in member is still "
             "in the directory and in which groups; a member removed there loses access "
@@ -486,6 +496,10 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         if missing:
             raise doc.error(("login", "provider"),
                             f"oidc needs {', '.join(missing)} as well")
+        if "openid" not in values["login.oidc_scopes"]:
+            raise doc.error(("login", "oidc_scopes"),
+                            "must include openid: without it the provider does not say "
+                            "who signed in (sub)")
         if values["login.refresh_every"] <= 0:
             raise doc.error(("login", "refresh_every"),
                             "must be more than 0: it bounds how long a "

@@ -78,7 +78,7 @@ def test_code_in_her_server_cannot_register_a_key(ssh, lab_user, tmp_path):  # n
         "except u.HTTPError as e:\n    print(e.code, json.load(e)['message'])\n")
     r = subprocess.run(["docker", "exec", "-e", f"KEY={line}", erin.container, "python3",
                         "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.stdout.startswith("403 Only the member, with her login token"), r
+    assert r.stdout.startswith("403 Only the member (with her login token, or signed in "), r
     r = ssh.run_with_key(erin.name, pub, command="true")
     assert r.returncode == 255 and "Permission denied (publickey" in r.stderr, r
 

@@ -266,6 +266,7 @@ def test_login_page_and_admin_api_are_the_authenticators_handlers(auth):
         (r"/api/gpulab/ssh-keys/([^/]+)", sshkeys.SshKeysAPIHandler),
         (r"/api/gpulab/ssh-keys/([^/]+)/([^/]+)", sshkeys.SshKeyAPIHandler),
         (r"/api/gpulab/ssh-sign-in", sshkeys.SshSignInAPIHandler),
+        ("/ssh-keys", sshkeys.SshKeysPageHandler),
     ]
     assert issubclass(GpulabLoginHandler, LoginHandler)
     assert issubclass(lt.UserTokensAPIHandler, UserTokenListAPIHandler)

@@ -170,6 +170,80 @@ def test_another_identity_with_her_name_is_refused(sso, logs):
     assert r.status_code == 403 and "another identity" in r.text
 
 
+def test_her_binding_survives_a_sign_in_with_a_login_token(sso, logs):
+    """JupyterHub saves a token sign-in's (empty) auth_state: the binding is not in it."""
+    hub, provider = sso
+    name = f"b{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users"),
+                           f"imp{name}": account("gpu-users", username=name)})
+    sign_in(hub, name)
+    token = hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).json()["token"]
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=10)
+    r = s.post(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=10, data={
+        "username": name, "password": token, "_xsrf": s.cookies.get("_xsrf")})
+    assert urlsplit(r.url).path == "/hub/home"
+    _, r = sign_in(hub, f"imp{name}")
+    assert r.status_code == 403 and "another identity" in r.text
+
+
+def test_an_account_that_never_signed_in_there_is_not_taken_over(sso, logs):
+    """Whoever the provider names like an existing account (made with login tokens, or
+    an admin's) does not get it, unless login.link_existing_accounts says so."""
+    hub, provider = sso
+    name = f"e{secrets.token_hex(3)}"
+    assert hub.api("POST", f"/users/{name}", {}).status == 201
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users", "gpu-admins")})
+    _, r = sign_in(hub, name)
+    assert r.status_code == 403 and "already that never signed in with the" in r.text
+    assert user_model(hub, name)["admin"] is False
+
+
+def test_the_provider_still_decides_rights_of_a_member_with_a_login_token(sso, logs):
+    hub, provider = sso
+    name = f"r{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users", "gpu-admins", "ml-staff")})
+    s, _ = sign_in(hub, name)
+    assert user_model(hub, name)["admin"] is True
+    assert hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).status == 201
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users")})  # no longer an admin
+    wait_for(lambda: home_status(s, hub) == "home" and not user_model(hub, name)["admin"]
+             and user_model(hub, name)["groups"] == [], "her admin right and staff go")
+    provider.set_accounts(DIRECTORY)  # removed: her login token still lets her in
+    time.sleep(REFRESH + 0.5)
+    assert home_status(s, hub) == "home"
+
+
+def test_a_check_on_the_sign_in_routes_themselves_works(sso, logs):
+    """There the handler's authenticator is the provider's part (manage_groups): a
+    check's answer must carry her groups (it raised ValueError before: review)."""
+    hub, provider = sso
+    name = f"o{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users", "ml-staff")})
+    s, _ = sign_in(hub, name)
+    time.sleep(REFRESH + 0.5)
+    r = s.get(f"{hub.url}/hub/oidc/oauth_login", allow_redirects=False, timeout=10)
+    assert r.status_code == 302, r.status_code
+    assert "Failed to get current user" not in hub.log_tail(40)
+    assert user_model(hub, name)["groups"] == ["staff"] and home_status(s, hub) == "home"
+
+
+def test_an_admin_who_ends_her_access_ends_it_for_the_lab_account_too(sso, logs):
+    hub, provider = sso
+    name = f"x{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users")})
+    s, _ = sign_in(hub, name)
+    r = hub.api("DELETE", f"/gpulab/access/{name}", {"stop_servers": False})
+    assert r.status == 200, r.text
+    assert home_status(s, hub) == "login"
+    _, r = sign_in(hub, name)
+    assert r.status_code == 403 and "An admin ended the access" in r.text
+    # an admin gives it back: a login token; the lab account signs in again too
+    assert hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).status == 201
+    _, r = sign_in(hub, name)
+    assert r.status_code == 200 and urlsplit(r.url).path == "/hub/home"
+
+
 def test_a_member_removed_from_the_directory_loses_access_within_seconds(sso, logs):
     hub, provider = sso
     name = f"m{secrets.token_hex(3)}"
@@ -246,6 +320,40 @@ def test_in_chromium_a_member_signs_in_with_the_button(sso, logs, tmp_path):
             raise
         finally:
             browser.close()
+
+
+def ed25519_public() -> str:
+    import asyncssh
+    return asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+
+
+def gateway_sign_in(hub, name: str, line: str) -> int:
+    """What the SSH gateway is told when a client offers *line* for *name*."""
+    return hub.api("POST", "/gpulab/ssh-sign-in", {"user": name, "key": line, "check": True},
+                   token=hub.ssh_token).status
+
+
+def test_a_member_of_the_lab_account_registers_an_ssh_key_on_the_page(sso, logs):
+    hub, provider = sso
+    name = f"k{secrets.token_hex(3)}"
+    provider.set_accounts({**DIRECTORY, name: account("gpu-users")})
+    s, _ = sign_in(hub, name)
+    page = s.get(f"{hub.url}/hub/ssh-keys", timeout=10)
+    assert page.status_code == 200 and 'id="ssh-key-form"' in page.text
+    api = f"{hub.url}/hub/api/gpulab/ssh-keys/{name}"
+    line = ed25519_public()
+    # without the page's XSRF token, her browser session may not add one (JupyterHub's check)
+    assert s.post(api, json={"key": line}, timeout=10).status_code == 403
+    xsrf = {"X-XSRFToken": s.cookies.get("_xsrf")}
+    r = s.post(api, json={"key": line}, headers=xsrf, timeout=10)
+    assert r.status_code == 201, r.text
+    assert [k["fingerprint"] for k in s.get(api, headers=xsrf, timeout=10).json()["ssh_keys"]] \
+        == [r.json()["fingerprint"]]
+    assert gateway_sign_in(hub, name, line) == 200  # no login token: the provider vouches
+
+    provider.set_accounts(DIRECTORY)  # the lab removes her
+    time.sleep(REFRESH + 0.5)
+    assert gateway_sign_in(hub, name, line) == 403
 
 
 def test_while_the_provider_is_down_signed_in_members_keep_access(sso, logs):

@@ -377,6 +377,13 @@ class TokenAuthenticator(Authenticator):
         from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: only with SSO
         return LabOIDCAuthenticator(parent=self)
 
+    @default("reconcile_auth_state_hook")
+    def _reconcile_default(self):
+        if not self.identity_provider:
+            return None
+        from gpulab.login.sso import keep_auth_state_unless_given
+        return keep_auth_state_unless_given
+
     @default("enable_auth_state")
     def _enable_auth_state_default(self):
         # The provider's tokens, kept encrypted in the hub's database (c.CryptKeeper.keys).
@@ -439,18 +446,30 @@ class TokenAuthenticator(Authenticator):
         return [("/login", GpulabLoginHandler), *sso, *lt.api_handlers(),
                 *sshkeys.api_handlers(), *self.more_api_handlers]
 
-    def access_ended(self, username: str) -> None:
-        """*username*'s access ended (an admin ended it, or deleted her): the
-        ``on_access_ended`` callables drop what other parts keep for her."""
+    def access_ended(self, username: str, user_id: int | None = None) -> None:
+        """An admin ended *username*'s access: the ``on_access_ended`` callables drop
+        what other parts keep for her, and the lab's identity provider no longer signs
+        her in until an admin gives her access again (:meth:`access_given`)."""
+        if self.sso is not None:
+            self.sso.access_ended(username, user_id)
         for forget in self.on_access_ended:
             forget(username)
+
+    def access_given(self, username: str) -> None:
+        """An admin gave *username* access (issued her a login token): the lab's
+        identity provider may sign her in again if an admin had ended her access."""
+        if self.sso is not None:
+            self.sso.access_given(username)
 
     def delete_user(self, user):
         """A deleted user's login tokens and SSH keys go with her: a new user of the same
         name later is someone else (seen in review: her keys would have signed in)."""
         self.login_tokens.forget_user(user.name)
         self.ssh_keys.forget_user(user.name)
-        self.access_ended(user.name)
+        for forget in self.on_access_ended:
+            forget(user.name)
+        if self.sso is not None:  # a new account of that name binds afresh
+            self.sso.forget(user.name, getattr(user, "id", None))
         return super().delete_user(user)
 
     def client_address(self, request) -> str:
@@ -494,6 +513,18 @@ class TokenAuthenticator(Authenticator):
         handler.db.commit()
         return {"name": username}
 
+    async def vouched_by_provider(self, user, handler) -> bool:
+        """Whether the lab's identity provider vouches for *user* now (False without
+        one, or if she never signed in there): for what needs access but is not her own
+        request, such as an SSH key sign-in. Her groups and admin right follow its
+        answer, as at her own requests."""
+        if self.sso is None:
+            return False
+        vouched = await self.sso.check(user, handler)
+        if isinstance(vouched, dict):
+            await handler.auth_to_user(vouched, user)
+        return bool(vouched)
+
     async def refresh_user(self, user, handler=None):
         """True while the user has a valid login token. Otherwise end their access
         (:func:`gpulab.login.tokens.end_access`) and return False: JupyterHub then
@@ -505,13 +536,17 @@ class TokenAuthenticator(Authenticator):
             return True
         orm_user = getattr(user, "orm_user", user)
         db = inspect(orm_user).session
-        if lt.login_tokens(db, self.login_tokens, orm_user):
-            return True
+        has_token = bool(lt.login_tokens(db, self.login_tokens, orm_user))
         if self.sso is not None and user is not orm_user:
-            # Signed in with the lab's identity provider: it decides (gpulab.login.sso).
+            # Signed in with the lab's identity provider: it decides (gpulab.login.sso)
+            # her admin right and groups, and her access unless she has a login token.
             vouched = await self.sso.check(user, handler)
             if vouched:
                 return vouched
+            if vouched is False and has_token:
+                return self.sso.demoted(user)
+        if has_token:
+            return True
         keep = lt.running_server_tokens(db, user)
         # API tokens an admin made for this user stand on their own: a request made with
         # one of them (or, while one exists, with her servers' own tokens) goes on.
@@ -579,6 +614,7 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
         c.TokenAuthenticator.identity_provider = "oidc"
         sso.configure_oidc(c, settings, read_file_secret(secrets_dir / sso.CLIENT_SECRET_FILE),
                            public_url)
+        c.LabOIDCAuthenticator.identities_db_path = str(data_dir / sso.IDENTITIES_FILE)
         c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
 
 

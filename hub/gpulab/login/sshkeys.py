@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jupyterhub import orm
+from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.utils import isoformat
 from tornado import web
 
-from gpulab import private_db
+from gpulab import compat, private_db
 from gpulab.login import tokens as lt
 
 SSH_SERVICE = "gpulab-ssh"  # the hub service the SSH gateway signs in as
@@ -196,18 +197,21 @@ class _SshKeys(lt.LoginTokenAPIBase):
         return store
 
     def require_owner_or_admin(self, user_name: str):
-        """The member herself, with her login token in the request, or an admin."""
+        """The member herself, with her login token in the request or signed in in her
+        browser (the /hub/ssh-keys page, with the page's XSRF token), or an admin."""
         if self.current_user is None:
             raise web.HTTPError(403, "Missing or invalid credentials.")
         if all(self.has_scope(s) for s in lt.ADMIN_SCOPES):
             return self.user_or_404(user_name)
         token = self.get_token()
         if (getattr(self.current_user, "kind", "user") == "user"
-                and self.current_user.name == user_name and token is not None
-                and lt.is_login_token(self.store, token)):
+                and self.current_user.name == user_name
+                and (lt.is_login_token(self.store, token) if token is not None
+                     else compat.cookie_authenticated(self))):
             return self.user_or_404(user_name)
-        raise web.HTTPError(403, "Only the member, with her login token, or an admin may "
-                                 "manage her SSH keys (a server's own token may not).")
+        raise web.HTTPError(403, "Only the member (with her login token, or signed in in "
+                                 "her browser) or an admin may manage her SSH keys (a "
+                                 "server's own token may not).")
 
 
 class SshKeysAPIHandler(_SshKeys):
@@ -268,7 +272,7 @@ class SshSignInAPIHandler(_SshKeys):
             raise web.HTTPError(400, 'Body must name the "user"')
         return body
 
-    def post(self):
+    async def post(self):
         body = self.require_gateway()
         if not isinstance(body.get("key"), str):
             raise web.HTTPError(400, 'Body must give the "key"')
@@ -280,9 +284,11 @@ class SshSignInAPIHandler(_SshKeys):
         row = self.ssh_keys.find(user.name, key) if user is not None else None
         if row is None:
             raise web.HTTPError(403, "not a key of this user")
-        if not lt.login_tokens(self.db, self.store, user.orm_user):
-            raise web.HTTPError(403, f"{user.name} has no access (no valid login token): "
-                                     "her keys sign in again once an admin gives her one")
+        if not (lt.login_tokens(self.db, self.store, user.orm_user)
+                or await self.authenticator.vouched_by_provider(user, self)):
+            raise web.HTTPError(403, f"{user.name} has no access (no valid login token, "
+                                     "and the lab's sign-in does not vouch for her): her "
+                                     "keys sign in again once she has access")
         if body.get("check"):
             self.write(json.dumps({"user": user.name}))
             return
@@ -314,9 +320,20 @@ class SshSignInAPIHandler(_SshKeys):
         self.write(json.dumps({"deleted": token_id}))
 
 
+class SshKeysPageHandler(BaseHandler):
+    """``/hub/ssh-keys``: her keys, and the form to add one, through the REST API above
+    (with the page's XSRF token): how a member who signs in with the lab's identity
+    provider, and has no login token, registers a key."""
+
+    @web.authenticated
+    async def get(self):
+        self.finish(await self.render_template("ssh_keys.html", user=self.current_user))
+
+
 def api_handlers() -> list[tuple[str, type]]:
     return [
         (r"/api/gpulab/ssh-keys/([^/]+)", SshKeysAPIHandler),
         (r"/api/gpulab/ssh-keys/([^/]+)/([^/]+)", SshKeyAPIHandler),
         (r"/api/gpulab/ssh-sign-in", SshSignInAPIHandler),
+        (r"/ssh-keys", SshKeysPageHandler),
     ]

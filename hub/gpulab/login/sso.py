@@ -30,6 +30,7 @@ login token and the same name signs in either way.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -38,8 +39,9 @@ from dataclasses import dataclass, field
 from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthCallbackHandler, OAuthLoginHandler
 from tornado import web
-from traitlets import Any, Float, Set, Unicode, default
+from traitlets import Any, Bool, Float, Instance, Set, Unicode, default
 
+from gpulab.login.identities import IdentityStore
 from gpulab.login.roles import OPERATORS_GROUP
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
@@ -49,6 +51,7 @@ __all__ = ["GroupMapping", "LabOIDCAuthenticator", "Verdict", "configure_oidc",
 LOGIN_PATH = "/oidc/oauth_login"
 CALLBACK_PATH = "/oidc/oauth_callback"
 CLIENT_SECRET_FILE = "oidc-client-secret"
+IDENTITIES_FILE = "gpulab-identities.sqlite"
 
 
 # ---------------------------------------------------------------------- decisions
@@ -96,6 +99,13 @@ class GroupMapping:
                        groups=frozenset(hub))
 
 
+def keep_auth_state_unless_given(authenticator, authenticated: Mapping, existing):
+    """JupyterHub saves what a sign-in or refresh returns as auth_state, None included:
+    a sign-in with a login token would wipe the provider's tokens. Keep them then."""
+    given = authenticated.get("auth_state")
+    return existing if given is None else given
+
+
 def groups_after(current: Iterable[str], managed: Iterable[str], wanted: Iterable[str]
                  ) -> list[str]:
     """A member's gpulab groups after a check: the ones the mapping does not manage stay,
@@ -132,10 +142,26 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
                         "provider says.").tag(config=True)
     refresh_every = Float(300, help="Seconds between asking the provider again about a "
                           "signed-in member (settings login.refresh_every).").tag(config=True)
+    link_existing_accounts = Bool(
+        False, help="""Let the provider's identity of a name take over a hub account of
+        that name that exists already and never signed in there (settings
+        login.link_existing_accounts). Off: such an account is refused, so that whoever
+        the provider calls "admin" does not become the hub's admin.""").tag(config=True)
+    identities_db_path = Unicode(
+        f"/srv/jupyterhub/{IDENTITIES_FILE}",
+        help="gpulab.login.identities' file, next to the hub database.").tag(config=True)
+    identities = Instance(IdentityStore, help="From identities_db_path.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._checked: dict[str, float] = {}  # name -> when the provider last vouched
+        # user id -> (when, what check() decided): the provider is asked at most every
+        # refresh_every per member, whatever she does meanwhile.
+        self._checked: dict[int, tuple[float, object]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    @default("identities")
+    def _identities_default(self):
+        return IdentityStore(self.identities_db_path)
 
     @default("username_pattern")
     def _username_pattern_default(self):
@@ -161,6 +187,10 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
     def _post_auth_hook_default(self):
         return self._after_sign_in
 
+    @default("reconcile_auth_state_hook")
+    def _reconcile_default(self):
+        return keep_auth_state_unless_given
+
     def normalize_username(self, username):
         return super().normalize_username(fold(username))
 
@@ -169,6 +199,12 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
     def _verdict(self, auth_state: Mapping) -> Verdict:
         userinfo = auth_state.get("oauth_user") or {}
         return self.mapping.verdict(idp_groups(userinfo, self.groups_claim))
+
+    def _wanted_groups(self, name: str, verdict: Verdict | None) -> set[str]:
+        wanted = set(verdict.groups) if verdict else set()
+        if name in self.hub_operators:
+            wanted.add(OPERATORS_GROUP)
+        return wanted
 
     async def update_auth_model(self, auth_model):
         verdict = self._verdict(auth_model["auth_state"])
@@ -196,44 +232,64 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
                      "login.oidc_username_claim).")
 
     async def _after_sign_in(self, authenticator, handler, authentication):
-        """Binds the name to the provider's identity and sets her groups."""
+        """Binds the name to the provider's identity (or refuses another one) and sets
+        her groups."""
         name = authentication["name"]
         sub = (authentication["auth_state"].get("oauth_user") or {}).get("sub")
+        if not isinstance(sub, str) or not sub:
+            raise web.HTTPError(403, "The lab's sign-in did not say who you are (no sub in "
+                                     "its answer). Ask the lab admin.")
+        if self.identities.is_ended(name):
+            self.log.warning("Sign-in refused for %s: an admin ended her access", name)
+            raise web.HTTPError(403, f"An admin ended the access of {name} to this hub. "
+                                     "Ask the lab admin.")
         user = handler.find_user(name)
-        current: list[str] = []
-        if user is not None:
-            current = [g.name for g in user.groups]
-            before = await user.get_auth_state() or {}
-            bound = (before.get("oauth_user") or {}).get("sub")
-            if bound and sub != bound:
-                self.log.warning("Sign-in refused for %s: a different identity of the "
-                                 "provider (sub %r) than the one bound to it", name, sub)
-                raise web.HTTPError(403, f"The username {name} belongs to another "
-                                         "identity of the lab's sign-in. Ask the lab admin.")
-        verdict = self._verdict(authentication["auth_state"])
-        wanted = set(verdict.groups)
-        if name in self.hub_operators:
-            wanted.add(OPERATORS_GROUP)
+        bound = self.identities.subject(name)
+        if bound is not None and bound != sub:
+            self.log.warning("Sign-in refused for %s: a different identity of the provider "
+                             "(sub %r) than the one bound to it", name, sub)
+            raise web.HTTPError(403, f"The username {name} belongs to another identity of "
+                                     "the lab's sign-in. Ask the lab admin.")
+        if bound is None and user is not None and not self.link_existing_accounts:
+            self.log.warning("Sign-in refused for %s: the account exists and never signed in "
+                             "with the lab's provider (login.link_existing_accounts: false)",
+                             name)
+            raise web.HTTPError(403, f"The hub has an account {name} already that never "
+                                     "signed in with the lab's account. Ask the lab admin "
+                                     "to link it (settings login.link_existing_accounts).")
+        self.identities.bind(name, sub)
+        current = [g.name for g in user.groups] if user is not None else []
+        wanted = self._wanted_groups(name, self._verdict(authentication["auth_state"]))
         authentication["groups"] = groups_after(current, self.mapping.managed, wanted)
-        self._checked[name] = time.monotonic()
+        if user is not None:
+            self._checked[user.id] = (time.monotonic(), True)
         return authentication
 
     # ------------------------------------------------------------------ later checks
 
-    def is_identity(self, auth_state: Mapping | None) -> bool:
-        return bool(auth_state and (auth_state.get("oauth_user") or {}).get("sub"))
-
     async def check(self, user, handler=None):
-        """For TokenAuthenticator.refresh_user: None if *user* never signed in here;
-        True if the provider vouched for her within refresh_every; a refreshed auth
-        model (admin, auth_state) after it vouched again (her groups updated); False if
-        it no longer does."""
-        last = self._checked.get(user.name)
-        if last is not None and time.monotonic() - last < self.refresh_every:
-            return True
-        auth_state = await user.get_auth_state()
-        if not self.is_identity(auth_state):
+        """For TokenAuthenticator.refresh_user, at most every refresh_every per member:
+        None if *user* never signed in with the provider; True (the provider vouches,
+        nothing changed) or an auth model to apply (admin, groups, fresh tokens);
+        False if it no longer vouches for her (removed from the directory or from every
+        allowed group, or an admin ended her access). Her provider-given groups go
+        with a False."""
+        lock = self._locks.setdefault(user.id, asyncio.Lock())
+        async with lock:  # one question at a time: a refresh token may be used only once
+            cached = self._checked.get(user.id)
+            if cached is not None and time.monotonic() - cached[0] < self.refresh_every:
+                return cached[1]
+            decided = await self._ask(user, handler)
+            self._checked[user.id] = (time.monotonic(), bool(decided) if decided else decided)
+            return decided
+
+    async def _ask(self, user, handler):
+        if self.identities.subject(user.name) is None:
             return None
+        if self.identities.is_ended(user.name):
+            return self._not_vouched(user, "an admin ended her access")
+        if not await user.get_auth_state():
+            return self._not_vouched(user, "no readable sign-in state (crypt key changed?)")
         try:
             model = await GenericOAuthenticator.refresh_user(self, user, handler)
         except Exception as e:  # unreachable, 5xx, bad answer: keep access, say why
@@ -241,28 +297,51 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
                              "until it answers", user.name, e)
             return True
         if not model:
-            self.log.warning("The lab's sign-in no longer vouches for %s (removed, or its "
-                             "token refused)", user.name)
-            return self._forget(user.name)
+            return self._not_vouched(user, "removed, or its token refused")
         if model["name"] != user.name:
-            self.log.warning("The lab's sign-in now names %s %s", user.name, model["name"])
-            return self._forget(user.name)
+            return self._not_vouched(user, f"the provider now names her {model['name']}")
+        if (model["auth_state"].get("oauth_user") or {}).get("sub") != \
+                self.identities.subject(user.name):
+            return self._not_vouched(user, "the provider's answer is for another identity")
         verdict = self._verdict(model["auth_state"])
         if not verdict.allowed:
-            self.log.warning("%s is in none of login.allowed_groups %s any more",
-                             user.name, sorted(self.mapping.allowed))
-            return self._forget(user.name)
-        wanted = set(verdict.groups)
-        if user.name in self.hub_operators:
-            wanted.add(OPERATORS_GROUP)
-        user.sync_groups(groups_after([g.name for g in user.groups], self.mapping.managed,
-                                      wanted))
-        self._checked[user.name] = time.monotonic()
-        return {"name": user.name, "admin": model["admin"], "auth_state": model["auth_state"]}
+            return self._not_vouched(user, "in none of login.allowed_groups "
+                                           f"{sorted(self.mapping.allowed)} any more")
+        groups = groups_after([g.name for g in user.groups], self.mapping.managed,
+                              self._wanted_groups(user.name, verdict))
+        user.sync_groups(groups)
+        return {"name": user.name, "admin": model["admin"], "groups": groups,
+                "auth_state": model["auth_state"]}
 
-    def _forget(self, name: str) -> bool:
-        self._checked.pop(name, None)
+    def _not_vouched(self, user, why: str) -> bool:
+        self.log.warning("The lab's sign-in no longer vouches for %s: %s", user.name, why)
+        user.sync_groups(groups_after([g.name for g in user.groups], self.mapping.managed,
+                                      self._wanted_groups(user.name, None)))
         return False
+
+    def demoted(self, user) -> dict | bool:
+        """For a member with a login token whom the provider no longer vouches for: her
+        admin right as hub.admins alone says (her provider groups went in check);
+        True if that changes nothing."""
+        admin = user.name in self.hub_admins
+        if bool(user.admin) == admin:
+            return True
+        return {"name": user.name, "admin": admin,
+                "groups": [g.name for g in user.groups]}
+
+    def access_ended(self, name: str, user_id: int | None = None) -> None:
+        """An admin ended her access: the provider's word no longer lets her in."""
+        self.identities.end(name)
+        self._checked.pop(user_id, None)
+
+    def access_given(self, name: str) -> None:
+        self.identities.restore(name)
+
+    def forget(self, name: str, user_id: int | None = None) -> None:
+        """Her account was deleted: its name binds afresh."""
+        self.identities.forget(name)
+        self._checked.pop(user_id, None)
+        self._locks.pop(user_id, None)
 
     async def refresh_user(self, user, handler=None, **kwargs):
         # Only the hub's authenticator refreshes (TokenAuthenticator.refresh_user, which
@@ -323,4 +402,5 @@ def configure_oidc(c, settings: Mapping, client_secret: str, public_url: str) ->
     o.hub_admins = set(settings["hub.admins"])
     o.hub_operators = set(settings["hub.operators"])
     o.refresh_every = float(settings["login.refresh_every"])
+    o.link_existing_accounts = bool(settings["login.link_existing_accounts"])
     o.allow_all = False

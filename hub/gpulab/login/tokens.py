@@ -317,6 +317,9 @@ class LoginTokensAPIHandler(LoginTokenAPIBase):
                      f"not {expires_in!r}")
         token, orm_token = issue(self.db, self.store, user.orm_user,
                                  expires_in=expires_in, issued_by=self.requester)
+        access_given = getattr(self.authenticator, "access_given", None)
+        if access_given is not None:  # an end of her access no longer stands
+            access_given(user.name)
         self.log.info("%s issued login token %s for %s (expires %s)", self.requester,
                       orm_token.api_id, user.name, isoformat(orm_token.expires_at) or "never")
         self.set_status(201)
@@ -423,7 +426,7 @@ class AccessAPIHandler(LoginTokenAPIBase):
         self.store.forget_user(orm_user.name)
         keys = getattr(self.authenticator, "ssh_keys", None)  # gpulab.login.sshkeys
         removed_keys = keys.forget_user(orm_user.name) if keys is not None else 0
-        self.authenticator.access_ended(orm_user.name)  # what other parts keep for her
+        self.authenticator.access_ended(orm_user.name, orm_user.id)  # what others keep
         compat.expire_auth(user)
         stopped = []
         if stop:

@@ -1,0 +1,149 @@
+"""Single sign-on through the real stack: the lab's OpenID Connect provider (npm's
+oidc-provider, tests/idp.py), the hub in its container, the published port, Chromium,
+the real OpenSSH client.
+
+The provider runs on this host at the gateway address of the stack's monitoring network,
+which both the hub's container (token and userinfo requests) and the browser (its sign-in
+form) reach; gpulab.yaml gets a ``login:`` section and the hub is restarted, as an admin
+does. What is tried, as a member meets it:
+
+* she signs in with the button on the sign-in page and the provider's form, and her
+  provider groups become her gpulab groups;
+* her server starts; she registers an SSH key on the hub's page and ``ssh`` signs in
+  with it, without a login token;
+* the lab removes her from the directory: her browser session, her server's API and her
+  open SSH session end within seconds (timed), and her key signs in no more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests import idp
+
+from .stack import HUB_URL, docker, wait_for
+from .test_ssh import ssh  # noqa: F401  (fixture)
+
+# It edits gpulab.yaml and restarts the hub.
+pytestmark = pytest.mark.disruptive
+
+PASSWORD = "a lab password"
+REFRESH = 3  # login.refresh_every here, seconds
+DEADLINE = 30.0  # "within seconds", with room for a loaded CI host
+NAME = "ssoada"
+
+
+def hub_mount(destination: str) -> Path:
+    mounts = json.loads(docker("inspect", "gpulab-hub"))[0]["Mounts"]
+    return Path(next(m["Source"] for m in mounts if m["Destination"] == destination))
+
+
+def restart_hub(hub) -> None:
+    docker("restart", "--time", "10", "gpulab-hub")
+    wait_for(hub.is_ready, 90, what="the hub to come back")
+
+
+@pytest.fixture(scope="module")
+def provider(hub, lab_config, tmp_path_factory):
+    """The provider, and the hub signing in there; everything put back afterwards."""
+    idp.require()
+    gateway = docker("network", "inspect", "gpulab-monitoring",
+                     "-f", "{{(index .IPAM.Config 0).Gateway}}").strip()
+    p = idp.OidcProvider(tmp_path_factory.mktemp("idp"), [f"{HUB_URL}/hub/oidc/oauth_callback"],
+                         host=gateway)
+    p.set_accounts({NAME: {"password": PASSWORD, "groups": ["gpu-users", "ml-staff"]}})
+    secret = hub_mount("/srv/gpulab/secrets") / "oidc-client-secret"
+    old_umask = os.umask(0o077)
+    try:
+        secret.write_text(p.client_secret)
+    finally:
+        os.umask(old_umask)
+    login = "\n".join([
+        "", "login:", "  provider: oidc", "  label: Lab account",
+        f"  oidc_authorize_url: {p.issuer}/auth", f"  oidc_token_url: {p.issuer}/token",
+        f"  oidc_userinfo_url: {p.issuer}/me", "  oidc_client_id: gpulab",
+        "  oidc_scopes: [openid, profile, email, groups]", "  allowed_groups: [gpu-users]",
+        "  groups: {ml-staff: staff}", f"  refresh_every: {REFRESH}s", ""])
+    p.start()
+    try:
+        lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + login)
+        restart_hub(hub)
+        yield p
+    finally:
+        if hub.request("GET", f"/users/{NAME}").status_code == 200:
+            hub.delete_user(NAME)
+        lab_config.restore()
+        restart_hub(hub)
+        p.stop()
+        secret.unlink(missing_ok=True)
+
+
+def test_a_member_signs_in_with_the_lab_account_and_loses_everything_when_removed(
+        provider, hub, new_page, ssh, tmp_path):  # noqa: F811
+    page = new_page()
+    page.goto(f"{HUB_URL}/hub/home")
+    page.get_by_role("button", name="Sign in with Lab account").click()
+    page.fill("#login", NAME)
+    page.fill("#password", PASSWORD)
+    page.click("#submit")
+    page.wait_for_url(f"{HUB_URL}/hub/home")
+    model = hub.user_model(NAME)
+    assert model["groups"] == ["staff"] and model["admin"] is False
+
+    r = hub.request("POST", f"/users/{NAME}/server", json={})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: (hub.server_model(NAME) or {}).get("ready"), 180, interval=0.5,
+             what="her server to be ready")
+    page.goto(f"{HUB_URL}/user/{NAME}/lab")  # her server signs her in through the hub
+    page.wait_for_url(f"{HUB_URL}/user/{NAME}/lab**")
+    assert page.request.get(f"{HUB_URL}/user/{NAME}/api/status").status == 200
+
+    # her SSH key, on the hub's page, in her browser
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ada@laptop",
+                    "-f", str(key)], check=True)
+    page.goto(f"{HUB_URL}/hub/ssh-keys")
+    page.fill("#ssh-key-text", key.with_suffix(".pub").read_text())
+    page.get_by_role("button", name="Add key").click()
+    page.wait_for_selector("#ssh-key-list td:has-text('ada@laptop')")
+    r = ssh.run_with_key(NAME, key, command="whoami")
+    assert r.returncode == 0 and r.stdout.strip() == "jovyan", r
+
+    session = subprocess.Popen(
+        ssh.key_args(NAME, key) + ["while true; do echo tick; sleep 0.5; done"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout.readline() == "tick\n"
+        provider.set_accounts({})  # the lab removes her from its directory
+        removed = time.monotonic()
+        hub_api = server_api = None
+        while hub_api is None or server_api is None:
+            now = time.monotonic() - removed
+            assert now < DEADLINE, (hub_api, server_api)
+            if hub_api is None and page.request.get(f"{HUB_URL}/hub/api/user").status == 403:
+                hub_api = now
+            if server_api is None and page.request.get(
+                    f"{HUB_URL}/user/{NAME}/api/status", max_redirects=0).status != 200:
+                server_api = now
+            time.sleep(0.25)
+        session.wait(timeout=DEADLINE)
+        ssh_closed = time.monotonic() - removed
+        assert session.returncode == 255, session.returncode
+        print(f"after her removal from the directory: hub API refused at {hub_api:.1f} s, "
+              f"her server's API at {server_api:.1f} s, SSH session closed at "
+              f"{ssh_closed:.1f} s (login.refresh_every {REFRESH} s)")
+    finally:
+        if session.poll() is None:
+            session.kill()
+    r = ssh.run_with_key(NAME, key, command="true")
+    assert r.returncode == 255 and "Permission denied (publickey" in r.stderr, r
+    r = requests.get(f"{HUB_URL}/hub/home", timeout=30, allow_redirects=False,
+                     cookies={c["name"]: c["value"] for c in page.context.cookies()})
+    assert r.status_code == 302 and "/hub/login" in r.headers["Location"]
