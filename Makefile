@@ -179,8 +179,12 @@ up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPU
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Containers that read files only at start are labelled with the files' hashes, so
 	@# that Compose recreates them when the files change: Prometheus (config and rules),
-	@# Alertmanager, and with HTTPS the proxy (a renewed certificate, another host name).
+	@# Alertmanager, with HTTPS the proxy (a renewed certificate, another host name), and
+	@# the hub for gpulab.yaml's login: section and the provider's client secret (the rest
+	@# of gpulab.yaml it reads again at every spawn).
 	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
+	 GPULAB_HUB_START_CONFIG=$$({ awk '/^[^ #]/ {keep = ($$1 == "login:")} keep' \
+	   "$(GPULAB_CONFIG)/gpulab.yaml"; cat secrets/oidc-client-secret 2>/dev/null; } | sha256sum | cut -c1-16) \
 	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum "$(GPULAB_CONFIG)/alertmanager.yml" | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \

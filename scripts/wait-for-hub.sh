@@ -9,6 +9,15 @@ for i in $(seq 1 240); do
     echo "[gpulab] hub answers at $url (after ~$((i / 2)) s)"
     exit 0
   fi
+  # The hub refuses to start on a bad setting or a missing secret, saying so in one
+  # "gpulab: ..." line, and Docker restarts it over and over: say it now, not in 120 s.
+  if [ $((i % 4)) = 0 ] && [ "$(docker inspect -f '{{.RestartCount}}' gpulab-hub 2>/dev/null || echo 0)" -ge 2 ]; then
+    said=$(docker logs --tail 1 gpulab-hub 2>&1 || true)
+    case "$said" in gpulab:*)
+      echo "[gpulab] the hub does not start: ${said#gpulab: }" >&2
+      exit 1;;
+    esac
+  fi
   sleep 0.5
 done
 echo "[gpulab] the hub did not answer at $url within 120 s. Its last log lines:" >&2
