@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The unit tests of `make test` (everything not marked integration or upgrade), in two
-# lanes side by side: the modules that start a real JupyterHub (they mostly wait for it;
-# test_sso_hub.py beside a real OpenID Connect provider)
-# beside all the others, which keep a core busy (measured on 2 cores: 50 s in one process).
+# The unit tests of `make test` (everything not marked integration or upgrade), in three
+# lanes side by side: the modules that start a real JupyterHub (they mostly wait for it),
+# the single sign-on one (a real hub beside a real OpenID Connect provider, waiting on
+# its checks), and all the others, which keep a core busy (measured on 2 cores: 50 s in
+# one process).
 # Usage: scripts/test-unit.sh [PYTEST ARGS...]   (from the checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-real_hub=(tests/unit/test_login_hub.py tests/unit/test_ssh_keys_hub.py tests/unit/test_sso_hub.py)
-not_real_hub=(); for m in "${real_hub[@]}"; do not_real_hub+=(--ignore "$m"); done
+real_hub=(tests/unit/test_login_hub.py tests/unit/test_ssh_keys_hub.py)
+sso=(tests/unit/test_sso_hub.py)
+others=(); for m in "${real_hub[@]}" "${sso[@]}"; do others+=(--ignore "$m"); done
 # shellcheck source=scripts/lanes.sh
 . scripts/lanes.sh
 
-lane real-hub -m "not integration and not upgrade and not cuda_image" "$@" "${real_hub[@]}"
+marks="not integration and not upgrade and not cuda_image"
+lane real-hub -m "$marks" "$@" "${real_hub[@]}"
 real_hub_pid=$!
-lane unit -m "not integration and not upgrade and not cuda_image" "$@" tests "${not_real_hub[@]}"
+lane sso -m "$marks" "$@" "${sso[@]}"
+sso_pid=$!
+lane unit -m "$marks" "$@" tests "${others[@]}"
 unit_pid=$!
 wait "$real_hub_pid"; show real-hub
+wait "$sso_pid"; show sso
 wait "$unit_pid"; show unit
 finish "unit tests"
