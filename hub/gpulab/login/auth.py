@@ -201,6 +201,9 @@ class GpulabLoginHandler(LoginHandler):
 
         user = await self.login_user({"username": username, "password": token})
         if user:
+            signed_in = getattr(self.authenticator.sso, "signed_in", None)
+            if signed_in is not None:  # with the directory's password: her groups
+                await signed_in(user)
             self.throttle.record_success(username, device)
             self.set_device_cookie(username)
             compat.set_current_user(self, user)
@@ -355,9 +358,10 @@ class TokenAuthenticator(Authenticator):
     identity_provider = Unicode(
         "",
         help="""The lab's identity provider members may sign in with besides login
-        tokens: "" (none) or "oidc" (gpulab.login.sso.LabOIDCAuthenticator, configured
-        as c.LabOIDCAuthenticator). configure_login() sets it from settings
-        login.provider.""",
+        tokens: "" (none), "oidc" (gpulab.login.sso.LabOIDCAuthenticator, configured
+        as c.LabOIDCAuthenticator) or "ldap" (gpulab.login.ldap.LabLDAPAuthenticator:
+        the token form takes directory passwords too). configure_login() sets it from
+        settings login.provider.""",
     ).tag(config=True)
 
     sso = Instance(Authenticator, allow_none=True,
@@ -372,10 +376,13 @@ class TokenAuthenticator(Authenticator):
     def _sso_default(self):
         if not self.identity_provider:
             return None
-        if self.identity_provider != "oidc":
-            raise ValueError(f"unknown identity_provider {self.identity_provider!r}")
-        from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: only with SSO
-        return LabOIDCAuthenticator(parent=self)
+        if self.identity_provider == "oidc":
+            from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: with SSO only
+            return LabOIDCAuthenticator(parent=self)
+        if self.identity_provider == "ldap":
+            from gpulab.login.ldap import LabLDAPAuthenticator  # ldap3: with LDAP only
+            return LabLDAPAuthenticator(parent=self)
+        raise ValueError(f"unknown identity_provider {self.identity_provider!r}")
 
     @default("reconcile_auth_state_hook")
     def _reconcile_default(self):
@@ -440,7 +447,7 @@ class TokenAuthenticator(Authenticator):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
         sso = []
-        if self.sso is not None:
+        if self.identity_provider == "oidc":
             from gpulab.login.sso import sso_handlers
             sso = sso_handlers()
         return [("/login", GpulabLoginHandler), *sso, *lt.api_handlers(),
@@ -506,6 +513,12 @@ class TokenAuthenticator(Authenticator):
             else:
                 reason = None
         if reason:
+            password_sign_in = getattr(self.sso, "sign_in", None)  # the lab's directory
+            if password_sign_in is not None:
+                model = await password_sign_in(handler, username, token)
+                if model is not None:
+                    return model
+                reason += ", and not her directory password"
             # Never log the token itself, not even a prefix of it.
             self.log.warning("Failed token login for %r: %s", username, reason)
             return None
@@ -608,14 +621,22 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     # Without a login token, token-authenticated requests are refused too: JupyterHub's
     # default lets them through on stale auth.
     c.Authenticator.auth_refresh_strict = True
-    if settings["login.provider"] == "oidc":
-        from gpulab.login import sso
-        secrets_dir = Path(secrets_dir or data_dir)
-        c.TokenAuthenticator.identity_provider = "oidc"
+    provider = settings["login.provider"]
+    if provider == "none":
+        return
+    from gpulab.login import sso
+    secrets_dir = Path(secrets_dir or data_dir)
+    c.TokenAuthenticator.identity_provider = provider
+    if provider == "oidc":
         sso.configure_oidc(c, settings, read_file_secret(secrets_dir / sso.CLIENT_SECRET_FILE),
                            public_url)
         c.LabOIDCAuthenticator.identities_db_path = str(data_dir / sso.IDENTITIES_FILE)
-        c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
+    else:
+        from gpulab.login import ldap
+        ldap.configure_ldap(c, settings,
+                            read_file_secret(secrets_dir / ldap.BIND_PASSWORD_FILE))
+        c.LabLDAPAuthenticator.identities_db_path = str(data_dir / sso.IDENTITIES_FILE)
+    c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
 
 
 def read_file_secret(path: Path) -> str:
