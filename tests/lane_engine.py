@@ -157,6 +157,11 @@ def copy_checkout() -> None:
                            check=True).stdout
     subprocess.run(f"tar --null -T - -cf - | tar -C {COPY} -xf -", shell=True, cwd=REPO,
                    input=files, check=True)
+    # The test identity provider's npm packages (make test-idp), ignored by git: the
+    # lane's tests start it from the copy (tests/idp.py).
+    node_modules = REPO / "tests" / "idp" / "node_modules"
+    if node_modules.is_dir():
+        (COPY / "tests" / "idp" / "node_modules").symlink_to(node_modules)
 
 
 def make(target: str, timeout: float = 600) -> None:
