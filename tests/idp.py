@@ -266,6 +266,23 @@ class Slapd:
                 conn.modify(f"cn={group},{GROUPS}", {"member": [(ldap3.MODIFY_ADD, [dn])]})
         conn.unbind()
 
+    def set_attribute(self, uid: str, attribute: str, values: list[str]) -> None:
+        import ldap3
+        conn = self._admin()
+        conn.modify(f"uid={uid},{PEOPLE}", {attribute: [(ldap3.MODIFY_REPLACE, values)]})
+        conn.unbind()
+
+    def add_group_elsewhere(self, cn: str, uid: str) -> str:
+        """A group *cn* with her in it, outside ou=groups (where anyone might make one)."""
+        conn = self._admin()
+        ou = f"ou=elsewhere,{LDAP_SUFFIX}"
+        conn.raise_exceptions = False
+        conn.add(ou, ["organizationalUnit"], {"ou": "elsewhere"})
+        dn = f"cn={cn},{ou}"
+        conn.add(dn, ["groupOfNames"], {"cn": cn, "member": f"uid={uid},{PEOPLE}"})
+        conn.unbind()
+        return dn
+
     def remove_member(self, uid: str) -> None:
         self.set_member(uid, secrets.token_hex(8), [])
         conn = self._admin()

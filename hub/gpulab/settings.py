@@ -209,6 +209,14 @@ def _login_provider(value: Any) -> str:
     return value
 
 
+def _ldap_filter(value: Any) -> str:
+    s = _optional_string(value)
+    if s and not (s.startswith("(") and s.endswith(")") and s.count("(") == s.count(")")):
+        raise ValueError(f"expected an LDAP filter in parentheses, e.g. (!(nsAccountLock=TRUE)), "
+                         f"got {value!r}")
+    return s
+
+
 def _ldap_url(value: Any) -> str:
     s = _optional_string(value)
     if s and not re.fullmatch(r"ldaps?://[^\s/?#]+/?", s):
@@ -435,6 +443,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("login.ldap_user_attribute", _string, "uid",
             "The attribute that is a member's username (uid; sAMAccountName on Active "
             "Directory). Example: uid"),
+    Setting("login.ldap_user_filter", _ldap_filter, "",
+            "An LDAP filter a member's entry must also match, checked at sign-in and every "
+            "login.refresh_every: how a disabled account loses access. Active Directory: "
+            "(!(userAccountControl:1.2.840.113556.1.4.803:=2)); FreeIPA: "
+            "(!(nsAccountLock=TRUE)); OpenLDAP with ppolicy: (!(pwdAccountLockedTime=*)). "
+            "Empty: none. Example: (!(nsAccountLock=TRUE))"),
+    Setting("login.ldap_group_base", _optional_string, "",
+            "Only groups below this DN count (for allowed_groups, admin_groups and groups); "
+            "set it where others may create groups elsewhere in the directory, or a group "
+            "named gpu-admins anywhere would make admins. Empty: any. Example: "
+            "ou=groups,dc=lab,dc=example"),
     Setting("login.ldap_bind_dn", _optional_string, "",
             "The hub's own directory account, which looks members up at sign-in and every "
             "login.refresh_every (read access to members and their groups); its password in "

@@ -45,6 +45,8 @@ def ldap(tmp_path_factory):
                     "login.allowed_groups": ("gpu-users",),
                     "login.admin_groups": ("gpu-admins",),
                     "login.groups": {"ml-staff": ("staff",)},
+                    "login.ldap_user_filter": "(!(description=disabled))",
+                    "login.ldap_group_base": idp.GROUPS,
                     "login.refresh_every": REFRESH}
     try:
         hub.start()
@@ -157,6 +159,56 @@ def test_an_existing_account_is_not_taken_over_and_tokens_still_sign_in(ldap, lo
     assert user_model(hub, name)["admin"] is False
     s, r = sign_in(hub, name, token)  # her login token, on the same form
     assert urlsplit(r.url).path == "/hub/home"
+
+
+def test_a_password_is_taken_as_typed_and_groups_elsewhere_do_not_count(ldap, logs):
+    hub, directory = ldap
+    name = f"p{secrets.token_hex(3)}"
+    directory.set_member(name, "  spaces at both ends  ", ["gpu-users"])
+    directory.add_group_elsewhere("gpu-admins", name)  # not under ou=groups
+    _, r = sign_in(hub, name, "spaces at both ends")
+    assert r.status_code == 403
+    _, r = sign_in(hub, name, "  spaces at both ends  ")
+    assert urlsplit(r.url).path == "/hub/home"
+    assert user_model(hub, name)["admin"] is False
+
+
+def test_a_disabled_account_loses_access(ldap, logs):
+    """login.ldap_user_filter: how Active Directory and FreeIPA say "disabled"."""
+    hub, directory = ldap
+    name, password = member(directory, "gpu-users")
+    s, _ = sign_in(hub, name, password)
+    directory.set_attribute(name, "description", ["disabled"])
+    wait_for(lambda: home_status(s, hub) == "login", "her session ends")
+    _, r = sign_in(hub, name, password)
+    assert r.status_code == 403
+
+
+def test_a_sign_in_with_a_login_token_leaves_groups_to_the_directory(ldap, logs):
+    """Review: a token sign-in set her groups from the last directory answer."""
+    hub, directory = ldap
+    name, password = member(directory, "gpu-users", "ml-staff")
+    sign_in(hub, name, password)
+    assert user_model(hub, name)["groups"] == ["staff"]
+    token = hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).json()["token"]
+    directory.set_member(name, password, ["gpu-users"])  # out of ml-staff
+    s, _ = sign_in(hub, name, token)
+    wait_for(lambda: home_status(s, hub) == "home" and user_model(hub, name)["groups"] == [],
+             "staff goes")
+    s, _ = sign_in(hub, name, token)  # again, with the token: staff stays gone
+    assert user_model(hub, name)["groups"] == []
+
+
+def test_a_burst_of_guesses_is_throttled_as_one_at_a_time(ldap, logs):
+    """Review: 40 parallel wrong passwords got 29 directory checks past a limit of 5."""
+    from concurrent.futures import ThreadPoolExecutor
+    hub, directory = ldap
+    name, password = member(directory, "gpu-users")
+    with ThreadPoolExecutor(20) as pool:
+        statuses = list(pool.map(lambda i: sign_in(hub, name, f"guess-{i}")[1].status_code,
+                                 range(40)))
+    tried = hub.log_tail(2000).count(f"Failed token login for '{name}'")
+    assert tried <= 5 and statuses.count(429) >= 35, (tried, statuses)
 
 
 def test_a_dead_directory_is_a_refused_sign_in_not_a_hang(ldap, logs):

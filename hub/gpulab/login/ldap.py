@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -39,6 +40,13 @@ __all__ = ["BIND_PASSWORD_FILE", "Directory", "DirectoryEntry", "LabLDAPAuthenti
 
 BIND_PASSWORD_FILE = "ldap-bind-password"
 TIMEOUT = 10  # seconds for connecting to the directory and for each answer
+# The directory's own threads: a slow directory holds these, never the default executor
+# that the hub's other work (DNS lookups among it) shares.
+DIRECTORY_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpulab-ldap")
+
+
+async def in_directory_thread(call, *args):
+    return await asyncio.get_running_loop().run_in_executor(DIRECTORY_THREADS, call, *args)
 
 
 def group_names(values) -> list[str]:
@@ -75,7 +83,9 @@ class Directory:
     starttls: bool = True
     ca_file: str = ""
     user_attribute: str = "uid"
+    user_filter: str = ""  # ANDed into the search: e.g. accounts not disabled
     groups_attribute: str = "memberOf"
+    group_base: str = ""  # only groups below it count; "": any
     subject_attribute: str = "entryUUID"
 
     def _server(self) -> ldap3.Server:
@@ -89,10 +99,12 @@ class Directory:
         raises when the directory cannot be reached or TLS fails."""
         tls = self.starttls and not self.url.startswith("ldaps://")
         try:
+            # No referrals: ldap3 would follow one to any host, with a TLS that checks no
+            # certificate, and bind there as the hub (review: reproduced with two slapds).
             return ldap3.Connection(
                 self._server(), user=dn, password=password, receive_timeout=TIMEOUT,
                 auto_bind=ldap3.AUTO_BIND_TLS_BEFORE_BIND if tls else ldap3.AUTO_BIND_NO_TLS,
-                raise_exceptions=False)
+                auto_referrals=False, raise_exceptions=False)
         except LDAPBindError:
             return None
 
@@ -104,12 +116,14 @@ class Directory:
             raise LDAPException(f"the directory refused the hub's own account {self.bind_dn} "
                                 f"(settings login.ldap_bind_dn, secrets/{BIND_PASSWORD_FILE})")
         try:
+            match = f"({self.user_attribute}={escape_filter_chars(name)})"
             conn.search(self.user_base,
-                        f"({self.user_attribute}={escape_filter_chars(name)})",
+                        f"(&{match}{self.user_filter})" if self.user_filter else match,
                         search_scope=ldap3.SUBTREE,
                         attributes=[self.user_attribute, self.groups_attribute,
                                     self.subject_attribute])
             if conn.result.get("result") not in (0, 32):  # success, no such object
+                # (10, a referral, too: the member is elsewhere, where the hub does not go)
                 raise LDAPException(f"search failed: {conn.result.get('description')} "
                                     f"{conn.result.get('message')}".strip())
             if len(conn.entries) != 1:
@@ -123,14 +137,32 @@ class Directory:
                                     "(settings login.ldap_subject_attribute)")
             return DirectoryEntry(dn=entry.entry_dn, name=found[0] if found else name,
                                   subject=subject[0],
-                                  groups=group_names(attrs.get(self.groups_attribute)))
+                                  groups=group_names(self._in_group_base(
+                                      attrs.get(self.groups_attribute))))
         finally:
             conn.unbind()
 
+    def _in_group_base(self, values) -> list[str]:
+        """Her group DNs below group_base (any without one): a group named like an
+        allowed one elsewhere in the directory does not count."""
+        values = [str(v) for v in values or ()]
+        if not self.group_base:
+            return values
+        base = [(k.lower(), v.lower()) for k, v, _ in parse_dn(self.group_base)]
+        kept = []
+        for value in values:
+            try:
+                parts = [(k.lower(), v.lower()) for k, v, _ in parse_dn(value)]
+            except LDAPException:
+                continue
+            if len(parts) > len(base) and parts[-len(base):] == base:
+                kept.append(value)
+        return kept
+
     def sign_in(self, name: str, password: str) -> DirectoryEntry | None:
         """The member called *name* if *password* is hers, else None."""
-        if not password:
-            return None  # an empty password is an anonymous bind: never a sign-in
+        if not password or not password.strip():
+            return None  # an empty password is an unauthenticated bind: never a sign-in
         entry = self.find(name)
         if entry is None:
             return None
@@ -156,7 +188,7 @@ class LabLDAPAuthenticator(ProviderPart):
         in (refused with the reason otherwise: HTTPError 403); None for a wrong name or
         password. Her groups follow with :meth:`signed_in`."""
         try:
-            entry = await asyncio.to_thread(self.directory.sign_in, username, password)
+            entry = await in_directory_thread(self.directory.sign_in, username, password)
         except LDAPException as e:
             self.log.error("The lab's directory could not be asked about %s: %s", username, e)
             return None
@@ -180,7 +212,7 @@ class LabLDAPAuthenticator(ProviderPart):
         self.vouched_now(user)
 
     async def ask_provider(self, user, handler):
-        entry = await asyncio.to_thread(self.directory.find, user.name)
+        entry = await in_directory_thread(self.directory.find, user.name)
         if entry is None:
             return "not in the directory any more"
         return {"name": self.normalize_username(entry.name), "auth_state": entry.auth_state()}
@@ -195,5 +227,7 @@ def configure_ldap(c, settings: Mapping, bind_password: str) -> None:
         bind_dn=settings["login.ldap_bind_dn"], bind_password=bind_password,
         starttls=settings["login.ldap_starttls"], ca_file=settings["login.ldap_ca_file"],
         user_attribute=settings["login.ldap_user_attribute"],
+        user_filter=settings["login.ldap_user_filter"],
         groups_attribute=settings["login.ldap_groups_attribute"],
+        group_base=settings["login.ldap_group_base"],
         subject_attribute=settings["login.ldap_subject_attribute"])
