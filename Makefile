@@ -295,10 +295,17 @@ lint: venv
 test-unit: venv test-idp
 	@PYTEST=$(VENV)/bin/pytest scripts/test-unit.sh
 
-# The OpenID Connect provider the single sign-on tests sign in through (tests/idp.py): npm's
+# The identity providers the single sign-on tests sign in through (tests/idp.py): npm's
 # oidc-provider, pinned by tests/idp/package-lock.json, run with Node (Debian's nodejs where
-# no node is installed).
+# no node is installed), and Debian's OpenLDAP (slapd, ldap-utils; its own system
+# directory is not configured: the tests run throwaway ones).
 test-idp: tests/idp/node_modules/.installed
+	@command -v slapd >/dev/null 2>&1 || [ -x /usr/sbin/slapd ] || { \
+	  echo "[gpulab] installing OpenLDAP (slapd) for the directory sign-in tests ..."; \
+	  echo "slapd slapd/no_configuration boolean true" | debconf-set-selections; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slapd ldap-utils >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	         --no-install-recommends slapd ldap-utils >/dev/null; }; }
 tests/idp/node_modules/.installed: tests/idp/package.json tests/idp/package-lock.json
 	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
 	  echo "[gpulab] installing Node.js for the test identity provider ..."; \

@@ -202,10 +202,26 @@ def _optional_abs_path(value: Any) -> str:
 
 
 def _login_provider(value: Any) -> str:
-    if value not in ("none", "oidc"):
-        raise ValueError(f"expected none (login tokens only) or oidc (the lab's OpenID "
-                         f"Connect provider beside login tokens), got {value!r}")
+    if value not in ("none", "oidc", "ldap"):
+        raise ValueError(f"expected none (login tokens only), oidc (the lab's OpenID "
+                         f"Connect provider beside login tokens) or ldap (the lab's LDAP "
+                         f"directory beside login tokens), got {value!r}")
     return value
+
+
+def _ldap_filter(value: Any) -> str:
+    s = _optional_string(value)
+    if s and not (s.startswith("(") and s.endswith(")") and s.count("(") == s.count(")")):
+        raise ValueError(f"expected an LDAP filter in parentheses, e.g. (!(nsAccountLock=TRUE)), "
+                         f"got {value!r}")
+    return s
+
+
+def _ldap_url(value: Any) -> str:
+    s = _optional_string(value)
+    if s and not re.fullmatch(r"ldaps?://[^\s/?#]+/?", s):
+        raise ValueError(f"expected ldap://HOST[:PORT] or ldaps://HOST[:PORT], got {value!r}")
+    return s
 
 
 def _url(value: Any) -> str:
@@ -368,7 +384,8 @@ SETTINGS: tuple[Setting, ...] = (
             "How members sign in besides admin-issued login tokens: none (login tokens "
             "only) or oidc (the lab's OpenID Connect provider, e.g. Keycloak, Authentik, "
             "Dex; docs/operations.md, Single sign-on). Login tokens keep working either "
-            "way. Read at hub start. Example: oidc"),
+            "way. ldap: the lab's LDAP directory; the sign-in form then takes members' directory "
+            "passwords too. Read at hub start. Example: oidc"),
     Setting("login.label", _string, "Lab sign-in",
             "The name of the identity provider on the sign-in page's button (\"Sign in "
             "with ...\"). Example: Lab account"),
@@ -412,6 +429,41 @@ SETTINGS: tuple[Setting, ...] = (
             "The provider's groups mapped to gpulab's groups (gpus.yaml groups: quotas, "
             "pools, budgets): a member is in exactly the gpulab groups her provider groups "
             "map to, kept in step at every check. Example: {ml-staff: staff, students: students}"),
+    Setting("login.ldap_url", _ldap_url, "",
+            "The lab's LDAP directory (login.provider: ldap): ldaps://HOST (TLS from the "
+            "start) or ldap://HOST (upgraded with StartTLS). Example: ldaps://ldap.lab.example"),
+    Setting("login.ldap_starttls", _bool, True,
+            "With an ldap:// URL, upgrade to TLS before sending anything (StartTLS). Members' "
+            "passwords travel to the directory: gpulab refuses false. Example: true"),
+    Setting("login.ldap_ca_file", _optional_abs_path, "",
+            "A CA bundle (path inside the hub container) for a directory whose certificate a "
+            "private CA signed; empty: the system's CAs. Example: /srv/gpulab/config/lab-ca.pem"),
+    Setting("login.ldap_user_base", _optional_string, "",
+            "Where members are, searched below. Example: ou=people,dc=lab,dc=example"),
+    Setting("login.ldap_user_attribute", _string, "uid",
+            "The attribute that is a member's username (uid; sAMAccountName on Active "
+            "Directory). Example: uid"),
+    Setting("login.ldap_user_filter", _ldap_filter, "",
+            "An LDAP filter a member's entry must also match, checked at sign-in and every "
+            "login.refresh_every: how a disabled account loses access. Active Directory: "
+            "(!(userAccountControl:1.2.840.113556.1.4.803:=2)); FreeIPA: "
+            "(!(nsAccountLock=TRUE)); OpenLDAP with ppolicy: (!(pwdAccountLockedTime=*)). "
+            "Empty: none. Example: (!(nsAccountLock=TRUE))"),
+    Setting("login.ldap_group_base", _optional_string, "",
+            "Only groups below this DN count (for allowed_groups, admin_groups and groups); "
+            "set it where others may create groups elsewhere in the directory, or a group "
+            "named gpu-admins anywhere would make admins. Empty: any. Example: "
+            "ou=groups,dc=lab,dc=example"),
+    Setting("login.ldap_bind_dn", _optional_string, "",
+            "The hub's own directory account, which looks members up at sign-in and every "
+            "login.refresh_every (read access to members and their groups); its password in "
+            "secrets/ldap-bind-password. Example: cn=gpulab,ou=services,dc=lab,dc=example"),
+    Setting("login.ldap_groups_attribute", _string, "memberOf",
+            "The member's attribute that lists her groups' DNs; each group's name is its cn. "
+            "Example: memberOf"),
+    Setting("login.ldap_subject_attribute", _string, "entryUUID",
+            "The attribute that identifies a member for good, whatever her name (entryUUID; "
+            "objectGUID on Active Directory). Example: entryUUID"),
     Setting("login.link_existing_accounts", _bool, False,
             "Let the provider's identity of a name take over a hub account of that name "
             "that exists already (made with login tokens, or by an admin) and never signed "
@@ -489,6 +541,15 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         raise doc.error(("mail", "smtp_host"),
                         "mail.smtp_host is set without mail.from: give the address gpulab's "
                         "e-mail comes from, e.g. from: gpulab@lab.example")
+    if values["login.provider"] == "ldap":
+        missing = [k for k in ("login.ldap_url", "login.ldap_user_base", "login.ldap_bind_dn",
+                               "login.allowed_groups") if not values[k]]
+        if missing:
+            raise doc.error(("login", "provider"), f"ldap needs {', '.join(missing)} as well")
+        if values["login.ldap_url"].startswith("ldap://") and not values["login.ldap_starttls"]:
+            raise doc.error(("login", "ldap_starttls"),
+                            "false would send members' passwords to the directory "
+                            "unencrypted: use StartTLS (true) or an ldaps:// URL")
     if values["login.provider"] == "oidc":
         missing = [k for k in ("login.oidc_authorize_url", "login.oidc_token_url",
                                "login.oidc_userinfo_url", "login.oidc_client_id",

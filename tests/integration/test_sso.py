@@ -1,6 +1,6 @@
 """Single sign-on through the real stack: the lab's OpenID Connect provider (npm's
-oidc-provider, tests/idp.py), the hub in its container, the published port, Chromium,
-the real OpenSSH client.
+oidc-provider, tests/idp.py) or LDAP directory (Debian's slapd), the hub in its
+container, the published port, Chromium, the real OpenSSH client.
 
 The provider runs on this host at the gateway address of the stack's monitoring network,
 which both the hub's container (token and userinfo requests) and the browser (its sign-in
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,3 +149,78 @@ def test_a_member_signs_in_with_the_lab_account_and_loses_everything_when_remove
     r = requests.get(f"{HUB_URL}/hub/home", timeout=30, allow_redirects=False,
                      cookies={c["name"]: c["value"] for c in page.context.cookies()})
     assert r.status_code == 302 and "/hub/login" in r.headers["Location"]
+
+
+LDAP_NAME = "ldapbo"
+
+
+@pytest.fixture(scope="module")
+def directory(hub, lab_config):
+    """A throwaway OpenLDAP where the hub reaches it (the monitoring network's gateway),
+    with StartTLS and a certificate for that address, and the hub signing in there."""
+    idp.require_ldap()
+    gateway = docker("network", "inspect", "gpulab-monitoring",
+                     "-f", "{{(index .IPAM.Config 0).Gateway}}").strip()
+    # its own folder, not under pytest's (mode 0700): slapd drops to the openldap user
+    d = idp.Slapd(Path(tempfile.mkdtemp(prefix="gpulab-slapd-")), host=gateway)
+    d.start()
+    secret = hub_mount("/srv/gpulab/secrets") / "ldap-bind-password"
+    ca = hub_mount("/srv/gpulab/config") / "test-ldap-ca.pem"  # as the hub sees it
+    old_umask = os.umask(0o077)
+    try:
+        secret.write_text(d.service_password)
+    finally:
+        os.umask(old_umask)
+    ca.write_text(d.ca_file.read_text())
+    settings = {**d.settings(), "login.ldap_ca_file": f"/srv/gpulab/config/{ca.name}"}
+    login = "\n".join(["", "login:", "  label: Lab LDAP",
+                       *(f"  {k.split('.', 1)[1]}: {v}" for k, v in settings.items()),
+                       "  allowed_groups: [gpu-users]", "  groups: {ml-staff: staff}",
+                       f"  refresh_every: {REFRESH}s", ""])
+    try:
+        lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + login)
+        restart_hub(hub)
+        yield d
+    finally:
+        if hub.request("GET", f"/users/{LDAP_NAME}").status_code == 200:
+            hub.delete_user(LDAP_NAME)
+        lab_config.restore()
+        restart_hub(hub)
+        d.stop()
+        secret.unlink(missing_ok=True)
+        ca.unlink(missing_ok=True)
+        shutil.rmtree(d.run_dir, ignore_errors=True)
+
+
+def test_a_member_signs_in_with_her_directory_password_and_loses_access_when_removed(
+        directory, hub, new_page):
+    directory.set_member(LDAP_NAME, PASSWORD, ["gpu-users", "ml-staff"])
+    page = new_page()
+    page.goto(f"{HUB_URL}/hub/home")
+    page.fill("#username_input", LDAP_NAME)
+    page.fill("#password_input", PASSWORD)
+    page.click("#login_submit")
+    page.wait_for_url(f"{HUB_URL}/hub/home")
+    assert hub.user_model(LDAP_NAME)["groups"] == ["staff"]
+    r = hub.request("POST", f"/users/{LDAP_NAME}/server", json={})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: (hub.server_model(LDAP_NAME) or {}).get("ready"), 180, interval=0.5,
+             what="her server to be ready")
+    page.goto(f"{HUB_URL}/user/{LDAP_NAME}/lab")
+    page.wait_for_url(f"{HUB_URL}/user/{LDAP_NAME}/lab**")
+    assert page.request.get(f"{HUB_URL}/user/{LDAP_NAME}/api/status").status == 200
+
+    directory.remove_member(LDAP_NAME)  # the lab removes her from its directory
+    removed = time.monotonic()
+    hub_api = server_api = None
+    while hub_api is None or server_api is None:
+        now = time.monotonic() - removed
+        assert now < DEADLINE, (hub_api, server_api)
+        if hub_api is None and page.request.get(f"{HUB_URL}/hub/api/user").status == 403:
+            hub_api = now
+        if server_api is None and page.request.get(
+                f"{HUB_URL}/user/{LDAP_NAME}/api/status", max_redirects=0).status != 200:
+            server_api = now
+        time.sleep(0.25)
+    print(f"after her removal from the directory: hub API refused at {hub_api:.1f} s, her "
+          f"server's API at {server_api:.1f} s (login.refresh_every {REFRESH} s)")

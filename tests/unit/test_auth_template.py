@@ -115,7 +115,8 @@ def test_without_a_provider_there_is_no_sso_button(env):
 
 
 def test_the_sso_button_carries_next_and_escapes_the_label(env):
-    sso = SimpleNamespace(login_service='Lab <script>alert(1)</script> "id"')
+    sso = SimpleNamespace(login_service='Lab <script>alert(1)</script> "id"',
+                          button_path="oidc/oauth_login")
     html = render(env, authenticator=SimpleNamespace(sso=sso))
     assert 'href="/hub/oidc/oauth_login?next=%2Fhub%2Fhome"' in html
     assert "Sign in with Lab &lt;script&gt;alert(1)&lt;/script&gt; &#34;id&#34;" in html
@@ -124,3 +125,10 @@ def test_the_sso_button_carries_next_and_escapes_the_label(env):
     parser = Inputs()
     parser.feed(html)
     assert {"username", "password", "_xsrf"} <= set(parser.inputs)
+
+
+def test_with_a_directory_the_form_takes_its_password_and_has_no_button(env):
+    sso = SimpleNamespace(login_service="Lab <b>LDAP</b>", button_path=None)
+    html = render(env, authenticator=SimpleNamespace(sso=sso))
+    assert 'id="sso-login"' not in html
+    assert "Password (Lab &lt;b&gt;LDAP&lt;/b&gt;) or personal access token" in html

@@ -80,7 +80,7 @@ def test_login_settings_are_read_and_checked():
 
 
 @pytest.mark.parametrize("text, where, words", [
-    ("login:\n  provider: ldap\n", "gpulab.yaml:2: login.provider", "expected none"),
+    ("login:\n  provider: kerberos\n", "gpulab.yaml:2: login.provider", "expected none"),
     ("login:\n  provider: oidc\n", "gpulab.yaml:2: login.provider",
      "needs login.oidc_authorize_url, login.oidc_token_url, login.oidc_userinfo_url, "
      "login.oidc_client_id, login.allowed_groups"),
@@ -127,3 +127,50 @@ def test_with_oidc_the_provider_part_is_configured(tmp_path):
 def test_with_oidc_a_missing_secret_says_where(tmp_path):
     with pytest.raises(ValueError, match=r"oidc-client-secret is missing"):
         configure_login(Config(), load_text(OIDC), tmp_path, [], secrets_dir=tmp_path)
+
+
+LDAP = """login:
+  provider: ldap
+  ldap_url: ldaps://ldap.lab.example
+  ldap_user_base: ou=people,dc=lab,dc=example
+  ldap_bind_dn: cn=gpulab,dc=lab,dc=example
+  allowed_groups: [gpu-users]
+"""
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("login:\n  provider: ldap\n", "gpulab.yaml:2: login.provider",
+     "ldap needs login.ldap_url, login.ldap_user_base, login.ldap_bind_dn, "
+     "login.allowed_groups"),
+    ("login:\n  ldap_url: ldap.lab.example\n", "gpulab.yaml:2: login.ldap_url",
+     "ldap://HOST[:PORT] or ldaps://"),
+    (LDAP.replace("ldaps://", "ldap://") + "  ldap_starttls: false\n",
+     "gpulab.yaml:7: login.ldap_starttls", "unencrypted"),
+    (LDAP + "  ldap_ca_file: lab-ca.pem\n", "gpulab.yaml:7: login.ldap_ca_file",
+     "absolute path"),
+])
+def test_bad_ldap_settings_say_file_line_and_key(text, where, words):
+    with pytest.raises(ConfigError) as e:
+        load_text(text)
+    assert str(e.value).startswith(where), str(e.value)
+    assert words in str(e.value)
+
+
+def test_with_ldap_the_directory_part_is_configured(tmp_path):
+    from gpulab.login.ldap import group_names
+    (tmp_path / "ldap-bind-password").write_text("bind-pw\n")
+    (tmp_path / "crypt-key").write_text("cd" * 32)
+    c = Config()
+    configure_login(c, load_text(LDAP), tmp_path, [], secrets_dir=tmp_path)
+    assert c.TokenAuthenticator.identity_provider == "ldap"
+    d = c.LabLDAPAuthenticator.directory
+    assert (d.url, d.bind_password, d.starttls, d.user_attribute, d.subject_attribute) == (
+        "ldaps://ldap.lab.example", "bind-pw", True, "uid", "entryUUID")
+    assert "LabOIDCAuthenticator" not in c
+    assert group_names(["cn=gpu-users,ou=groups,dc=lab,dc=example", "CN=Ops,DC=x", "plain"]) \
+        == ["gpu-users", "Ops", "plain"]
+
+
+def test_with_ldap_a_missing_bind_password_says_where(tmp_path):
+    with pytest.raises(ValueError, match=r"ldap-bind-password is missing"):
+        configure_login(Config(), load_text(LDAP), tmp_path, [], secrets_dir=tmp_path)

@@ -29,6 +29,8 @@ sets everything above on a JupyterHub config object.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import secrets
@@ -87,6 +89,32 @@ def credentials_in_query(query: str) -> list[str]:
 def _display_name(raw: str) -> str:
     """What of a submitted username may be echoed back (escaped by the template)."""
     return raw if len(raw) <= 32 else f"{raw[:16]}...({len(raw)} chars)"
+
+
+class KeyedLocks:
+    """An asyncio lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self):
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str):
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+SIGN_IN_LOCKS = KeyedLocks()
 
 
 class GpulabLoginHandler(LoginHandler):
@@ -168,6 +196,16 @@ class GpulabLoginHandler(LoginHandler):
         await super().get()
 
     async def post(self):
+        # One sign-in at a time per username and per address, from the throttle's check
+        # to its record: otherwise a burst of guesses all pass the check while the first
+        # waits on the directory (review: 29 of 40 parallel guesses were tried).
+        raw_username = self.get_body_argument("username", default="", strip=True)
+        name = self.authenticator.normalize_username(raw_username)
+        async with SIGN_IN_LOCKS.hold(f"user:{name}"), \
+                SIGN_IN_LOCKS.hold(f"address:{self.client_address}"):
+            await self._post()
+
+    async def _post(self):
         raw_username = self.get_body_argument("username", default="", strip=True)
         token = self.get_body_argument("password", default="", strip=False)
         address = self.client_address
@@ -201,6 +239,8 @@ class GpulabLoginHandler(LoginHandler):
 
         user = await self.login_user({"username": username, "password": token})
         if user:
+            if getattr(self, "signed_in_with_directory", False):  # her groups, as it says
+                await self.authenticator.sso.signed_in(user)
             self.throttle.record_success(username, device)
             self.set_device_cookie(username)
             compat.set_current_user(self, user)
@@ -355,9 +395,10 @@ class TokenAuthenticator(Authenticator):
     identity_provider = Unicode(
         "",
         help="""The lab's identity provider members may sign in with besides login
-        tokens: "" (none) or "oidc" (gpulab.login.sso.LabOIDCAuthenticator, configured
-        as c.LabOIDCAuthenticator). configure_login() sets it from settings
-        login.provider.""",
+        tokens: "" (none), "oidc" (gpulab.login.sso.LabOIDCAuthenticator, configured
+        as c.LabOIDCAuthenticator) or "ldap" (gpulab.login.ldap.LabLDAPAuthenticator:
+        the token form takes directory passwords too). configure_login() sets it from
+        settings login.provider.""",
     ).tag(config=True)
 
     sso = Instance(Authenticator, allow_none=True,
@@ -372,10 +413,13 @@ class TokenAuthenticator(Authenticator):
     def _sso_default(self):
         if not self.identity_provider:
             return None
-        if self.identity_provider != "oidc":
-            raise ValueError(f"unknown identity_provider {self.identity_provider!r}")
-        from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: only with SSO
-        return LabOIDCAuthenticator(parent=self)
+        if self.identity_provider == "oidc":
+            from gpulab.login.sso import LabOIDCAuthenticator  # oauthenticator: with SSO only
+            return LabOIDCAuthenticator(parent=self)
+        if self.identity_provider == "ldap":
+            from gpulab.login.ldap import LabLDAPAuthenticator  # ldap3: with LDAP only
+            return LabLDAPAuthenticator(parent=self)
+        raise ValueError(f"unknown identity_provider {self.identity_provider!r}")
 
     @default("reconcile_auth_state_hook")
     def _reconcile_default(self):
@@ -440,7 +484,7 @@ class TokenAuthenticator(Authenticator):
         # JupyterHub adds these under /hub/, before its own; extra_handlers would do
         # the same but is deprecated (a warning at every start).
         sso = []
-        if self.sso is not None:
+        if self.identity_provider == "oidc":
             from gpulab.login.sso import sso_handlers
             sso = sso_handlers()
         return [("/login", GpulabLoginHandler), *sso, *lt.api_handlers(),
@@ -506,6 +550,14 @@ class TokenAuthenticator(Authenticator):
             else:
                 reason = None
         if reason:
+            password_sign_in = getattr(self.sso, "sign_in", None)  # the lab's directory
+            if password_sign_in is not None:
+                # her password as typed: spaces at either end may be part of it
+                model = await password_sign_in(handler, username, data.get("password") or "")
+                if model is not None:
+                    handler.signed_in_with_directory = True
+                    return model
+                reason += ", and not her directory password"
             # Never log the token itself, not even a prefix of it.
             self.log.warning("Failed token login for %r: %s", username, reason)
             return None
@@ -608,14 +660,22 @@ def configure_login(c, settings: Mapping, data_dir: Path, trusted_proxies: Seque
     # Without a login token, token-authenticated requests are refused too: JupyterHub's
     # default lets them through on stale auth.
     c.Authenticator.auth_refresh_strict = True
-    if settings["login.provider"] == "oidc":
-        from gpulab.login import sso
-        secrets_dir = Path(secrets_dir or data_dir)
-        c.TokenAuthenticator.identity_provider = "oidc"
+    provider = settings["login.provider"]
+    if provider == "none":
+        return
+    from gpulab.login import sso
+    secrets_dir = Path(secrets_dir or data_dir)
+    c.TokenAuthenticator.identity_provider = provider
+    if provider == "oidc":
         sso.configure_oidc(c, settings, read_file_secret(secrets_dir / sso.CLIENT_SECRET_FILE),
                            public_url)
         c.LabOIDCAuthenticator.identities_db_path = str(data_dir / sso.IDENTITIES_FILE)
-        c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
+    else:
+        from gpulab.login import ldap
+        ldap.configure_ldap(c, settings,
+                            read_file_secret(secrets_dir / ldap.BIND_PASSWORD_FILE))
+        c.LabLDAPAuthenticator.identities_db_path = str(data_dir / sso.IDENTITIES_FILE)
+    c.CryptKeeper.keys = [read_file_secret(secrets_dir / CRYPT_KEY_FILE)]
 
 
 def read_file_secret(path: Path) -> str:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from jupyterhub.auth import Authenticator
 from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthCallbackHandler, OAuthLoginHandler
 from tornado import web
@@ -45,8 +46,8 @@ from gpulab.login.identities import IdentityStore
 from gpulab.login.roles import OPERATORS_GROUP
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
-__all__ = ["GroupMapping", "LabOIDCAuthenticator", "Verdict", "configure_oidc",
-           "groups_after", "sso_handlers"]
+__all__ = ["GroupMapping", "LabOIDCAuthenticator", "ProviderPart", "Verdict",
+           "configure_oidc", "configure_provider", "groups_after", "sso_handlers"]
 
 LOGIN_PATH = "/oidc/oauth_login"
 CALLBACK_PATH = "/oidc/oauth_callback"
@@ -127,14 +128,15 @@ def idp_groups(userinfo: Mapping, claim: str) -> list[str]:
 # ---------------------------------------------------------------------- the authenticator
 
 
-class LabOIDCAuthenticator(GenericOAuthenticator):
-    """The lab's OpenID Connect provider, as the ``sso`` part of gpulab's
-    TokenAuthenticator: never the hub's ``authenticator_class`` itself."""
+class ProviderPart(Authenticator):
+    """What every identity provider part of gpulab's TokenAuthenticator does alike: bind
+    names to the provider's identities, map its groups, and ask it again every
+    ``refresh_every``. A subclass says what an identity is in its auth state
+    (:meth:`identity_of`) and how to ask the provider about a member
+    (:meth:`ask_provider`)."""
 
-    login_service = Unicode("Lab sign-in", help="The button's label (settings login.label).",
-                            ).tag(config=True)
-    groups_claim = Unicode("groups", help="The userinfo claim that lists the member's groups.",
-                           ).tag(config=True)
+    login_service = Unicode("Lab sign-in", help="The provider's name on the sign-in page "
+                            "(settings login.label).").tag(config=True)
     mapping = Any(help="A GroupMapping from settings login.*.").tag(config=True)
     hub_admins = Set(Unicode(), help="settings hub.admins: admins whatever the provider says.",
                      ).tag(config=True)
@@ -173,53 +175,12 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
         # (without it, a provider's "Not Valid" became the hub user "not valid": seen).
         return re.compile(self.username_pattern)
 
-    @default("manage_groups")
-    def _manage_groups_default(self):
-        # At sign-in, JupyterHub sets her groups to the list post_auth_hook makes:
-        # the unmanaged ones as they were, the managed ones from the provider.
-        return True
-
-    @default("enable_auth_state")
-    def _enable_auth_state_default(self):
-        return True  # her access token, for asking the provider again
-
-    @default("post_auth_hook")
-    def _post_auth_hook_default(self):
-        return self._after_sign_in
-
     @default("reconcile_auth_state_hook")
     def _reconcile_default(self):
         return keep_auth_state_unless_given
 
     def normalize_username(self, username):
         return super().normalize_username(fold(username))
-
-    # ------------------------------------------------------------------ sign-in
-
-    def _verdict(self, auth_state: Mapping) -> Verdict:
-        userinfo = auth_state.get("oauth_user") or {}
-        return self.mapping.verdict(idp_groups(userinfo, self.groups_claim))
-
-    def _wanted_groups(self, name: str, verdict: Verdict | None) -> set[str]:
-        wanted = set(verdict.groups) if verdict else set()
-        if name in self.hub_operators:
-            wanted.add(OPERATORS_GROUP)
-        return wanted
-
-    async def update_auth_model(self, auth_model):
-        verdict = self._verdict(auth_model["auth_state"])
-        auth_model["admin"] = verdict.admin or auth_model["name"] in self.hub_admins
-        return auth_model
-
-    async def check_allowed(self, username, auth_model):
-        if auth_model is None:
-            return True
-        if not self._verdict(auth_model["auth_state"]).allowed:
-            self.log.warning("Sign-in refused for %s: in none of login.allowed_groups %s",
-                             username, sorted(self.mapping.allowed))
-            raise web.HTTPError(403, f"Your lab account {username} is in none of the groups "
-                                     "that may use this GPU hub. Ask the lab admin to add you.")
-        return True
 
     def validate_username(self, username):
         """A name gpulab cannot use is refused with the reason, not JupyterHub's "not
@@ -228,26 +189,57 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
             return True
         raise web.HTTPError(
                 403, f"The lab's sign-in gave the username {username!r}, which gpulab cannot "
-                     f"use: {USERNAME_RULES} Ask the lab admin (settings "
-                     "login.oidc_username_claim).")
+                     f"use: {USERNAME_RULES} Ask the lab admin.")
 
-    async def _after_sign_in(self, authenticator, handler, authentication):
-        """Binds the name to the provider's identity (or refuses another one) and sets
-        her groups."""
-        name = authentication["name"]
-        sub = (authentication["auth_state"].get("oauth_user") or {}).get("sub")
+    # ------------------------------------------------------------------ what a subclass says
+
+    def identity_of(self, auth_state: Mapping) -> tuple[str | None, list[str]]:
+        """(the provider's subject, the provider's groups) in an auth state it gave."""
+        raise NotImplementedError
+
+    async def ask_provider(self, user, handler) -> dict | str:
+        """A fresh auth model (name, auth_state) if the provider still knows *user*, or
+        why not; raises if it cannot be asked."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ decisions
+
+    def _verdict(self, auth_state: Mapping) -> Verdict:
+        return self.mapping.verdict(self.identity_of(auth_state)[1])
+
+    def _wanted_groups(self, name: str, verdict: Verdict | None) -> set[str]:
+        wanted = set(verdict.groups) if verdict else set()
+        if name in self.hub_operators:
+            wanted.add(OPERATORS_GROUP)
+        return wanted
+
+    def is_admin(self, name: str, auth_state: Mapping) -> bool:
+        return self._verdict(auth_state).admin or name in self.hub_admins
+
+    def refuse_unless_allowed(self, username: str, auth_state: Mapping) -> None:
+        if not self._verdict(auth_state).allowed:
+            self.log.warning("Sign-in refused for %s: in none of login.allowed_groups %s",
+                             username, sorted(self.mapping.allowed))
+            raise web.HTTPError(403, f"Your lab account {username} is in none of the groups "
+                                     "that may use this GPU hub. Ask the lab admin to add you.")
+
+    # ------------------------------------------------------------------ sign-in
+
+    def bind_identity(self, name: str, auth_state: Mapping, user) -> None:
+        """Binds *name* to the provider's identity in *auth_state*, or refuses the sign-in
+        (*user*: the hub's account of that name, or None)."""
+        sub = self.identity_of(auth_state)[0]
         if not isinstance(sub, str) or not sub:
-            raise web.HTTPError(403, "The lab's sign-in did not say who you are (no sub in "
-                                     "its answer). Ask the lab admin.")
+            raise web.HTTPError(403, "The lab's sign-in did not say who you are (no subject "
+                                     "in its answer). Ask the lab admin.")
         if self.identities.is_ended(name):
             self.log.warning("Sign-in refused for %s: an admin ended her access", name)
             raise web.HTTPError(403, f"An admin ended the access of {name} to this hub. "
                                      "Ask the lab admin.")
-        user = handler.find_user(name)
         bound = self.identities.subject(name)
         if bound is not None and bound != sub:
             self.log.warning("Sign-in refused for %s: a different identity of the provider "
-                             "(sub %r) than the one bound to it", name, sub)
+                             "(%r) than the one bound to it", name, sub)
             raise web.HTTPError(403, f"The username {name} belongs to another identity of "
                                      "the lab's sign-in. Ask the lab admin.")
         if bound is None and user is not None and not self.link_existing_accounts:
@@ -258,19 +250,23 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
                                      "signed in with the lab's account. Ask the lab admin "
                                      "to link it (settings login.link_existing_accounts).")
         self.identities.bind(name, sub)
+
+    def groups_at_sign_in(self, name: str, auth_state: Mapping, user) -> list[str]:
+        """Her gpulab groups once signed in (*user*: her account, or None)."""
         current = [g.name for g in user.groups] if user is not None else []
-        wanted = self._wanted_groups(name, self._verdict(authentication["auth_state"]))
-        authentication["groups"] = groups_after(current, self.mapping.managed, wanted)
-        if user is not None:
-            self._checked[user.id] = (time.monotonic(), True)
-        return authentication
+        return groups_after(current, self.mapping.managed,
+                            self._wanted_groups(name, self._verdict(auth_state)))
+
+    def vouched_now(self, user) -> None:
+        """She just signed in: no need to ask the provider again for refresh_every."""
+        self._checked[user.id] = (time.monotonic(), True)
 
     # ------------------------------------------------------------------ later checks
 
     async def check(self, user, handler=None):
         """For TokenAuthenticator.refresh_user, at most every refresh_every per member:
         None if *user* never signed in with the provider; True (the provider vouches,
-        nothing changed) or an auth model to apply (admin, groups, fresh tokens);
+        nothing changed) or an auth model to apply (admin, groups, fresh auth state);
         False if it no longer vouches for her (removed from the directory or from every
         allowed group, or an admin ended her access). Her provider-given groups go
         with a False."""
@@ -288,20 +284,17 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
             return None
         if self.identities.is_ended(user.name):
             return self._not_vouched(user, "an admin ended her access")
-        if not await user.get_auth_state():
-            return self._not_vouched(user, "no readable sign-in state (crypt key changed?)")
         try:
-            model = await GenericOAuthenticator.refresh_user(self, user, handler)
+            model = await self.ask_provider(user, handler)
         except Exception as e:  # unreachable, 5xx, bad answer: keep access, say why
             self.log.warning("Could not ask the lab's sign-in about %s (%s); keeping access "
                              "until it answers", user.name, e)
             return True
-        if not model:
-            return self._not_vouched(user, "removed, or its token refused")
+        if isinstance(model, str):
+            return self._not_vouched(user, model)
         if model["name"] != user.name:
             return self._not_vouched(user, f"the provider now names her {model['name']}")
-        if (model["auth_state"].get("oauth_user") or {}).get("sub") != \
-                self.identities.subject(user.name):
+        if self.identity_of(model["auth_state"])[0] != self.identities.subject(user.name):
             return self._not_vouched(user, "the provider's answer is for another identity")
         verdict = self._verdict(model["auth_state"])
         if not verdict.allowed:
@@ -310,8 +303,8 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
         groups = groups_after([g.name for g in user.groups], self.mapping.managed,
                               self._wanted_groups(user.name, verdict))
         user.sync_groups(groups)
-        return {"name": user.name, "admin": model["admin"], "groups": groups,
-                "auth_state": model["auth_state"]}
+        return {"name": user.name, "admin": self.is_admin(user.name, model["auth_state"]),
+                "groups": groups, "auth_state": model["auth_state"]}
 
     def _not_vouched(self, user, why: str) -> bool:
         self.log.warning("The lab's sign-in no longer vouches for %s: %s", user.name, why)
@@ -345,8 +338,63 @@ class LabOIDCAuthenticator(GenericOAuthenticator):
 
     async def refresh_user(self, user, handler=None, **kwargs):
         # Only the hub's authenticator refreshes (TokenAuthenticator.refresh_user, which
-        # calls check); a refresh on the callback route must not skip its rules.
+        # calls check); a refresh on a route of this part must not skip its rules.
         return await self.parent.refresh_user(user, handler)
+
+
+class LabOIDCAuthenticator(ProviderPart, GenericOAuthenticator):
+    """The lab's OpenID Connect provider, as the ``sso`` part of gpulab's
+    TokenAuthenticator: never the hub's ``authenticator_class`` itself. Its routes:
+    :func:`sso_handlers`; the sign-in page's button leads to the first."""
+
+    button_path = LOGIN_PATH.lstrip("/")
+
+    groups_claim = Unicode("groups", help="The userinfo claim that lists the member's groups.",
+                           ).tag(config=True)
+
+    @default("manage_groups")
+    def _manage_groups_default(self):
+        # At sign-in, JupyterHub sets her groups to the list post_auth_hook makes:
+        # the unmanaged ones as they were, the managed ones from the provider.
+        return True
+
+    @default("enable_auth_state")
+    def _enable_auth_state_default(self):
+        return True  # her access token, for asking the provider again
+
+    @default("post_auth_hook")
+    def _post_auth_hook_default(self):
+        return self._after_sign_in
+
+    def identity_of(self, auth_state):
+        userinfo = auth_state.get("oauth_user") or {}
+        return userinfo.get("sub"), idp_groups(userinfo, self.groups_claim)
+
+    async def update_auth_model(self, auth_model):
+        auth_model["admin"] = self.is_admin(auth_model["name"], auth_model["auth_state"])
+        return auth_model
+
+    async def check_allowed(self, username, auth_model):
+        if auth_model is not None:
+            self.refuse_unless_allowed(username, auth_model["auth_state"])
+        return True
+
+    async def _after_sign_in(self, authenticator, handler, authentication):
+        """Binds the name to the provider's identity (or refuses another one) and sets
+        her groups."""
+        name, state = authentication["name"], authentication["auth_state"]
+        user = handler.find_user(name)
+        self.bind_identity(name, state, user)
+        authentication["groups"] = self.groups_at_sign_in(name, state, user)
+        if user is not None:
+            self.vouched_now(user)
+        return authentication
+
+    async def ask_provider(self, user, handler):
+        if not await user.get_auth_state():
+            return "no readable sign-in state (crypt key changed?)"
+        model = await GenericOAuthenticator.refresh_user(self, user, handler)
+        return model or "removed, or its token refused"
 
     def get_callback_url(self, handler=None):
         if self.oauth_callback_url:
@@ -382,10 +430,20 @@ def sso_handlers() -> list[tuple[str, type]]:
 # ---------------------------------------------------------------------- config
 
 
+def configure_provider(o, settings: Mapping) -> None:
+    """What every provider part takes from settings login.* (*o*: its config section)."""
+    o.login_service = settings["login.label"]
+    o.mapping = GroupMapping.from_settings(settings)
+    o.hub_admins = set(settings["hub.admins"])
+    o.hub_operators = set(settings["hub.operators"])
+    o.refresh_every = float(settings["login.refresh_every"])
+    o.link_existing_accounts = bool(settings["login.link_existing_accounts"])
+
+
 def configure_oidc(c, settings: Mapping, client_secret: str, public_url: str) -> None:
     """The provider part, on JupyterHub config object *c* (settings ``login.*``)."""
     o = c.LabOIDCAuthenticator
-    o.login_service = settings["login.label"]
+    configure_provider(o, settings)
     o.authorize_url = settings["login.oidc_authorize_url"]
     o.token_url = settings["login.oidc_token_url"]
     o.userdata_url = settings["login.oidc_userinfo_url"]
@@ -398,9 +456,4 @@ def configure_oidc(c, settings: Mapping, client_secret: str, public_url: str) ->
         o.http_request_kwargs = {"ca_certs": settings["login.oidc_ca_file"]}
     if public_url:
         o.oauth_callback_url = public_url.rstrip("/") + "/hub" + CALLBACK_PATH
-    o.mapping = GroupMapping.from_settings(settings)
-    o.hub_admins = set(settings["hub.admins"])
-    o.hub_operators = set(settings["hub.operators"])
-    o.refresh_every = float(settings["login.refresh_every"])
-    o.link_existing_accounts = bool(settings["login.link_existing_accounts"])
     o.allow_all = False
