@@ -17,6 +17,7 @@ does. What is tried, as a member meets it:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -52,6 +53,45 @@ def restart_hub(hub) -> None:
     wait_for(hub.is_ready, 90, what="the hub to come back")
 
 
+@contextlib.contextmanager
+def hub_signing_in_with(hub, lab_config, login: str, member: str):
+    """The hub restarted with *login* (a gpulab.yaml login: section) added; afterwards
+    *member* deleted and the hub restarted on the original gpulab.yaml."""
+    try:
+        lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + login)
+        restart_hub(hub)
+        yield
+    finally:
+        if hub.request("GET", f"/users/{member}").status_code == 200:
+            hub.delete_user(member)
+        lab_config.restore()
+        restart_hub(hub)
+
+
+def write_secret(path: Path, text: str) -> None:
+    old_umask = os.umask(0o077)
+    try:
+        path.write_text(text)
+    finally:
+        os.umask(old_umask)
+
+
+def cut_off(page, name: str, removed: float) -> tuple[float, float]:
+    """Seconds from *removed* until the hub's API, then her server's API, refuse her
+    browser (*page*): polled every 0.25 s."""
+    hub_api = server_api = None
+    while hub_api is None or server_api is None:
+        now = time.monotonic() - removed
+        assert now < DEADLINE, (hub_api, server_api)
+        if hub_api is None and page.request.get(f"{HUB_URL}/hub/api/user").status == 403:
+            hub_api = now
+        if server_api is None and page.request.get(
+                f"{HUB_URL}/user/{name}/api/status", max_redirects=0).status != 200:
+            server_api = now
+        time.sleep(0.25)
+    return hub_api, server_api
+
+
 @pytest.fixture(scope="module")
 def provider(hub, lab_config, tmp_path_factory):
     """The provider, and the hub signing in there; everything put back afterwards."""
@@ -62,11 +102,7 @@ def provider(hub, lab_config, tmp_path_factory):
                          host=gateway)
     p.set_accounts({NAME: {"password": PASSWORD, "groups": ["gpu-users", "ml-staff"]}})
     secret = hub_mount("/srv/gpulab/secrets") / "oidc-client-secret"
-    old_umask = os.umask(0o077)
-    try:
-        secret.write_text(p.client_secret)
-    finally:
-        os.umask(old_umask)
+    write_secret(secret, p.client_secret)
     login = "\n".join([
         "", "login:", "  provider: oidc", "  label: Lab account",
         f"  oidc_authorize_url: {p.issuer}/auth", f"  oidc_token_url: {p.issuer}/token",
@@ -75,14 +111,9 @@ def provider(hub, lab_config, tmp_path_factory):
         "  groups: {ml-staff: staff}", f"  refresh_every: {REFRESH}s", ""])
     p.start()
     try:
-        lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + login)
-        restart_hub(hub)
-        yield p
+        with hub_signing_in_with(hub, lab_config, login, NAME):
+            yield p
     finally:
-        if hub.request("GET", f"/users/{NAME}").status_code == 200:
-            hub.delete_user(NAME)
-        lab_config.restore()
-        restart_hub(hub)
         p.stop()
         secret.unlink(missing_ok=True)
 
@@ -125,16 +156,7 @@ def test_a_member_signs_in_with_the_lab_account_and_loses_everything_when_remove
         assert session.stdout.readline() == "tick\n"
         provider.set_accounts({})  # the lab removes her from its directory
         removed = time.monotonic()
-        hub_api = server_api = None
-        while hub_api is None or server_api is None:
-            now = time.monotonic() - removed
-            assert now < DEADLINE, (hub_api, server_api)
-            if hub_api is None and page.request.get(f"{HUB_URL}/hub/api/user").status == 403:
-                hub_api = now
-            if server_api is None and page.request.get(
-                    f"{HUB_URL}/user/{NAME}/api/status", max_redirects=0).status != 200:
-                server_api = now
-            time.sleep(0.25)
+        hub_api, server_api = cut_off(page, NAME, removed)
         session.wait(timeout=DEADLINE)
         ssh_closed = time.monotonic() - removed
         assert session.returncode == 255, session.returncode
@@ -166,11 +188,7 @@ def directory(hub, lab_config):
     d.start()
     secret = hub_mount("/srv/gpulab/secrets") / "ldap-bind-password"
     ca = hub_mount("/srv/gpulab/config") / "test-ldap-ca.pem"  # as the hub sees it
-    old_umask = os.umask(0o077)
-    try:
-        secret.write_text(d.service_password)
-    finally:
-        os.umask(old_umask)
+    write_secret(secret, d.service_password)
     ca.write_text(d.ca_file.read_text())
     settings = {**d.settings(), "login.ldap_ca_file": f"/srv/gpulab/config/{ca.name}"}
     login = "\n".join(["", "login:", "  label: Lab LDAP",
@@ -178,14 +196,9 @@ def directory(hub, lab_config):
                        "  allowed_groups: [gpu-users]", "  groups: {ml-staff: staff}",
                        f"  refresh_every: {REFRESH}s", ""])
     try:
-        lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml") + login)
-        restart_hub(hub)
-        yield d
+        with hub_signing_in_with(hub, lab_config, login, LDAP_NAME):
+            yield d
     finally:
-        if hub.request("GET", f"/users/{LDAP_NAME}").status_code == 200:
-            hub.delete_user(LDAP_NAME)
-        lab_config.restore()
-        restart_hub(hub)
         d.stop()
         secret.unlink(missing_ok=True)
         ca.unlink(missing_ok=True)
@@ -211,16 +224,6 @@ def test_a_member_signs_in_with_her_directory_password_and_loses_access_when_rem
     assert page.request.get(f"{HUB_URL}/user/{LDAP_NAME}/api/status").status == 200
 
     directory.remove_member(LDAP_NAME)  # the lab removes her from its directory
-    removed = time.monotonic()
-    hub_api = server_api = None
-    while hub_api is None or server_api is None:
-        now = time.monotonic() - removed
-        assert now < DEADLINE, (hub_api, server_api)
-        if hub_api is None and page.request.get(f"{HUB_URL}/hub/api/user").status == 403:
-            hub_api = now
-        if server_api is None and page.request.get(
-                f"{HUB_URL}/user/{LDAP_NAME}/api/status", max_redirects=0).status != 200:
-            server_api = now
-        time.sleep(0.25)
+    hub_api, server_api = cut_off(page, LDAP_NAME, time.monotonic())
     print(f"after her removal from the directory: hub API refused at {hub_api:.1f} s, her "
           f"server's API at {server_api:.1f} s (login.refresh_every {REFRESH} s)")

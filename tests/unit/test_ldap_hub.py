@@ -10,7 +10,6 @@ and once in headless Chromium.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shutil
@@ -19,14 +18,15 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import provider_hub
 import pytest
 import requests
+from provider_hub import chromium_page, form_sign_in, home_status, user_model
 from real_hub import new_hub
 
 from tests import idp
 
 REFRESH = 2  # login.refresh_every of this hub, seconds
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -72,35 +72,14 @@ def member(directory, *groups: str) -> tuple[str, str]:
 
 
 def sign_in(hub, name: str, password: str) -> tuple[requests.Session, requests.Response]:
-    s = requests.Session()
-    r = s.get(f"{hub.url}/hub/login", timeout=10)
+    r = requests.get(f"{hub.url}/hub/login", timeout=10)
     assert "Password (Lab LDAP) or personal access token" in r.text
     assert 'id="sso-login"' not in r.text  # no button: the form takes the password
-    r = s.post(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=15, data={
-        "username": name, "password": password, "_xsrf": s.cookies.get("_xsrf")})
-    return s, r
+    return form_sign_in(hub, name, password)
 
 
-def user_model(hub, name: str) -> dict | None:
-    r = hub.api("GET", f"/users/{name}")
-    return r.json() if r.status == 200 else None
-
-
-def home_status(s: requests.Session, hub) -> str:
-    r = s.get(f"{hub.url}/hub/home", allow_redirects=False, timeout=10,
-              headers={"Sec-Fetch-Mode": "navigate"})
-    if r.status_code == 200:
-        return "home"
-    return "login" if urlsplit(r.headers.get("Location", "")).path == "/hub/login" else str(
-        r.status_code)
-
-
-def wait_for(check, what: str, timeout: float = REFRESH * 5):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.25)
+def wait_for(check, what: str, timeout: float = REFRESH * 5) -> float:
+    return provider_hub.wait_for(check, what, timeout)
 
 
 def test_a_member_signs_in_with_her_directory_password_and_gets_her_groups(ldap, logs):
@@ -230,25 +209,11 @@ def test_a_dead_directory_is_a_refused_sign_in_not_a_hang(ldap, logs):
 
 def test_in_chromium_a_member_signs_in_with_her_directory_password(ldap, logs, tmp_path):
     hub, directory = ldap
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} not found: apt-get install -y chromium")
     name, password = member(directory, "gpu-users")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(20_000)
-            page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fhome")
-            page.fill("#username_input", name)
-            page.fill("#password_input", password)
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(r".*/hub/home$"))
-            assert name in page.inner_text("body")
-        except Exception:
-            page.screenshot(path=str(tmp_path / "ldap.png"))
-            raise
-        finally:
-            browser.close()
+    with chromium_page(tmp_path / "ldap.png") as page:
+        page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fhome")
+        page.fill("#username_input", name)
+        page.fill("#password_input", password)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r".*/hub/home$"))
+        assert name in page.inner_text("body")

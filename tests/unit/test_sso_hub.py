@@ -10,21 +10,21 @@ once in headless Chromium.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import time
 from urllib.parse import urljoin, urlsplit
 
+import provider_hub
 import pytest
 import requests
+from provider_hub import chromium_page, form_sign_in, home_status, user_model
 from real_hub import new_hub
 
 from tests import idp
 
 REFRESH = 2  # login.refresh_every of this hub, seconds
 PASSWORD = "correct horse"
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
 
 
 def account(*groups: str, **more) -> dict:
@@ -94,21 +94,6 @@ def sign_in(hub, name: str, password: str = PASSWORD) -> tuple[requests.Session,
     return s, r
 
 
-def user_model(hub, name: str) -> dict | None:
-    r = hub.api("GET", f"/users/{name}")
-    return r.json() if r.status == 200 else None
-
-
-def home_status(s: requests.Session, hub) -> str:
-    """"home" while her session holds, "login" once she must sign in again."""
-    r = s.get(f"{hub.url}/hub/home", allow_redirects=False, timeout=10,
-              headers={"Sec-Fetch-Mode": "navigate"})
-    if r.status_code == 200:
-        return "home"
-    assert r.status_code == 302, r.status_code
-    return "login" if urlsplit(r.headers["Location"]).path == "/hub/login" else r.headers["Location"]
-
-
 def own_token(s: requests.Session, hub, name: str) -> str:
     """A token she makes for a script with her browser session."""
     xsrf = s.cookies.get("_xsrf")
@@ -123,13 +108,8 @@ def whoami(hub, token: str) -> int:
                         headers={"Authorization": f"token {token}"}).status_code
 
 
-def wait_for(check, what: str, timeout: float = REFRESH * 5):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.25)
-    return time.monotonic()
+def wait_for(check, what: str, timeout: float = REFRESH * 5) -> float:
+    return provider_hub.wait_for(check, what, timeout)
 
 
 def test_a_member_signs_in_with_the_lab_account_and_gets_her_groups(sso, logs):
@@ -178,10 +158,7 @@ def test_her_binding_survives_a_sign_in_with_a_login_token(sso, logs):
                            f"imp{name}": account("gpu-users", username=name)})
     sign_in(hub, name)
     token = hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).json()["token"]
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=10)
-    r = s.post(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=10, data={
-        "username": name, "password": token, "_xsrf": s.cookies.get("_xsrf")})
+    _, r = form_sign_in(hub, name, token)
     assert urlsplit(r.url).path == "/hub/home"
     _, r = sign_in(hub, f"imp{name}")
     assert r.status_code == 403 and "another identity" in r.text
@@ -287,10 +264,7 @@ def test_login_tokens_still_sign_in_beside_the_lab_account(sso, logs):
     name = f"t{secrets.token_hex(3)}"
     assert hub.api("POST", f"/users/{name}", {}).status == 201
     token = hub.api("POST", f"/gpulab/login-tokens/{name}", {"expires_in": 600}).json()["token"]
-    s = requests.Session()
-    r = s.get(f"{hub.url}/hub/login", timeout=10)
-    r = s.post(f"{hub.url}/hub/login?next=%2Fhub%2Fhome", timeout=10, data={
-        "username": name, "password": token, "_xsrf": s.cookies.get("_xsrf")})
+    s, r = form_sign_in(hub, name, token)
     assert r.status_code == 200 and urlsplit(r.url).path == "/hub/home"
     time.sleep(REFRESH + 0.5)
     assert home_status(s, hub) == "home"  # the provider is never asked about her
@@ -298,28 +272,14 @@ def test_login_tokens_still_sign_in_beside_the_lab_account(sso, logs):
 
 def test_in_chromium_a_member_signs_in_with_the_button(sso, logs, tmp_path):
     hub, _ = sso
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} not found: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(20_000)
-            page.goto(f"{hub.url}/hub/home")  # signed out: to the sign-in page
-            page.get_by_role("button", name="Sign in with Lab account").click()
-            page.fill("#login", "bo")
-            page.fill("#password", PASSWORD)
-            page.click("#submit")
-            page.wait_for_url(re.compile(r".*/hub/home$"))
-            assert "bo" in page.inner_text("body")
-        except Exception:
-            page.screenshot(path=str(tmp_path / "sso.png"))
-            raise
-        finally:
-            browser.close()
+    with chromium_page(tmp_path / "sso.png") as page:
+        page.goto(f"{hub.url}/hub/home")  # signed out: to the sign-in page
+        page.get_by_role("button", name="Sign in with Lab account").click()
+        page.fill("#login", "bo")
+        page.fill("#password", PASSWORD)
+        page.click("#submit")
+        page.wait_for_url(re.compile(r".*/hub/home$"))
+        assert "bo" in page.inner_text("body")
 
 
 def ed25519_public() -> str:
