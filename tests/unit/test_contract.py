@@ -36,8 +36,8 @@ def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced
 
 
 def produced_by_the_hub() -> set[str]:
-    """The families the hub itself adds to its /hub/metrics (gpulab.line.metrics), and
-    gpulab-backup's (the same package, its own process)."""
+    """The families the hub itself adds to its /hub/metrics (gpulab.line.metrics,
+    gpulab.login.sso's checks), and gpulab-backup's (the same package, its own process)."""
     from gpulab.backup.metrics import families as backup_families
     from gpulab.gpus.config import parse_gpus_config
     from gpulab.line.metrics import budget_families, families
@@ -47,9 +47,14 @@ def produced_by_the_hub() -> set[str]:
     every_figure = {"last_success": 1.0, "last_attempt_ok": True, "last_duration": 1.0,
                     "processed_bytes": 1, "added_bytes": 1, "repository_bytes": 1,
                     "snapshots": 1}
+    from gpulab.login.sso import PROVIDER_CHECKS
+
     return ({f.name for f in families([Entry(1, "ann", "", 1, 0.0)], parse_gpus_config(""), 1.0)}
             | {f.name for f in backup_families(every_figure, 1.0, 1.0, {"backup": (2, 1)})}
-            | {f.name for f in budget_families(parse_gpus_config(""), Usage())})
+            | {f.name for f in budget_families(parse_gpus_config(""), Usage())}
+            # a counter: the family is named without _total, its samples with it
+            | {name for f in PROVIDER_CHECKS.collect()
+               for name in (f.name, *(sample.name for sample in f.samples))})
 
 
 def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produces(produced):

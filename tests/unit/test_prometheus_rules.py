@@ -19,7 +19,7 @@ needs_promtool = pytest.mark.skipif(
 ALERTS = {"GpulabGpuAllocatedIdle", "GpulabGpuMemoryNearlyFull", "GpulabGpuTemperatureHigh",
           "GpulabGpuLost", "GpulabExporterDown", "GpulabNvmlDown", "GpulabWaitingWhileGpuIdle",
           "GpulabBackupTooOld", "GpulabBackupFailed", "GpulabBackupServiceDown",
-          "GpulabDiskNearlyFull"}
+          "GpulabDiskNearlyFull", "GpulabLoginProviderUnreachable"}
 
 
 def promtool(*args, cwd=PROM):

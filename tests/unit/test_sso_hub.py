@@ -324,3 +324,8 @@ def test_while_the_provider_is_down_signed_in_members_keep_access(sso, logs):
     time.sleep(REFRESH + 0.5)
     assert home_status(s, hub) == "home"
     assert "Could not ask the lab's sign-in about bo" in hub.log_tail(200)
+    # what Prometheus alerts on (GpulabLoginProviderUnreachable)
+    metrics = hub.api("GET", "/metrics").text
+    counts = dict(re.findall(
+        r'^gpulab_login_provider_checks_total\{result="(\w+)"\} (\S+)$', metrics, re.M))
+    assert float(counts["unreachable"]) >= 1 and float(counts["vouched"]) >= 1, counts

@@ -33,7 +33,7 @@ from ldap3.utils.conv import escape_filter_chars
 from ldap3.utils.dn import parse_dn
 from traitlets import Any
 
-from gpulab.login.sso import ProviderPart, configure_provider
+from gpulab.login.sso import PROVIDER_CHECKS, ProviderPart, configure_provider
 
 __all__ = ["BIND_PASSWORD_FILE", "Directory", "DirectoryEntry", "LabLDAPAuthenticator",
            "configure_ldap", "group_names"]
@@ -190,8 +190,10 @@ class LabLDAPAuthenticator(ProviderPart):
         try:
             entry = await in_directory_thread(self.directory.sign_in, username, password)
         except LDAPException as e:
+            PROVIDER_CHECKS.labels("unreachable").inc()
             self.log.error("The lab's directory could not be asked about %s: %s", username, e)
             return None
+        PROVIDER_CHECKS.labels("vouched" if entry is not None else "not_vouched").inc()
         if entry is None:
             return None
         name = self.normalize_username(entry.name)

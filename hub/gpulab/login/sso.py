@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from jupyterhub.auth import Authenticator
 from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthCallbackHandler, OAuthLoginHandler
+from prometheus_client import Counter
 from tornado import web
 from traitlets import Any, Bool, Float, Instance, Set, Unicode, default
 
@@ -48,6 +49,19 @@ from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 
 __all__ = ["GroupMapping", "LabOIDCAuthenticator", "ProviderPart", "Verdict",
            "configure_oidc", "configure_provider", "groups_after", "sso_handlers"]
+
+# What the hub's checks with the provider found, on /hub/metrics: Prometheus alerts when
+# it could not be asked at all for a while (GpulabLoginProviderUnreachable), because
+# signed-in members keep access meanwhile, removed ones too.
+PROVIDER_CHECKS = Counter(
+    "gpulab_login_provider_checks",
+    "The hub's questions to the lab's identity provider (sign-ins with a directory "
+    "password, and checks of signed-in members every login.refresh_every), by what came "
+    "of them: vouched, not_vouched (removed, out of the allowed groups, ...) or "
+    "unreachable (no answer, an error, the hub's own directory account refused).",
+    ["result"])
+for _result in ("vouched", "not_vouched", "unreachable"):
+    PROVIDER_CHECKS.labels(_result)  # every series from the start, at 0
 
 LOGIN_PATH = "/oidc/oauth_login"
 CALLBACK_PATH = "/oidc/oauth_callback"
@@ -287,6 +301,7 @@ class ProviderPart(Authenticator):
         try:
             model = await self.ask_provider(user, handler)
         except Exception as e:  # unreachable, 5xx, bad answer: keep access, say why
+            PROVIDER_CHECKS.labels("unreachable").inc()
             self.log.warning("Could not ask the lab's sign-in about %s (%s); keeping access "
                              "until it answers", user.name, e)
             return True
@@ -303,10 +318,12 @@ class ProviderPart(Authenticator):
         groups = groups_after([g.name for g in user.groups], self.mapping.managed,
                               self._wanted_groups(user.name, verdict))
         user.sync_groups(groups)
+        PROVIDER_CHECKS.labels("vouched").inc()
         return {"name": user.name, "admin": self.is_admin(user.name, model["auth_state"]),
                 "groups": groups, "auth_state": model["auth_state"]}
 
     def _not_vouched(self, user, why: str) -> bool:
+        PROVIDER_CHECKS.labels("not_vouched").inc()
         self.log.warning("The lab's sign-in no longer vouches for %s: %s", user.name, why)
         user.sync_groups(groups_after([g.name for g in user.groups], self.mapping.managed,
                                       self._wanted_groups(user.name, None)))
@@ -388,6 +405,7 @@ class LabOIDCAuthenticator(ProviderPart, GenericOAuthenticator):
         authentication["groups"] = self.groups_at_sign_in(name, state, user)
         if user is not None:
             self.vouched_now(user)
+        PROVIDER_CHECKS.labels("vouched").inc()  # the provider answered
         return authentication
 
     async def ask_provider(self, user, handler):
