@@ -1,6 +1,10 @@
 """PID -> container from /proc/PID/cgroup text, and container labels -> hub user."""
 
+import io
 import os
+import re
+import subprocess
+import tarfile
 import uuid
 
 import pytest
@@ -80,6 +84,29 @@ def test_container_from_labels(labels, expected):
     assert container_from_labels(CID, "gpulab-ann", labels) == expected
 
 
+def host_sleep_image(client) -> str:
+    """An image of this host's own ``sleep`` and the libraries it links (ldd), imported
+    from a tarball: no build and no registry, so the unit tests need no image that
+    ``make images`` builds later (a fresh CI machine has none: docker pulled, and failed)."""
+    import docker
+
+    tag = "gpulab-test/host-sleep:latest"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    ldd = subprocess.run(["ldd", "/bin/sleep"], capture_output=True, text=True, check=True)
+    files = ["/bin/sleep", *re.findall(r"(/\S+) \(0x", ldd.stdout)]
+    tarball = io.BytesIO()
+    with tarfile.open(fileobj=tarball, mode="w") as tar:
+        for path in files:
+            tar.add(os.path.realpath(path), arcname=path.lstrip("/"))
+    client.api.import_image_from_data(tarball.getvalue(), repository=tag.split(":")[0],
+                                      tag="latest")
+    return tag
+
+
 def test_docker_directory_and_proc_find_a_real_labelled_container():
     """The real directory against this host's dockerd, and the real /proc: a container
     labelled as the hub labels users' containers is listed with its user, server and
@@ -88,7 +115,7 @@ def test_docker_directory_and_proc_find_a_real_labelled_container():
         pytest.skip("no Docker socket at /var/run/docker.sock on this host")
     docker = pytest.importorskip("docker")
     client = docker.from_env()
-    image = "gpulab/base:bookworm"  # `make images` builds it; any local image would do
+    image = host_sleep_image(client)
     name = f"gpulab-test-attribution-{uuid.uuid4().hex[:8]}"
     labels = {"org.gpulab.managed": "true", "org.gpulab.user": "ann",
               "org.gpulab.server": "big", "org.gpulab.gpus": "GPU-a,GPU-b"}

@@ -92,6 +92,18 @@ def test_registering_again_replaces_the_collector(tmp_path):
     assert text.count("\ngpulab_line_waiting ") == 1, text
 
 
+def test_registries_made_and_dropped_one_after_another_each_get_their_own_collector(tmp_path):
+    """Each test's registry is dropped after it: a new one may get a dead one's id().
+    Kept by id, register() unregistered the dead one's collector from the new registry
+    (KeyError in CI's unit lane); 200 in a row reproduced it every time."""
+    for _ in range(200):
+        registry = CollectorRegistry()
+        collector = metrics.register(tmp_path / "line.sqlite", tmp_path / "gpus.yaml",
+                                     registry)
+        assert registry._collector_to_names.keys() == {collector}
+        del registry
+
+
 @pytest.mark.parametrize("text, seconds", [("", 1800), ("line: {alert_after: 2h}", 7200),
                                            ("line: {alert_after: 0}", 0)])
 def test_alert_after_in_gpus_yaml(text, seconds):

@@ -45,6 +45,7 @@ import logging
 import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -156,7 +157,11 @@ class LineCollector:
         return []  # collected at each scrape, never at registration
 
 
-_registered: dict[int, LineCollector] = {}  # id(registry) -> the collector it has
+# registry -> the collector it has. Weak keys: a registry gone (a test's) takes its entry
+# with it; keyed by id(), a new registry at a dead one's address was handed the dead one's
+# collector to unregister (KeyError, seen in CI).
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, LineCollector] = (
+    weakref.WeakKeyDictionary())
 
 
 def register(line_path: str | os.PathLike, gpus_path: str | os.PathLike,
@@ -164,9 +169,9 @@ def register(line_path: str | os.PathLike, gpus_path: str | os.PathLike,
              usage_path: str | os.PathLike | None = None) -> LineCollector:
     """Register the line's collector in *registry* (the hub's process-wide one), in
     place of one registered before: a config file loaded twice adds no second copy."""
-    old = _registered.pop(id(registry), None)
+    old = _registered.pop(registry, None)
     if old is not None:
         registry.unregister(old)
-    collector = _registered[id(registry)] = LineCollector(line_path, gpus_path, usage_path)
+    collector = _registered[registry] = LineCollector(line_path, gpus_path, usage_path)
     registry.register(collector)
     return collector
