@@ -10,7 +10,7 @@ import pytest
 
 from gpulab_exporter.attribution import Container, StaticContainerDirectory
 from gpulab_exporter.cli import FAKE_CONTROL, build_parser
-from gpulab_exporter.fake_nvml import FakeNvml, fake_uuid, parse_control
+from gpulab_exporter.fake_nvml import Control, FakeNvml, fake_uuid, parse_control
 from gpulab_exporter.nvml import GpuProcess
 from gpulab_exporter.server import make_registry
 from gpulab_exporter.snapshot import Poller
@@ -120,11 +120,16 @@ def test_a_bad_control_file_is_logged_once_and_the_last_good_stays(control, proc
 
 
 def test_parse_control_table():
-    assert parse_control({}, 2) == ({}, set(), {})
+    assert parse_control({}, 2) == Control()
     assert parse_control({"processes": {"1": [[5, 6]]}, "lost": ["0"],
-                          "utilization": {"1": 80}}, 2) == ({1: [GpuProcess(5, 6)]}, {0}, {1: 80})
+                          "utilization": {"1": 80}}, 2) == Control(
+        {1: [GpuProcess(5, 6)]}, frozenset({0}), {1: 80})
+    assert parse_control({"mig": {"1": 3}, "processes": {"1:2": [[5, 6]]}}, 2) == Control(
+        {(1, 2): [GpuProcess(5, 6)]}, mig={1: 3})
     for bad in ({"utilization": {"0": 101}}, {"utilization": {"0": "busy"}},
-                {"utilization": {"2": 5}}, {"utilization": [0]}):
+                {"utilization": {"2": 5}}, {"utilization": [0]}, {"mig": {"0": 8}},
+                {"mig": {"0": 0}}, {"processes": {"0:0": [[5, 6]]}},
+                {"mig": {"0": 2}, "processes": {"0:2": [[5, 6]]}}, {"mig": {"0": True}}):
         with pytest.raises(ValueError):
             parse_control(bad, 2)
 

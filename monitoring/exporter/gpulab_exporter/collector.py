@@ -43,7 +43,7 @@ _GAUGES: list[tuple[str, str, str]] = [
 
 
 def _gpu_labels(g: GpuSample) -> list[str]:
-    return [str(g.index), g.uuid]
+    return [g.label, g.uuid]
 
 
 def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
@@ -84,12 +84,20 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
     # -- per GPU -----------------------------------------------------------------------
     up = GaugeMetricFamily("gpulab_gpu_up", "1 if the GPU answered on the last cycle, 0 if "
                            "it is lost or needs a reset.", labels=GPU)
-    gpu_info = InfoMetricFamily("gpulab_gpu", "GPU identity.", labels=[*GPU, "model"])
+    gpu_info = InfoMetricFamily("gpulab_gpu", "GPU identity (a MIG device's gpu label is "
+                                "INDEX:SLOT, as in NVIDIA_VISIBLE_DEVICES).",
+                                labels=[*GPU, "model"])
+    mig_info = InfoMetricFamily("gpulab_gpu_mig_device",
+                                "1 per MIG device, with the UUID of the GPU it is part of. A "
+                                "MIG device has its own memory and leases; temperature, power "
+                                "and clocks are its GPU's.", labels=[*GPU, "parent_uuid"])
     for g in snap.gpus:
         up.add_metric(_gpu_labels(g), 1.0 if g.up else 0.0)
         if g.model is not None:
             gpu_info.add_metric([*_gpu_labels(g), g.model], {})
-    fams += [up, gpu_info]
+        if g.parent_uuid is not None:
+            mig_info.add_metric([*_gpu_labels(g), g.parent_uuid], {})
+    fams += [up, gpu_info, mig_info]
 
     for name, help_text, attr in _GAUGES:
         fam = GaugeMetricFamily(name, help_text, labels=GPU)

@@ -10,6 +10,7 @@ so the code under test sorts errors exactly as it does against a driver.
     nvml.gpus[0].processes = [GpuProcess(4242, 1 << 30)]
     nvml.gpus[0].errors["power"] = pynvml.NVMLLibraryMismatchError("...")  # any error
     nvml.gpus[1].mig = True                       # MIG mode, as a non-root caller sees it
+    split_mig(nvml.gpus[1], 3)                    # ... with three MIG devices
     FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound)  # no driver at all
 
 One level lower, :class:`FakeLibNvml` stands in for ``libnvidia-ml.so`` itself, under
@@ -28,6 +29,11 @@ its processes) and stays at 0 % utilization, and every read of fake GPU 1 raises
 GpuIsLost. GPUs the file does not mention run no process, are healthy, and follow their
 demo load (if animated); a missing file means exactly that. The
 exporter still attributes the PID through the host's real ``/proc/<pid>/cgroup``.
+
+``{"mig": {"1": 2}, "processes": {"1:0": [[12345, 1073741824]]}}`` puts fake GPU 1 in MIG
+mode with two MIG devices (1:0 and 1:1, UUIDs from :func:`mig_uuid`), the first running
+that process: its memory counts as used there, and its process list is refused to the
+exporter, as NVML refuses it to a non-root caller under MIG.
 """
 
 from __future__ import annotations
@@ -67,6 +73,16 @@ FIELDS = (
 )
 
 
+# What NVML answers for a whole GPU only, not on a MIG device's handle.
+MIG_DEVICE_ABSENT = frozenset({"temperature", "power", "energy", "clock_sm", "clock_memory",
+                               "fan", "ecc", "mig_mode"})
+
+
+def mig_uuid(index: int, slot: int) -> str:
+    """A UUID-shaped id for MIG device *slot* of fake GPU *index*, stable across runs."""
+    return f"MIG-fa4e0000-0000-4000-8001-{index:06x}{slot:06x}"
+
+
 def fake_uuid(index: int) -> str:
     """A UUID-shaped id for fake GPU ``index`` ("fa4e" reads "fake"), stable across runs
     so a CPU-only stack can lease the same ids the exporter reports."""
@@ -103,6 +119,9 @@ class FakeGpu:
     lost_after: int | None = None
     # Set by the control file: the utilization reported whatever the demo load says.
     held_utilization: int | None = None
+    # A GPU in MIG mode: its MIG devices (split_mig), read through handles of their own
+    # as NVML's MIG device handles are; the device's slot is its place in this list.
+    instances: list[FakeGpu] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -110,6 +129,24 @@ class FakeGpu:
         unknown = (self.unsupported | set(self.errors)) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fake NVML fields {sorted(unknown)}; known: {FIELDS}")
+
+
+def split_mig(gpu: FakeGpu, count: int) -> None:
+    """Put *gpu* in MIG mode with *count* MIG devices sharing its memory equally, as
+    ``nvidia-smi mig -cgi ... -C`` makes them (0: MIG mode off). Each answers as NVML does a
+    non-root caller on a MIG device: memory, name and UUID; no utilization, no process
+    list, none of the whole GPU's sensors. Devices already there are kept (their state
+    too) where the count does not change."""
+    if count == len(gpu.instances) and gpu.mig == (count > 0):
+        return
+    gpu.mig = count > 0
+    size = gpu.memory_total // count if count else 0
+    model = gpu.name.removesuffix(" (fake)")
+    gpu.instances = [
+        FakeGpu(index=gpu.index, uuid=mig_uuid(gpu.index, slot), mig=True,
+                name=f"{model} MIG {7 // count}g.{size // GiB}gb (fake)", memory_total=size,
+                unsupported=set(MIG_DEVICE_ABSENT), lost_after=gpu.lost_after)
+        for slot in range(count)]
 
 
 class FakeNvml:
@@ -169,16 +206,22 @@ class FakeNvml:
             self._control_failed(f"cannot read {self.control}: {e}")
             return
         try:
-            processes, lost, utilization = parse_control(json.loads(text), len(self.gpus))
+            control = parse_control(json.loads(text), len(self.gpus))
         except ValueError as e:  # json.JSONDecodeError is one
             self._control_failed(f"{self.control}: {e}")
             return
         self._control_error = None
         for gpu in self.gpus:
-            gpu.processes = processes.get(gpu.index, [])
-            gpu.memory_used = sum(p.used_memory or 0 for p in gpu.processes)
-            gpu.lost_after = 0 if gpu.index in lost else None
-            gpu.held_utilization = utilization.get(gpu.index)
+            split_mig(gpu, control.mig.get(gpu.index, 0))
+            lost = 0 if gpu.index in control.lost else None
+            for slot, device in [(None, gpu), *enumerate(gpu.instances)]:
+                key = gpu.index if slot is None else (gpu.index, slot)
+                device.processes = control.processes.get(key, [])
+                device.memory_used = sum(p.used_memory or 0 for p in device.processes)
+                device.lost_after = lost
+            if gpu.instances:  # a MIG GPU's memory is its devices'
+                gpu.memory_used = sum(d.memory_used for d in gpu.instances)
+            gpu.held_utilization = control.utilization.get(gpu.index)
 
     def _control_failed(self, why: str) -> None:
         if why != self._control_error:
@@ -279,6 +322,10 @@ class FakeNvml:
     def mig_enabled(self, handle: FakeGpu) -> bool:
         return self._read(handle, "mig_mode").mig
 
+    def mig_devices(self, handle: FakeGpu) -> list[tuple[int, FakeGpu]]:
+        gpu = self._read(handle, "mig_mode")
+        return list(enumerate(gpu.instances)) if gpu.mig else []
+
 
 class FakeLibNvml:
     """A stand-in for ``libnvidia-ml.so`` (what pynvml loads with ctypes), so that the
@@ -287,7 +334,8 @@ class FakeLibNvml:
 
     Its functions take and fill pynvml's ctypes arguments as the C functions do. It has
     the few the tests need (init, shutdown, driver version, count, handle, UUID, name,
-    utilization, memory v1 and v2, MIG mode, and the process queries ``_v3`` and ``_v2``);
+    utilization, memory v1 and v2, MIG mode and MIG device handles, and the process queries
+    ``_v3`` and ``_v2``);
     every other one is absent, as from an older driver, so pynvml raises
     NVMLError_FunctionNotFound for it. Names in ``missing`` are absent too: a driver
     without ``nvmlDeviceGetComputeRunningProcesses_v3`` makes pynvml's unversioned
@@ -324,6 +372,8 @@ class FakeLibNvml:
             "nvmlDeviceGetMemoryInfo": self._memory,
             "nvmlDeviceGetMemoryInfo_v2": self._memory,
             "nvmlDeviceGetMigMode": self._mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": self._max_mig_devices,
+            "nvmlDeviceGetMigDeviceHandleByIndex": self._mig_device,
             "nvmlDeviceGetComputeRunningProcesses_v3": self._processes,
             "nvmlDeviceGetComputeRunningProcesses_v2": self._processes,
         }
@@ -358,8 +408,20 @@ class FakeLibNvml:
             cache.update(saved_cache)
 
     # -- the C functions, on pynvml's ctypes arguments ---------------------------------
+    # A handle is an opaque pointer: here GPU index + 1, and for a MIG device
+    # (GPU index + 1) * MIG_HANDLE + slot + 1.
+    MIG_HANDLE = 1000
+
     def _gpu(self, handle: Any) -> FakeGpu:
-        return self.gpus[ctypes.cast(handle, ctypes.c_void_p).value - 1]
+        gpu, slot = divmod(ctypes.cast(handle, ctypes.c_void_p).value, self.MIG_HANDLE)
+        if gpu:
+            return self.gpus[gpu - 1].instances[slot - 1]
+        return self.gpus[slot - 1]
+
+    @staticmethod
+    def _set_handle(device: Any, value: int) -> None:
+        slot = ctypes.cast(ctypes.pointer(device._obj), ctypes.POINTER(ctypes.c_void_p))
+        slot.contents.value = value
 
     def _driver_version(self, buf: Any, size: Any) -> int:
         buf.value = self.driver.encode()
@@ -372,9 +434,21 @@ class FakeLibNvml:
     def _handle(self, index: Any, device: Any) -> int:
         if not 0 <= index.value < len(self.gpus):
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        # the handle is an opaque pointer: here, the index + 1
-        slot = ctypes.cast(ctypes.pointer(device._obj), ctypes.POINTER(ctypes.c_void_p))
-        slot.contents.value = index.value + 1
+        self._set_handle(device, index.value + 1)
+        return pynvml.NVML_SUCCESS
+
+    def _max_mig_devices(self, handle: Any, count: Any) -> int:
+        count._obj.value = 7  # as on an A100 or H100: up to seven
+        return pynvml.NVML_SUCCESS
+
+    def _mig_device(self, handle: Any, index: Any, device: Any) -> int:
+        gpu = self._gpu(handle)
+        if not gpu.mig:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if index.value >= len(gpu.instances):  # an empty slot
+            return pynvml.NVML_ERROR_NOT_FOUND
+        place = next(i for i, g in enumerate(self.gpus) if g is gpu)
+        self._set_handle(device, (place + 1) * self.MIG_HANDLE + index.value + 1)
         return pynvml.NVML_SUCCESS
 
     def _text(self, handle: Any, buf: Any, attr: str) -> int:
@@ -418,15 +492,27 @@ class FakeLibNvml:
         return pynvml.NVML_SUCCESS
 
 
-def parse_control(data: Any, count: int
-                  ) -> tuple[dict[int, list[GpuProcess]], set[int], dict[int, int]]:
-    """A control file's JSON -> (GPU index -> its processes, indices of lost GPUs, GPU
-    index -> held utilization percent), for *count* fake GPUs; ValueError saying what is
-    wrong."""
-    if not isinstance(data, dict) or set(data) - {"processes", "lost", "utilization"}:
-        raise ValueError('expected {"processes": {"INDEX": [[PID, BYTES], ...]}, '
-                         '"lost": [INDEX, ...], "utilization": {"INDEX": PERCENT}}, '
-                         f'got {data!r}')
+@dataclass(frozen=True)
+class Control:
+    """A control file, parsed: processes per GPU index or (index, MIG slot), lost GPUs'
+    indices, held utilization per index, and MIG devices per index (MIG mode on)."""
+
+    processes: dict[int | tuple[int, int], list[GpuProcess]] = field(default_factory=dict)
+    lost: frozenset[int] = frozenset()
+    utilization: dict[int, int] = field(default_factory=dict)
+    mig: dict[int, int] = field(default_factory=dict)
+
+
+CONTROL_FORMAT = ('{"processes": {"INDEX" or "INDEX:SLOT": [[PID, BYTES], ...]}, '
+                  '"lost": [INDEX, ...], "utilization": {"INDEX": PERCENT}, '
+                  '"mig": {"INDEX": MIG DEVICES (1-7)}}')
+
+
+def parse_control(data: Any, count: int) -> Control:
+    """A control file's JSON -> :class:`Control`, for *count* fake GPUs; ValueError
+    saying what is wrong."""
+    if not isinstance(data, dict) or set(data) - {"processes", "lost", "utilization", "mig"}:
+        raise ValueError(f"expected {CONTROL_FORMAT}, got {data!r}")
 
     def index(value: Any) -> int:
         try:
@@ -437,10 +523,32 @@ def parse_control(data: Any, count: int
             raise ValueError(f"no fake GPU {value!r} (there are {count})")
         return i
 
+    def counts(name: str, low: int, high: int, what: str) -> dict[int, int]:
+        given = data.get(name) or {}
+        if not isinstance(given, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+                for v in given.values()):
+            raise ValueError(f"{name}: expected {{\"INDEX\": {what} ({low}-{high})}}, "
+                             f"got {given!r}")
+        return {index(k): v for k, v in given.items()}
+
+    mig = counts("mig", 1, 7, "MIG DEVICES")
+
+    def device(key: str) -> int | tuple[int, int]:
+        gpu, colon, slot = str(key).partition(":")
+        if not colon:
+            return index(gpu)
+        at = index(gpu)
+        if not slot.isdigit() or int(slot) >= mig.get(at, 0):
+            raise ValueError(f"no MIG device {key!r}: GPU {at} has {mig.get(at, 0)} "
+                             f"(\"mig\": {{\"{at}\": N}})")
+        return at, int(slot)
+
     given = data.get("processes") or {}
     if not isinstance(given, dict):
-        raise ValueError(f"processes: expected {{\"INDEX\": [[PID, BYTES], ...]}}, got {given!r}")
-    processes: dict[int, list[GpuProcess]] = {}
+        raise ValueError(f"processes: expected {{\"INDEX\": [[PID, BYTES], ...]}}, "
+                         f"got {given!r}")
+    processes: dict[int | tuple[int, int], list[GpuProcess]] = {}
     for key, rows in given.items():
         if not isinstance(rows, list) or not all(
                 isinstance(r, list) and len(r) == 2 and all(
@@ -448,16 +556,12 @@ def parse_control(data: Any, count: int
                 for r in rows):
             raise ValueError(f"processes of GPU {key}: expected [[PID, BYTES], ...], "
                              f"got {rows!r}")
-        processes[index(key)] = [GpuProcess(pid, used) for pid, used in rows]
+        processes[device(key)] = [GpuProcess(pid, used) for pid, used in rows]
     lost = data.get("lost") or []
     if not isinstance(lost, list):
         raise ValueError(f"lost: expected a list of GPU indices, got {lost!r}")
-    held = data.get("utilization") or {}
-    if not isinstance(held, dict) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100
-            for v in held.values()):
-        raise ValueError(f"utilization: expected {{\"INDEX\": PERCENT (0-100)}}, got {held!r}")
-    return processes, {index(i) for i in lost}, {index(k): v for k, v in held.items()}
+    return Control(processes, frozenset(index(i) for i in lost),
+                   counts("utilization", 0, 100, "PERCENT"), mig)
 
 
 def _animate(gpu: FakeGpu, clock: Callable[[], float] = time.time) -> None:

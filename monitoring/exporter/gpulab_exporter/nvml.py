@@ -107,6 +107,7 @@ class NvmlLike(Protocol):
     def ecc_errors(self, handle: Any, corrected: bool) -> int: ...
     def processes(self, handle: Any) -> list[GpuProcess]: ...
     def mig_enabled(self, handle: Any) -> bool: ...
+    def mig_devices(self, handle: Any) -> list[tuple[int, Any]]: ...
 
 
 def _pynvml_version() -> str:
@@ -226,6 +227,20 @@ class Nvml:
     def mig_enabled(self, handle: Any) -> bool:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
         return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def mig_devices(self, handle: Any) -> list[tuple[int, Any]]:
+        """A MIG-mode GPU's MIG devices as (MIG device index, handle): the slots up to
+        NVML's maximum that hold one (an empty slot answers NotFound). A GPU not in MIG
+        mode has none."""
+        if not self.mig_enabled(handle):
+            return []
+        devices = []
+        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                devices.append((slot, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)))
+            except pynvml.NVMLError_NotFound:
+                continue
+        return devices
 
     def _driver_or_unknown(self) -> str:
         try:

@@ -94,6 +94,15 @@ class GpuSample:
     processes_unavailable: str | None = None
     processes_error: str | None = None
     leases: tuple[Lease, ...] = ()
+    # A MIG device of GPU ``index``: its slot there (NVIDIA_VISIBLE_DEVICES names it
+    # INDEX:SLOT) and that GPU's UUID. None for a whole GPU.
+    mig_device: int | None = None
+    parent_uuid: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The ``gpu`` label: "1" for GPU 1, "1:0" for MIG device 0 of GPU 1."""
+        return str(self.index) if self.mig_device is None else f"{self.index}:{self.mig_device}"
 
     def user_memory_bytes(self) -> dict[str, int] | None:
         """GPU memory held per hub user (lease holders without processes at 0), or None
@@ -200,7 +209,10 @@ class Poller:
         self._processes_timestamp: float | None = None
         self._containers: dict[str, Container] = {}
         self._docker_up: bool | None = None
-        self._identity: dict[int, tuple[str, str | None]] = {}
+        # GPU index, or (index, MIG slot) -> (uuid, model) as last read
+        self._identity: dict[int | tuple[int, int], tuple[str, str | None]] = {}
+        # GPU index -> its MIG devices as last read: (slot, uuid, model)
+        self._mig_identity: dict[int, list[tuple[int | None, str, str | None]]] = {}
         self._processes: dict[str, _Processes] = {}
         self._logged: set[tuple] = set()
         self._stop = threading.Event()
@@ -230,7 +242,7 @@ class Poller:
                 log.info("NVML initialised: driver %s%s", self._driver,
                          " (FAKE NVML: simulated GPUs, not real hardware)" if self._fake else "")
             count = self.nvml.device_count()
-            gpus = tuple(self._read_gpu(i, slow) for i in range(count))
+            gpus = tuple(sample for i in range(count) for sample in self._read_gpu(i, slow))
         except _NoGpusHere as e:
             error = str(e)
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, _NvmlGone) as e:
@@ -284,43 +296,79 @@ class Poller:
         self._docker_up = True
         self._containers = {c.id: c for c in items}
 
-    def _read_gpu(self, index: int, slow: bool) -> GpuSample:
+    def _read_gpu(self, index: int, slow: bool) -> list[GpuSample]:
+        """GPU *index*, then its MIG devices if it is in MIG mode. A GPU found lost takes
+        its MIG devices with it: each is a lost row too (with the leases it had)."""
         uuid, model = self._identity.get(index, ("", None))
+        devices: list[GpuSample] = []
         try:
             handle = self._call(self.nvml.device, index)
             uuid = self._call(self.nvml.uuid, handle) or uuid
             model = self._call(self.nvml.name, handle) or model
             self._identity[index] = (uuid, model)
-            values: dict = {}
-            for name, method, factor in _FIELDS:
-                raw = self._call(getattr(self.nvml, method), handle)
-                values[name] = None if raw is None else raw * factor
-            mem = self._call(self.nvml.memory_info, handle)
-            if mem is not None:
-                values.update(memory_used_bytes=mem.used, memory_total_bytes=mem.total,
-                              memory_free_bytes=mem.free)
+            values = self._readings(handle, _FIELDS)
             values["ecc_corrected"] = self._call(self.nvml.ecc_errors, handle, True)
             values["ecc_uncorrected"] = self._call(self.nvml.ecc_errors, handle, False)
-            if slow or uuid not in self._processes:
-                self._processes[uuid] = self._read_processes(index, handle)
-            processes = self._processes[uuid]
+            processes = self._processes_of(str(index), uuid, handle, slow)
+            for slot, mig_handle in self._optional(self.nvml.mig_devices, handle) or ():
+                devices.append(self._read_mig_device(index, slot, mig_handle, uuid, slow))
+            self._mig_identity[index] = [(d.mig_device, d.uuid, d.model) for d in devices]
         except _GpuDown as e:
             self._note(("down", index, str(e)), logging.WARNING,
                        "GPU %s (%s) is down: %s", index, uuid or "uuid unknown", e)
-            return GpuSample(index=index, uuid=uuid, model=model, up=False, error=str(e),
-                             leases=self._leases(uuid, index))
-        return GpuSample(index=index, uuid=uuid, model=model, up=True,
-                         processes=processes.samples,
-                         processes_unavailable=processes.reason,
-                         processes_error=processes.error,
-                         leases=self._leases(uuid, index), **values)
+            return [GpuSample(index=index, uuid=uuid, model=model, up=False, error=str(e),
+                              leases=self._leases(uuid, index)),
+                    *(GpuSample(index=index, mig_device=slot, parent_uuid=uuid, uuid=u,
+                                model=m, up=False, error=str(e), leases=self._leases(u))
+                      for slot, u, m in self._mig_identity.get(index, ()))]
+        return [GpuSample(index=index, uuid=uuid, model=model, up=True,
+                          processes=processes.samples,
+                          processes_unavailable=processes.reason,
+                          processes_error=processes.error,
+                          leases=self._leases(uuid, index), **values),
+                *devices]
 
-    def _read_processes(self, index: int, handle) -> _Processes:
+    def _read_mig_device(self, index: int, slot: int, handle, parent_uuid: str,
+                         slow: bool) -> GpuSample:
+        """MIG device *slot* of GPU *index*: its own UUID, model, memory and (where NVML
+        gives it) utilization; the sensors are the whole GPU's. Raises _GpuDown as
+        :meth:`_read_gpu` does."""
+        uuid, model = self._identity.get((index, slot), ("", None))
+        uuid = self._call(self.nvml.uuid, handle) or uuid
+        model = self._call(self.nvml.name, handle) or model
+        self._identity[(index, slot)] = (uuid, model)
+        values = self._readings(handle, _FIELDS[:1])  # utilization only
+        processes = self._processes_of(f"{index}:{slot}", uuid, handle, slow, mig_device=True)
+        return GpuSample(index=index, mig_device=slot, parent_uuid=parent_uuid, uuid=uuid,
+                         model=model, up=True, processes=processes.samples,
+                         processes_unavailable=processes.reason,
+                         processes_error=processes.error, leases=self._leases(uuid), **values)
+
+    def _readings(self, handle, fields: list[tuple[str, str, float]]) -> dict:
+        """*fields*' values (None where absent) and the memory, in base units."""
+        values: dict = {}
+        for name, method, factor in fields:
+            raw = self._call(getattr(self.nvml, method), handle)
+            values[name] = None if raw is None else raw * factor
+        mem = self._call(self.nvml.memory_info, handle)
+        if mem is not None:
+            values.update(memory_used_bytes=mem.used, memory_total_bytes=mem.total,
+                          memory_free_bytes=mem.free)
+        return values
+
+    def _processes_of(self, label: str, uuid: str, handle, slow: bool,
+                      mig_device: bool = False) -> _Processes:
+        """The device's process list, read again on the slow cycle (or when new)."""
+        if slow or uuid not in self._processes:
+            self._processes[uuid] = self._read_processes(label, handle, mig_device)
+        return self._processes[uuid]
+
+    def _read_processes(self, index: str, handle, mig_device: bool = False) -> _Processes:
         try:
             found = self.nvml.processes(handle)
         except Exception as e:
             self._raise_if_fatal(e)
-            reason = self._why_no_processes(e, handle)
+            reason = self._why_no_processes(e, handle, mig_device)
             error = _describe(e)
             self._note(("attribution", index, reason), logging.WARNING,
                        "GPU %s: its processes cannot be listed, so its GPU memory is not "
@@ -342,11 +390,12 @@ class Poller:
             ))
         return _Processes(tuple(samples))
 
-    def _why_no_processes(self, error: Exception, handle) -> str:
-        """The ATTRIBUTION_REASONS key for a failed process query."""
+    def _why_no_processes(self, error: Exception, handle, mig_device: bool = False) -> str:
+        """The ATTRIBUTION_REASONS key for a failed process query (on a MIG device's
+        handle, if *mig_device*)."""
         value = getattr(error, "value", None) if isinstance(error, pynvml.NVMLError) else None
         if value in (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_NOT_SUPPORTED):
-            if self._optional(self.nvml.mig_enabled, handle):
+            if mig_device or self._optional(self.nvml.mig_enabled, handle):
                 return "mig"
             return ("no_permission" if value == pynvml.NVML_ERROR_NO_PERMISSION
                     else "not_supported")
@@ -355,8 +404,9 @@ class Poller:
             return "driver_lacks_query"
         return "error"
 
-    def _leases(self, uuid: str, index: int) -> tuple[Lease, ...]:
-        keys = {uuid, str(index)} - {""}
+    def _leases(self, uuid: str, index: int | None = None) -> tuple[Lease, ...]:
+        """The hub containers holding this GPU by UUID or (a whole GPU) by index."""
+        keys = {uuid, "" if index is None else str(index)} - {""}
         return tuple(
             Lease(user=c.user, server=c.server, container=c.name)
             for c in sorted(self._containers.values(), key=lambda c: (c.user, c.server))
