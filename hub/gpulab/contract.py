@@ -139,6 +139,17 @@ METRIC_UTILIZATION = "gpulab_gpu_utilization_ratio"
 METRIC_MEMORY_USED = "gpulab_gpu_memory_used_bytes"
 METRIC_MEMORY_TOTAL = "gpulab_gpu_memory_total_bytes"
 METRIC_LEASE = "gpulab_gpu_lease_info"  # one series per (GPU, holder), value 1
+METRIC_MIG_DEVICE = "gpulab_gpu_mig_device_info"  # per MIG device: its GPU's parent_uuid
+
+
+def parse_gpu_label(label: str) -> tuple[int | None, int | None]:
+    """The exporter's ``gpu`` label -> (GPU index, MIG device slot): "1" is GPU 1, "1:0"
+    MIG device 0 of GPU 1 (as NVIDIA_VISIBLE_DEVICES names it); (None, None) for anything
+    else."""
+    index, colon, slot = label.partition(":")
+    if not index.isdigit() or (colon and not slot.isdigit()):
+        return None, None
+    return int(index), int(slot) if colon else None
 
 
 # The demo for a host without GPUs (`make up GPULAB_DEMO=1`): the hub finds this many

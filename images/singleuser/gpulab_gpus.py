@@ -82,16 +82,12 @@ def snapshot(nvml: Any = None, env: Mapping[str, str] | None = None) -> dict:
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            memory = _field(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h))
-            gpus.append({
-                "index": index,
-                "name": _field(lambda h=handle: _text(nvml.nvmlDeviceGetName(h))),
-                "uuid": _field(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h))),
-                "memory_used_bytes": getattr(memory, "used", None),
-                "memory_total_bytes": getattr(memory, "total", None),
-                "utilization_percent": _field(
-                    lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-            })
+            mig = _mig_devices(nvml, handle)
+            # A GPU in MIG mode: the server was given MIG devices of it, not it (NVML in
+            # the container lists the GPU, and under it only the devices given).
+            gpus += [_device(nvml, h, f"{index}:{slot}") for slot, h in mig]
+            if not mig:
+                gpus.append(_device(nvml, handle, index))
     except Exception as e:
         return _no_gpus(assigned, str(e) or type(e).__name__)
     finally:
@@ -99,6 +95,34 @@ def snapshot(nvml: Any = None, env: Mapping[str, str] | None = None) -> dict:
     if not gpus:
         return _no_gpus(assigned, "NVML found no GPU in this container")
     return {"gpus": gpus, "assigned": assigned, "message": None}
+
+
+def _device(nvml: Any, handle: Any, index: int | str) -> dict:
+    """One GPU or MIG device ("1:0": MIG device 0 of GPU 1). Under MIG NVML gives no
+    utilization: it is None, and the page says why."""
+    memory = _field(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    return {
+        "index": index,
+        "mig": isinstance(index, str),
+        "name": _field(lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        "uuid": _field(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+        "memory_used_bytes": getattr(memory, "used", None),
+        "memory_total_bytes": getattr(memory, "total", None),
+        "utilization_percent": _field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+    }
+
+
+def _mig_devices(nvml: Any, handle: Any) -> list[tuple[int, Any]]:
+    """(slot, handle) of the MIG devices NVML shows of a GPU in MIG mode; [] otherwise."""
+    mode = _field(lambda: nvml.nvmlDeviceGetMigMode(handle))
+    if not mode or mode[0] != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return []
+    devices = []
+    for slot in range(_field(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):
+        device = _field(lambda s=slot: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, s))
+        if device is not None:  # an empty slot, or one not given to this server
+            devices.append((slot, device))
+    return devices
 
 
 def _no_gpus(assigned: list[str], reason: str) -> dict:
@@ -156,11 +180,12 @@ function show(data) {
     const used = g.memory_used_bytes, total = g.memory_total_bytes, util = g.utilization_percent;
     const memory = used === null || total === null ? null : used / total;
     return el("div", {className: "gpu"},
-      el("h2", {}, `GPU ${g.index}: ${g.name ?? "unknown"} `,
+      el("h2", {}, `${g.mig ? "MIG device" : "GPU"} ${g.index}: ${g.name ?? "unknown"} `,
          el("span", {className: "uuid"}, g.uuid ?? "")),
       row("Memory", memory, memory === null ? "n/a"
           : `${(used / GiB).toFixed(1)} / ${(total / GiB).toFixed(1)} GiB`),
-      row("Utilization", util === null ? null : util / 100, util === null ? "n/a" : `${util} %`));
+      row("Utilization", util === null ? null : util / 100,
+          util !== null ? `${util} %` : g.mig ? "not reported under MIG" : "n/a"));
   }));
 }
 async function refresh() {

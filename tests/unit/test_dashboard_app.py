@@ -192,7 +192,7 @@ async def test_api_shape_for_an_operator(dashboard):
     assert set(data) >= {"timestamp", "source", "unreachable", "banners", "message", "summary",
                          "gpus", "refresh_seconds", "snapshot"}
     assert data["source"] == {"name": "canned", "url": "canned:"}
-    assert data["summary"] == {"gpus": 2, "allocated": 1, "idle_allocated": 1, "lost": 1,
+    assert data["summary"] == {"gpus": 2, "mig_devices": 0, "allocated": 1, "idle_allocated": 1, "lost": 1,
                                "text": "2 GPUs, 1 allocated, 1 idle but allocated, 1 lost"}
     g0, g1 = data["gpus"]
     assert g0["holders"][0]["user"] == "alice" and g0["processes"][0]["pid"] == 99

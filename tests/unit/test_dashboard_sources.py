@@ -39,12 +39,15 @@ def closed_url():
 
 
 @pytest.fixture(scope="module")
-def exporter():
+def exporter(tmp_path_factory):
+    """The real exporter on three fake GPUs, GPU 2 in MIG mode with two MIG devices."""
     port = free_port()
+    control = tmp_path_factory.mktemp("exporter") / "control.json"
+    control.write_text('{"mig": {"2": 2}}')
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulab_exporter", "--listen", f"127.0.0.1:{port}",
          "--fake-gpus", "3", "--docker-url", "none", "--interval", "0.5",
-         "--process-interval", "0.5"],
+         "--process-interval", "0.5", "--fake-control", str(control)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -147,13 +150,18 @@ def prometheus():
 async def test_exporter_source_reads_real_exporter(exporter):
     snap = await ExporterSource(exporter).fetch()
     assert snap["fake"] is True and snap["nvml_up"] is True
-    assert [g["index"] for g in snap["gpus"]] == [0, 1, 2]
+    assert [g["index"] for g in snap["gpus"]] == [0, 1, 2, 2, 2]
     assert snap["gpus"][0]["uuid"] == "GPU-fa4e0000-0000-4000-8000-000000000000"
     view = build_view(await read_first([ExporterSource(exporter)]))
     assert view["source"] == {"name": "exporter", "url": exporter}
-    assert view["summary"]["gpus"] == 3 and view["summary"]["lost"] == 0
-    assert all(r["state"] == "ok" and r["memory_text"].endswith("/ 141.0 GiB")
-               for r in view["gpus"])
+    assert view["summary"]["text"] == ("3 GPUs (2 MIG devices), 0 allocated, "
+                                       "0 idle but allocated, 0 lost")
+    assert [r["label"] for r in view["gpus"]] == ["0", "1", "2", "2:0", "2:1"]
+    assert all(r["state"] == "ok" for r in view["gpus"])
+    assert [r["memory_text"].split(" / ")[1] for r in view["gpus"]] == \
+        ["141.0 GiB"] * 3 + ["70.5 GiB"] * 2
+    assert [r["parent_uuid"] for r in view["gpus"]] == \
+        [None] * 3 + ["GPU-fa4e0000-0000-4000-8000-000000000002"] * 2
     assert any("FAKE GPUs" in b for b in view["banners"])
 
 
@@ -169,11 +177,15 @@ async def test_prometheus_names_match_what_the_real_exporter_exports(exporter, p
     direct = await ExporterSource(exporter).fetch()
     assert from_prom["fake"] is True and from_prom["nvml_up"] is True
     assert from_prom["driver_version"] == direct["driver_version"]
-    assert [(g["index"], g["uuid"], g["model"], g["up"]) for g in from_prom["gpus"]] == \
-        [(g["index"], g["uuid"], g["model"], g["up"]) for g in direct["gpus"]]
+    identity = ("index", "mig_device", "parent_uuid", "uuid", "model", "up")
+    assert [tuple(g[k] for k in identity) for g in from_prom["gpus"]] == \
+        [tuple(g[k] for k in identity) for g in direct["gpus"]]
+    assert [g["mig_device"] for g in from_prom["gpus"]] == [None, None, None, 0, 1]
     for field in ("memory_total_bytes", "clock_sm_hertz", "fan_speed_ratio"):
-        assert [g[field] for g in from_prom["gpus"]] == [g[field] for g in direct["gpus"]]
-    assert all(g["utilization_ratio"] is not None for g in from_prom["gpus"])
+        assert [g.get(field) for g in from_prom["gpus"]] == [g[field] for g in direct["gpus"]]
+    # utilization: not under MIG (neither the MIG GPU nor its devices), else given
+    assert [g.get("utilization_ratio") is not None for g in from_prom["gpus"]] == \
+        [True, True, False, False, False]
 
 
 # -- Prometheus ----------------------------------------------------------------------
@@ -184,7 +196,7 @@ async def test_prometheus_source_canned_series(prometheus):
     assert (snap["nvml_up"], snap["docker_up"], snap["driver_version"], snap["fake"]) == \
         (True, True, "550.54.15", False)
     g0, g1 = snap["gpus"]
-    assert g0 == {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-80GB", "up": True,
+    assert g0 == {"index": 0, "mig_device": None, "parent_uuid": None, "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-80GB", "up": True,
                   "error": None, "utilization_ratio": 0.0, "memory_used_bytes": 6 << 30,
                   "memory_total_bytes": 80 << 30, "temperature_celsius": 44.0,
                   "power_watts": 88.5, "energy_joules": 123456.0,
@@ -360,7 +372,7 @@ async def test_an_unreadable_line_store_leaves_the_line_off_and_the_table_on(exp
     reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
                             line=line_in_order(tmp_path / "line.sqlite", tmp_path / "gpus.yaml"))
     snap = await reader.read()
-    assert snap["line"] == [] and len(snap["gpus"]) == 3
+    assert snap["line"] == [] and len(snap["gpus"]) == 5  # 3 GPUs, 2 MIG devices
 
 
 async def test_bookings_come_from_their_store_and_an_unreadable_one_costs_only_them(
@@ -384,4 +396,4 @@ async def test_bookings_come_from_their_store_and_an_unreadable_one_costs_only_t
     reader = SnapshotReader([ExporterSource(exporter)], max_age=0,
                             bookings=bookings_for_dashboard(tmp_path / "broken.sqlite"))
     snap = await reader.read()
-    assert snap["bookings"] == [] and len(snap["gpus"]) == 3
+    assert snap["bookings"] == [] and len(snap["gpus"]) == 5  # 3 GPUs, 2 MIG devices

@@ -13,6 +13,7 @@ from gpulab.dashboard.view import (
     format_bytes,
     format_duration,
     gpu_row,
+    node_totals,
 )
 
 GiB = 1 << 30
@@ -62,7 +63,7 @@ def test_multi_gpu_rows_and_summary():
                               "since": None, "held_for": None, "cull_text": None}]
     assert g1["processes"] == [{"pid": 4242, "user": "alice", "server": "",
                                 "container": "gpulab-alice", "memory_text": "2.0 GiB"}]
-    assert view["summary"] == {"gpus": 2, "allocated": 1, "idle_allocated": 1, "lost": 0,
+    assert view["summary"] == {"gpus": 2, "mig_devices": 0, "allocated": 1, "idle_allocated": 1, "lost": 0,
                                "text": "2 GPUs, 1 allocated, 1 idle but allocated, 0 lost"}
     assert view["message"] is None and view["banners"] == []
     assert view["source"] == EXPORTER and view["driver_version"] == "550.54.15"
@@ -300,3 +301,27 @@ def test_a_host_without_gpus_by_design_says_so_without_an_nvml_banner():
     assert view["message"].startswith("This host has no GPUs (make up found no NVIDIA GPU)")
     assert "make up GPULAB_DEMO=1" in view["message"]
     assert not any("NVML" in b for b in view["banners"])
+
+
+def test_mig_devices_are_rows_under_their_gpu_and_counted_apart():
+    """A GPU in MIG mode: its row, then one per MIG device ("1:0"), each with its holder.
+    Whole GPUs are counted as GPUs; memory totals count a GPU once, not again in its
+    devices; a device is allocated on its own."""
+    parent = gpu(1, utilization_ratio=None, memory_used_bytes=10 * GiB)
+    devices = [gpu(1, uuid=f"MIG-000{slot}", mig_device=slot, parent_uuid=parent["uuid"],
+                   utilization_ratio=None, memory_used_bytes=used, memory_total_bytes=40 * GiB,
+                   temperature_celsius=None, leases=leases)
+               for slot, used, leases in ((1, 0, []), (0, 10 * GiB, [{
+                   "user": "ann", "server": "", "container": "gpulab-user-ann"}]))]
+    view = build_view(snapshot([*devices, parent, gpu(0)]))
+    assert [r["label"] for r in view["gpus"]] == ["0", "1", "1:0", "1:1"]
+    assert view["summary"]["text"] == ("2 GPUs (2 MIG devices), 1 allocated, "
+                                       "0 idle but allocated, 0 lost")
+    mig = view["gpus"][2]
+    assert (mig["parent_uuid"], mig["utilization_text"]) == ("GPU-0001", "N/A")
+    assert [h["user"] for h in mig["holders"]] == ["ann"]
+    html = render_page(make_templates(), view, api_url="a", refresh_seconds=5,
+                       xsrf_token="t", user="op")
+    assert '<td class="num">1:0</td>' in html and "MIG device of GPU 1" in html
+    [node] = node_totals(view["gpus"])
+    assert (node["gpus"], node["held"], node["memory_text"]) == (2, 1, "30.0 GiB / 160.0 GiB")

@@ -116,12 +116,32 @@ def test_two_gpus_with_memory_and_utilization():
     ])
     snap = gpulab_gpus.snapshot(nvml, spawned(UUID0, UUID1))
     assert snap == {"message": None, "assigned": [UUID0, UUID1], "gpus": [
-        {"index": 0, "name": "NVIDIA H200", "uuid": UUID0, "memory_used_bytes": 2 * 2**30,
+        {"index": 0, "mig": False, "name": "NVIDIA H200", "uuid": UUID0,
+         "memory_used_bytes": 2 * 2**30,
          "memory_total_bytes": 141 * 2**30, "utilization_percent": 37},
-        {"index": 1, "name": "NVIDIA H200", "uuid": UUID1, "memory_used_bytes": 0,
+        {"index": 1, "mig": False, "name": "NVIDIA H200", "uuid": UUID1,
+         "memory_used_bytes": 0,
          "memory_total_bytes": 141 * 2**30, "utilization_percent": 0},
     ]}
     assert nvml.shutdowns == 1
+
+
+def test_a_server_given_a_mig_device_shows_it_not_its_gpu():
+    """Through the real pynvml on the exporter's FakeLibNvml (a stand-in for libnvidia-ml):
+    GPU 0 in MIG mode, its devices visible to this server; no utilization under MIG."""
+    import pynvml
+
+    from gpulab_exporter.fake_nvml import FakeGpu, FakeLibNvml, mig_uuid, split_mig
+
+    gpu = FakeGpu(0)
+    split_mig(gpu, 2)
+    with FakeLibNvml([gpu]).installed():
+        snap = gpulab_gpus.snapshot(pynvml, spawned(mig_uuid(0, 1)))
+    assert snap["message"] is None and snap["assigned"] == [mig_uuid(0, 1)]
+    assert [(g["index"], g["mig"], g["uuid"], g["utilization_percent"])
+            for g in snap["gpus"]] == [("0:0", True, mig_uuid(0, 0), None),
+                                       ("0:1", True, mig_uuid(0, 1), None)]
+    assert snap["gpus"][1]["memory_total_bytes"] == gpu.instances[1].memory_total
 
 
 def test_a_value_nvml_does_not_give_is_none_and_the_rest_stays():
@@ -129,7 +149,7 @@ def test_a_value_nvml_does_not_give_is_none_and_the_rest_stays():
     nvml = StandInNVML([{"name": "NVIDIA A100 MIG 1g.10gb", "uuid": UUID0,
                          "memory": NVMLError("Not Supported"), "util": NVMLError("Not Supported")}])
     gpu, = gpulab_gpus.snapshot(nvml, spawned(UUID0))["gpus"]
-    assert gpu == {"index": 0, "name": "NVIDIA A100 MIG 1g.10gb", "uuid": UUID0,
+    assert gpu == {"index": 0, "mig": False, "name": "NVIDIA A100 MIG 1g.10gb", "uuid": UUID0,
                    "memory_used_bytes": None, "memory_total_bytes": None,
                    "utilization_percent": None}
 

@@ -44,7 +44,7 @@ def test_shipped_commented_examples_are_valid_when_uncommented(tmp_path):
     path = tmp_path / "gpus.yaml"
     path.write_text(text)
     c = load_gpus_config(path)
-    assert [g.index for g in c.gpus] == [0, 1, 2, 3, 4]
+    assert [g.index for g in c.gpus] == [0, 1, 2, 3, 4, 5, 5]  # 5: two MIG devices
     assert c.gpus[3].mode == "exclusive" and c.gpus[4].reserved
     assert c.pools["small"] == Pool("small", "shared", 4, c.pools["small"].description)
     assert policy_for(c, "bob", ["visitors"]).no_gpu is False  # users: lifts the group's no_gpu

@@ -28,6 +28,7 @@ from gpulab.contract import (
     METRIC_MEMORY_TOTAL,
     METRIC_MEMORY_USED,
     METRIC_UTILIZATION,
+    parse_gpu_label,
     scrape_seconds,
 )
 from gpulab.dashboard.sources import Source, SourceUnreachable, _float
@@ -112,9 +113,9 @@ def matrix_series(result: Iterable[dict[str, Any]], step: float) -> list[dict[st
 
 
 def gpu_key(labels: dict[str, str]) -> tuple[int | None, str]:
-    """(index, uuid) of a GPU series; the index is None when the label is not a number."""
-    index = labels.get("gpu", "")
-    return (int(index) if index.isdigit() else None, labels.get("uuid", ""))
+    """(index, uuid) of a GPU series (a MIG device's index is its GPU's); the index is None
+    when the label is neither a number nor INDEX:SLOT."""
+    return parse_gpu_label(labels.get("gpu", ""))[0], labels.get("uuid", "")
 
 
 def holder_spans(series: Iterable[dict[str, Any]], step: float,

@@ -34,8 +34,11 @@ from gpulab.contract import (
     METRIC_LEASE,
     METRIC_MEMORY_TOTAL,
     METRIC_MEMORY_USED,
+    METRIC_MIG_DEVICE,
     METRIC_UTILIZATION,
+    parse_gpu_label,
 )
+from gpulab.dashboard.view import gpu_order
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
 DEFAULT_EXPORTER_URL = "http://exporter:9445"
@@ -275,8 +278,9 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
     def gpu(labels: dict[str, str]) -> dict[str, Any]:
         key = (labels.get("node"), labels.get("gpu", ""), labels.get("uuid", ""))
         if key not in gpus:
-            index = int(key[1]) if key[1].isdigit() else None
-            gpus[key] = {"index": index, "uuid": key[2], "model": None, "up": True,
+            index, mig_device = parse_gpu_label(key[1])
+            gpus[key] = {"index": index, "mig_device": mig_device, "parent_uuid": None,
+                         "uuid": key[2], "model": None, "up": True,
                          "error": None, "leases": [], "processes": None,
                          "user_memory_bytes": None}
             if key[0] is not None:
@@ -306,6 +310,8 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
                 g["error"] = "gpulab_gpu_up is 0: lost or needs a reset"
         elif name == "gpulab_gpu_info":
             gpu(labels)["model"] = labels.get("model")
+        elif name == METRIC_MIG_DEVICE:
+            gpu(labels)["parent_uuid"] = labels.get("parent_uuid") or None
         elif name in _PROM_FIELDS and value is not None:
             field = _PROM_FIELDS[name]
             gpu(labels)[field] = int(value) if field in _BYTES else value
@@ -326,8 +332,7 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
                 "user": labels.get("user") or None, "server": None}]
     for g in gpus.values():
         g["leases"].sort(key=lambda le: (le["user"], le["server"]))
-    snap["gpus"] = sorted(gpus.values(), key=lambda g: (g.get("node") or "", g["index"] is None,
-                                                        g["index"] or 0))
+    snap["gpus"] = sorted(gpus.values(), key=gpu_order)
     if nvml:
         snap["nvml_up"] = all(nvml.values())
         silent = sorted(node or "" for node, up in nvml.items() if not up)

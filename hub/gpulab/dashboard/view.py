@@ -39,6 +39,12 @@ NO_GPU_HOST = ("This host has no GPUs (make up found no NVIDIA GPU): members' se
 IDLE_BELOW = 0.01
 
 
+def gpu_order(g: dict[str, Any]) -> tuple:
+    """Table order: by machine, GPU index (unknown last), each GPU before its MIG devices."""
+    return (g.get("node") or "", g.get("index") is None, g.get("index") or 0,
+            g.get("mig_device") is not None, g.get("mig_device") or 0)
+
+
 def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> dict[str, Any]:
     """The whole page's model: ``banners`` (strings), ``message`` (None or a plain
     sentence instead of the table), ``summary`` (counts and a line), ``gpus`` (rows),
@@ -50,8 +56,7 @@ def build_view(snapshot: dict[str, Any], *, idle_below: float = IDLE_BELOW) -> d
              for w in snapshot.get("cull_warnings") or ()}
     gpus = [gpu_row(g, now=now, idle_below=idle_below, culls=culls)
             for g in snapshot.get("gpus") or ()]
-    gpus.sort(key=lambda r: (r["node"] or "", r["index"] is None,
-                             r["index"] if r["index"] is not None else 0))
+    gpus.sort(key=gpu_order)
     down = [{"node": str(d.get("node") or ""), "instance": str(d.get("instance") or "")}
             for d in snapshot.get("nodes_down") or ()]
 
@@ -170,9 +175,15 @@ def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
     holders = [_holder(le, now, per_user or {}, culls or {}) for le in gpu.get("leases") or ()]
     processes = gpu.get("processes")
     allocated = bool(holders)
+    index, mig_device = gpu.get("index"), gpu.get("mig_device")
     return {
         "node": gpu.get("node") or None,
-        "index": gpu.get("index"),
+        "index": index,
+        "mig_device": mig_device,
+        # "1", or "1:0" for MIG device 0 of GPU 1 (as NVIDIA_VISIBLE_DEVICES names it)
+        "label": "?" if index is None else (
+            str(index) if mig_device is None else f"{index}:{mig_device}"),
+        "parent_uuid": gpu.get("parent_uuid") or None,
         "uuid": gpu.get("uuid") or "",
         "model": gpu.get("model") or "unknown model",
         "state": "ok" if up else "lost",
@@ -197,15 +208,19 @@ def gpu_row(gpu: dict[str, Any], *, now: float | None = None,
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts over the rows and the one-line summary above the table."""
-    n = len(rows)
+    """Counts over the rows and the one-line summary above the table. GPUs and lost GPUs
+    are whole GPUs (a MIG device is counted apart, and is lost with its GPU); allocated
+    counts what is leased: whole GPUs and MIG devices."""
+    gpus = [r for r in rows if r.get("mig_device") is None]
+    n, devices = len(gpus), len(rows) - len(gpus)
     allocated = sum(1 for r in rows if r["allocated"])
     idle = sum(1 for r in rows if r["idle_allocated"])
-    lost = sum(1 for r in rows if r["state"] == "lost")
-    line = (f"{n} GPU{'' if n == 1 else 's'}, {allocated} allocated, "
-            f"{idle} idle but allocated, {lost} lost")
-    return {"gpus": n, "allocated": allocated, "idle_allocated": idle, "lost": lost,
-            "text": line}
+    lost = sum(1 for r in gpus if r["state"] == "lost")
+    line = (f"{n} GPU{'' if n == 1 else 's'}"
+            + (f" ({devices} MIG device{'' if devices == 1 else 's'})" if devices else "")
+            + f", {allocated} allocated, {idle} idle but allocated, {lost} lost")
+    return {"gpus": n, "mig_devices": devices, "allocated": allocated,
+            "idle_allocated": idle, "lost": lost, "text": line}
 
 
 def show_nodes(rows: Sequence[dict[str, Any]], down: Sequence[dict[str, Any]] = ()) -> bool:
@@ -228,7 +243,9 @@ def node_totals(rows: Sequence[dict[str, Any]],
     dead = {d.get("node") or "" for d in down}
     out = []
     for node in sorted(set(by_node) | dead):
-        mine = by_node.get(node, [])
+        rows_here = by_node.get(node, [])
+        # whole GPUs: a MIG device's memory is part of its GPU's
+        mine = [r for r in rows_here if r.get("mig_device") is None]
         both = [r for r in mine if r["memory_used_bytes"] is not None
                 and r["memory_total_bytes"] is not None]
         used = sum(r["memory_used_bytes"] for r in both) if both else None
@@ -236,7 +253,7 @@ def node_totals(rows: Sequence[dict[str, Any]],
         utils = [r["utilization_percent"] for r in mine if r["utilization_percent"] is not None]
         util = sum(utils) / len(utils) if utils else None
         up = node not in dead or bool(mine)
-        n, held = len(mine), sum(1 for r in mine if r["allocated"])
+        n, held = len(mine), sum(1 for r in rows_here if r["allocated"])
         lost = sum(1 for r in mine if r["state"] == "lost")
         out.append({
             "node": node or None,

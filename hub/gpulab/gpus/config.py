@@ -42,7 +42,8 @@ Schema (every key optional; an empty or missing file means the defaults)::
 An explicit inventory entry is ``{index, uuid, model?, pool?, mode?, max_users?,
 reserved?}``: ``index`` and ``uuid`` as ``nvidia-smi -L`` prints them; a GPU left out
 of the list is never given to anyone; ``reserved: true`` keeps a GPU for the users and
-groups that pin it.
+groups that pin it. A GPU in MIG mode is listed as its MIG devices: each its own entry,
+its ``MIG-...`` uuid under its GPU's index (as ``nvidia-smi -L`` shows them).
 
 How ``defaults:``, a user's ``groups:`` and their own ``users:`` entry combine is
 :mod:`gpulab.gpus.policy`'s (its docstring: precedence).
@@ -633,7 +634,7 @@ def _pool(r: _Reader, path: Path_, name: str, body: dict) -> Pool:
 def _inventory(r: _Reader, raw: list, pools: Mapping[str, Pool]) -> tuple[GpuEntry, ...]:
     doc = r.doc
     out: list[GpuEntry] = []
-    seen_index: dict[int, int | None] = {}
+    seen_index: dict[int, tuple[int | None, bool]] = {}  # index -> (first line, a MIG device)
     seen_uuid: dict[str, int | None] = {}
     for i, item in enumerate(raw):
         path: Path_ = ("inventory", i)
@@ -645,13 +646,21 @@ def _inventory(r: _Reader, raw: list, pools: Mapping[str, Pool]) -> tuple[GpuEnt
         index = r.check(path + ("index",), _index, body["index"])
         uuid = r.check(path + ("uuid",), _uuid, body["uuid"])
         line = doc.line_of(path)
-        if index in seen_index:
-            raise doc.error(path + ("index",),
-                            f"index {index} is listed twice (first on line {seen_index[index]})")
+        # MIG devices share their GPU's index (nvidia-smi -L lists them under it); a GPU
+        # in MIG mode is leased as its MIG devices, never whole beside them.
+        mig = uuid.startswith("MIG-")
+        if index in seen_index and not (mig and seen_index[index][1]):
+            first, first_mig = seen_index[index]
+            raise doc.error(path + ("index",), (
+                f"index {index} is listed twice (first on line {first})" if mig == first_mig
+                else f"index {index} is listed as a whole GPU and as a MIG device (first on "
+                     f"line {first}): a GPU in MIG mode is given out as its MIG devices "
+                     f"(MIG-... UUIDs under its index), not whole"))
         if uuid in seen_uuid:
             raise doc.error(path + ("uuid",),
                             f"uuid {uuid} is listed twice (first on line {seen_uuid[uuid]})")
-        seen_index[index], seen_uuid[uuid] = line, line
+        seen_index.setdefault(index, (line, mig))
+        seen_uuid[uuid] = line
         model = body.get("model", "")
         if not isinstance(model, str):
             raise doc.error(path + ("model",), f"expected the model name as text, got {model!r}")

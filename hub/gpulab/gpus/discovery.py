@@ -5,6 +5,9 @@ The hub container sees the GPUs for discovery only (docker-compose.gpu.yml gives
 a CPU-only host) discovery returns no GPUs and says why, once, in the log. In the demo
 for a host without GPUs (``GPULAB_DEMO=1``), it returns the simulated GPUs the exporter's
 ``--fake-gpus`` reports.
+
+A GPU in MIG mode is found as its MIG devices, not as itself (issue 24 §4): each is leased
+on its own by its MIG-... UUID, under its GPU's index, and the GPU is not given out whole.
 """
 
 from __future__ import annotations
@@ -23,6 +26,25 @@ class DiscoveredGpu:
     index: int
     uuid: str
     model: str
+    parent: str = ""  # a MIG device: the UUID of the GPU it is part of
+
+
+def _mig_devices(pynvml, handle) -> list:
+    """The MIG devices' handles of a GPU in MIG mode; [] for a GPU that is not (or
+    cannot be: NotSupported)."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return []
+    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return []
+    devices = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            devices.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+        except pynvml.NVMLError_NotFound:
+            continue
+    return devices
 
 
 def _text(value) -> str:
@@ -49,8 +71,15 @@ def discover_gpus() -> list[DiscoveredGpu]:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            gpus.append(DiscoveredGpu(i, _text(pynvml.nvmlDeviceGetUUID(handle)),
-                                      _text(pynvml.nvmlDeviceGetName(handle))))
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            mig = _mig_devices(pynvml, handle)
+            if mig:
+                log.info("GPU %d (%s) is in MIG mode: its %d MIG devices are leased, not it",
+                         i, uuid, len(mig))
+            gpus += [DiscoveredGpu(i, _text(pynvml.nvmlDeviceGetUUID(d)),
+                                   _text(pynvml.nvmlDeviceGetName(d)), uuid) for d in mig]
+            if not mig:
+                gpus.append(DiscoveredGpu(i, uuid, _text(pynvml.nvmlDeviceGetName(handle))))
         return gpus
     except pynvml.NVMLError as e:
         log.error("NVML failed while listing GPUs (%s): no GPUs will be leased", e)
