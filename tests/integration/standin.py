@@ -11,6 +11,10 @@ from .stack import docker
 
 GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"  # the exporter's --fake-gpus UUIDs
 GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
+# fake GPU 1's MIG devices where the exporter's control file puts it in MIG mode
+# ({"mig": {"1": 2}}; gpulab_exporter.fake_nvml.mig_uuid)
+MIG10 = "MIG-fa4e0000-0000-4000-8001-000001000000"
+MIG11 = "MIG-fa4e0000-0000-4000-8001-000001000001"
 STANDIN_GPUS = f"""
 inventory:
   - {{index: 0, uuid: {GPU0}, model: stand-in}}

@@ -22,7 +22,7 @@ import requests
 from .browser import screenshot, submit_login
 from .fake_gpus import exporter_snapshot
 from .stack import HUB_URL, docker, prometheus_query, wait_for
-from .standin import GPU0, GPU1
+from .standin import GPU0, GPU1, MIG10, MIG11, STANDIN_GPUS, gpus_of
 
 GiB = 1 << 30
 
@@ -141,3 +141,80 @@ def test_users_gpu_memory_and_a_lost_gpu_reach_the_dashboard(hub, lab_user, gpus
         screenshot(page, "dashboard-user-memory-and-lost-gpu.png")
     finally:
         hub.request("DELETE", "/groups/operators/users", json={"users": [operator.name]})
+
+
+MIG_GPUS = f"""
+inventory:  # fake GPU 1 in MIG mode: its two MIG devices, under its index
+  - {{index: 1, uuid: {MIG10}, model: stand-in MIG}}
+  - {{index: 1, uuid: {MIG11}, model: stand-in MIG}}
+defaults:
+  gpus: 0
+  max_gpus: 1
+"""
+
+
+def test_mig_devices_are_leased_one_member_each_and_shown_per_device(
+        hub, lab_user, lab_config, gpus_yaml, fake_control, new_page):
+    """Issue 24 §4, the whole path on the fake NVML: fake GPU 1 in MIG mode with two MIG
+    devices, the lab's inventory listing them. Two members each get one: its MIG UUID in
+    their container's GPU request. The exporter and Prometheus attribute each device to
+    its holder with the GPU it is part of, and the operators' dashboard shows rows 1:0
+    and 1:1 under GPU 1, in Chromium."""
+    fake_control({"mig": {"1": 2}})
+    lab_config.write("gpus.yaml", MIG_GPUS)
+    operator, ann, bob = lab_user("oper"), lab_user("mig"), lab_user("mig")
+    r = hub.request("POST", "/groups/operators/users", json={"users": [operator.name]})
+    assert r.status_code == 200, r.text
+    try:
+        for member in (ann, bob):
+            member.start_server({"gpus": 1})
+        held = {m.name: gpus_of(m.container) for m in (ann, bob)}
+        assert sorted(h["device_ids"][0] for h in held.values()) == [MIG10, MIG11], held
+        assert all(h["device_ids"] == [h["env"]] == [h["label"]] for h in held.values()), held
+        holder = {h["device_ids"][0]: name for name, h in held.items()}
+
+        def exporter_attributes_both():
+            gpus = {g["uuid"]: g for g in exporter_snapshot()["gpus"]}
+            return all([le["user"] for le in gpus.get(uuid, {}).get("leases", [])] == [name]
+                       for uuid, name in holder.items()) and gpus
+        gpus = wait_for(exporter_attributes_both, 45, interval=1,
+                        what="the exporter to attribute each MIG device to its holder")
+        assert [(gpus[u]["index"], gpus[u]["mig_device"], gpus[u]["parent_uuid"])
+                for u in (MIG10, MIG11)] == [(1, 0, GPU1), (1, 1, GPU1)]
+        assert gpus[MIG10]["processes_unavailable"] == "mig"
+        assert gpus[GPU1]["leases"] == []  # the GPU itself is not leased whole
+
+        def prometheus_has_both():
+            out = prometheus_query(f'gpulab_gpu_lease_info * on(uuid) group_left(parent_uuid) '
+                                   f'gpulab_gpu_mig_device_info{{parent_uuid="{GPU1}"}}')
+            return all(f'user="{name}"' in out for name in holder.values())
+        wait_for(prometheus_has_both, 60, interval=3,
+                 what="Prometheus to scrape the MIG devices' leases with their GPU")
+
+        r = dashboard_json(operator)
+        assert r.status_code == 200, r.text
+        rows = {g["uuid"]: g for g in r.json()["gpus"]}
+        assert [(rows[u]["label"], [h["user"] for h in rows[u]["holders"]])
+                for u in (MIG10, MIG11)] == [("1:0", [holder[MIG10]]), ("1:1", [holder[MIG11]])]
+        assert r.json()["summary"]["text"].startswith("2 GPUs (2 MIG devices), 2 allocated")
+
+        page = new_page()
+        submit_login(page, operator.name, operator.token, next_url="/hub/home")
+        page.goto(f"{HUB_URL}/services/gpus/")
+        labels = page.locator("#gpu-rows tr.gpu td.num").first
+        labels.wait_for()
+        cells = [page.locator("#gpu-rows tr.gpu").nth(i).locator("td").first.inner_text()
+                 for i in range(page.locator("#gpu-rows tr.gpu").count())]
+        assert cells == ["0", "1", "1:0", "1:1"], cells
+        detail = page.locator("#gpu-rows tr.detail").nth(2).inner_text()
+        assert f"Held by: {holder[MIG10]}" in detail, detail
+        assert "MIG device of GPU 1" in page.locator("#gpu-rows tr.gpu").nth(2).inner_text()
+        screenshot(page, "dashboard-mig-devices.png")
+    finally:
+        hub.request("DELETE", "/groups/operators/users", json={"users": [operator.name]})
+        for member in (ann, bob):  # off the MIG devices before the inventory drops them
+            hub.request("DELETE", f"/users/{member.name}/server")
+        for member in (ann, bob):
+            wait_for(lambda m=member: hub.server_model(m.name) is None, 60,
+                     what=f"{member.name}'s server to stop")
+        lab_config.write("gpus.yaml", STANDIN_GPUS)
