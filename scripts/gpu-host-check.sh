@@ -6,8 +6,9 @@
 #  2. the exporter against the real driver: the device's real memory total, and a
 #     utilization that rises under a matmul load (tests/unit/test_exporter_gpu_host.py);
 #  3. the exporter beside nvidia-smi, field by field per GPU, idle and under a matmul
-#     load, and what a scrape costs each way (python3 -m gpulab_exporter.hostcheck: exit
-#     1 names every field off by more than its tolerance; times are printed, not judged).
+#     load, its MIG devices (on a GPU in MIG mode) against `nvidia-smi -L` by UUID, and
+#     what a scrape costs each way (python3 -m gpulab_exporter.hostcheck: exit 1 names
+#     every field off by more than its tolerance; times are printed, not judged).
 # Needs only python3 with torch (CUDA), nvidia-ml-py, prometheus-client and pytest: no
 # Docker, no JupyterHub, no package registry. Step 2 runs pytest with --noconftest, so the
 # unit tests' conftest (JupyterHub's ORM) is never imported; the hub's own package is not

@@ -112,3 +112,30 @@ def test_mig_devices_through_the_real_pynvml():
     assert v("gpulab_gpu_memory_total_bytes", device(1, 1)) == 70 * GiB + GiB // 2
     assert v("gpulab_gpu_attribution_available", {**device(1, 1), "reason": "mig"}) == 0
     assert v("gpulab_gpu_mig_device_info", {**device(1, 0), "parent_uuid": fake_uuid(1)}) == 1
+
+
+def smi_list(*mig_slots):
+    """`nvidia-smi -L` as a driver prints it, GPU 1 in MIG mode with these devices."""
+    return (f"GPU 0: NVIDIA H200 (UUID: {fake_uuid(0)})\n"
+            f"GPU 1: NVIDIA H200 (UUID: {fake_uuid(1)})\n"
+            + "".join(f"  MIG 3g.71gb     Device  {s}: (UUID: {mig_uuid(1, s)})\n"
+                      for s in mig_slots))
+
+
+def test_the_host_check_compares_mig_devices_with_nvidia_smi_list():
+    """scripts/gpu-host-check.sh's step 3 on a MIG host: whole GPUs against --query-gpu
+    (which lists no MIG devices), MIG devices by UUID against nvidia-smi -L."""
+    from gpulab_exporter.hostcheck import exporter_readings, mig_problems
+
+    nvml = FakeNvml.demo(2)
+    split_mig(nvml.gpus[1], 2)
+    poller = Poller(nvml)
+    snap = poller.poll()
+    assert [r.uuid for r in exporter_readings(snap)] == [fake_uuid(0), fake_uuid(1)]
+    seen, problems = mig_problems(snap, smi_list(0, 1))
+    assert problems == [] and seen.startswith("MIG devices: 2 exported, 2 in nvidia-smi -L")
+    assert f"1:1 {mig_uuid(1, 1)} of {fake_uuid(1)}, memory 72192 MiB" in seen
+    _, problems = mig_problems(snap, smi_list(0, 1, 2))
+    assert problems == [f"MIG device {mig_uuid(1, 2)} is in nvidia-smi -L but not exported"]
+    _, problems = mig_problems(snap, smi_list(0))
+    assert problems == [f"MIG device {mig_uuid(1, 1)} is exported but not in nvidia-smi -L"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import re
 import statistics
 import subprocess
 import sys
@@ -137,9 +138,13 @@ def parse_smi_csv(text: str) -> list[Reading]:
 
 
 def exporter_readings(snap: Snapshot) -> list[Reading]:
-    """The snapshot's GPUs in nvidia-smi's units (what ``/metrics`` exports, converted)."""
+    """The snapshot's GPUs in nvidia-smi's units (what ``/metrics`` exports, converted).
+    Whole GPUs only: ``--query-gpu`` lists no MIG devices (:func:`mig_problems` checks
+    those against ``nvidia-smi -L``)."""
     readings = []
     for g in snap.gpus:
+        if g.mig_device is not None:
+            continue
         values, missing = {}, {}
         for f in FIELDS:
             raw = getattr(g, f.snapshot)
@@ -362,6 +367,48 @@ def run_nvidia_smi(timeout: float = 30.0) -> str:
     return done.stdout
 
 
+NVIDIA_SMI_LIST: tuple[str, ...] = ("nvidia-smi", "-L")
+_MIG_LINE = re.compile(r"^\s+MIG .*\(UUID: (MIG-[0-9A-Za-z-]+)\)\s*$", re.MULTILINE)
+
+
+def mig_uuids_listed(text: str) -> set[str]:
+    """The MIG devices' UUIDs in ``nvidia-smi -L``'s output (the indented ``MIG ...
+    Device N: (UUID: MIG-...)`` lines under each GPU in MIG mode)."""
+    return set(_MIG_LINE.findall(text))
+
+
+def mig_problems(snap: Snapshot, listed: str) -> tuple[str, list[str]]:
+    """(what was seen, problems): the exporter's MIG devices against ``nvidia-smi -L``'s,
+    by UUID, and each exported one tied to a GPU the exporter also exports."""
+    smi = mig_uuids_listed(listed)
+    mine = {g.uuid: g for g in snap.gpus if g.mig_device is not None}
+    gpus = {g.uuid for g in snap.gpus if g.mig_device is None}
+    lines = [f"MIG devices: {len(mine)} exported, {len(smi)} in nvidia-smi -L"]
+    for u, g in sorted(mine.items(), key=lambda item: item[1].label):
+        total = None if g.memory_total_bytes is None else g.memory_total_bytes / MIB
+        lines.append(f"  {g.label} {u} of {g.parent_uuid}, memory {_num(total)} MiB")
+    problems = [f"MIG device {u} is in nvidia-smi -L but not exported"
+                for u in sorted(smi - set(mine))]
+    problems += [f"MIG device {u} is exported but not in nvidia-smi -L"
+                 for u in sorted(set(mine) - smi)]
+    problems += [f"MIG device {u}'s GPU {g.parent_uuid} is not exported"
+                 for u, g in sorted(mine.items()) if g.parent_uuid not in gpus]
+    seen = "\n".join(lines)
+    return seen, problems
+
+
+def run_nvidia_smi_list(timeout: float = 30.0) -> str:
+    """``nvidia-smi -L``'s output; HostCheckError where it fails."""
+    try:
+        done = subprocess.run(NVIDIA_SMI_LIST, capture_output=True, text=True, timeout=timeout)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+        raise HostCheckError(f"nvidia-smi -L: {e}") from None
+    if done.returncode != 0:
+        raise HostCheckError(f"nvidia-smi -L exited with {done.returncode}: "
+                             f"{(done.stderr or done.stdout).strip() or '(nothing)'}")
+    return done.stdout
+
+
 def sample(poller: Poller, smi: Callable[[], str]) -> list[GpuComparison]:
     """An exporter poll, an nvidia-smi read, and another exporter poll, compared (see
     :func:`compare_gpu`: nvidia-smi's value against the exporter's on either side)."""
@@ -462,13 +509,19 @@ def scrape_costs(poller: Poller, smi: Callable[[], str], runs: int) -> list[Timi
 
 def run_check(poller: Poller, smi: Callable[[], str] = run_nvidia_smi, runs: int = 20,
               load: Callable[[], contextlib.AbstractContextManager] | None = matmul_load,
-              out: Callable[[str], None] = print) -> int:
-    """The whole check against ``poller``: 0 all agree, 1 mismatches (each printed)."""
+              out: Callable[[str], None] = print,
+              smi_list: Callable[[], str] | None = None) -> int:
+    """The whole check against ``poller``: 0 all agree, 1 mismatches (each printed).
+    *smi_list*: ``nvidia-smi -L``, to check the MIG devices (None: not checked)."""
     problems: list[str] = []
     idle = sample(poller, smi)
     for c in idle:
         out(format_table(c, "idle") + "\n")
     problems += failures(idle, "idle")
+    if smi_list is not None:
+        seen, wrong = mig_problems(poller.latest, smi_list())
+        out(seen + "\n")
+        problems += wrong
     if load is not None:
         with load() as loaded:
             under = sample(poller, smi)
@@ -508,7 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_nvidia_smi()  # first, so a host without a GPU stops here with the reason
         return run_check(poller, runs=max(1, args.runs),
-                         load=None if args.no_load else matmul_load)
+                         load=None if args.no_load else matmul_load,
+                         smi_list=run_nvidia_smi_list)
     except HostCheckError as e:
         print(f"gpu-host-check: {e}", file=sys.stderr)
         return 2
