@@ -63,9 +63,10 @@ def _text(value: Any) -> Any:
 def snapshot(nvml: Any = None, env: Mapping[str, str] | None = None) -> dict:
     """What the panel shows: {"gpus": [...], "assigned": [...], "message": str | None}.
 
-    Each GPU is {"index", "name", "uuid", "memory_used_bytes", "memory_total_bytes",
-    "utilization_percent"}; a value NVML cannot give is None. *nvml* is the pynvml
-    module (nvidia-ml-py), injectable for tests.
+    Each GPU is {"index", "mig", "name", "uuid", "memory_used_bytes",
+    "memory_total_bytes", "utilization_percent"}; a value NVML cannot give is None. A
+    MIG device's index is "GPU:SLOT", and only the MIG devices the hub assigned are
+    listed. *nvml* is the pynvml module (nvidia-ml-py), injectable for tests.
     """
     env = os.environ if env is None else env
     assigned = assigned_devices(env)
@@ -83,9 +84,10 @@ def snapshot(nvml: Any = None, env: Mapping[str, str] | None = None) -> dict:
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             mig = _mig_devices(nvml, handle)
-            # A GPU in MIG mode: the server was given MIG devices of it, not it (NVML in
-            # the container lists the GPU, and under it only the devices given).
-            gpus += [_device(nvml, h, f"{index}:{slot}") for slot, h in mig]
+            # A GPU in MIG mode: the server was given MIG devices of it, not it. Only
+            # those the hub assigned are hers, whatever else NVML may show here.
+            devices = [_device(nvml, h, f"{index}:{slot}") for slot, h in mig]
+            gpus += [d for d in devices if not assigned or d["uuid"] in assigned]
             if not mig:
                 gpus.append(_device(nvml, handle, index))
     except Exception as e:

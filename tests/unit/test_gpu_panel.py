@@ -128,7 +128,8 @@ def test_two_gpus_with_memory_and_utilization():
 
 def test_a_server_given_a_mig_device_shows_it_not_its_gpu():
     """Through the real pynvml on the exporter's FakeLibNvml (a stand-in for libnvidia-ml):
-    GPU 0 in MIG mode, its devices visible to this server; no utilization under MIG."""
+    GPU 0 in MIG mode, both its devices visible to NVML here; the panel shows the one the
+    hub assigned, with no utilization (none under MIG)."""
     import pynvml
 
     from gpulab_exporter.fake_nvml import FakeGpu, FakeLibNvml, mig_uuid, split_mig
@@ -139,9 +140,8 @@ def test_a_server_given_a_mig_device_shows_it_not_its_gpu():
         snap = gpulab_gpus.snapshot(pynvml, spawned(mig_uuid(0, 1)))
     assert snap["message"] is None and snap["assigned"] == [mig_uuid(0, 1)]
     assert [(g["index"], g["mig"], g["uuid"], g["utilization_percent"])
-            for g in snap["gpus"]] == [("0:0", True, mig_uuid(0, 0), None),
-                                       ("0:1", True, mig_uuid(0, 1), None)]
-    assert snap["gpus"][1]["memory_total_bytes"] == gpu.instances[1].memory_total
+            for g in snap["gpus"]] == [("0:1", True, mig_uuid(0, 1), None)]
+    assert snap["gpus"][0]["memory_total_bytes"] == gpu.instances[1].memory_total
 
 
 def test_a_value_nvml_does_not_give_is_none_and_the_rest_stays():
