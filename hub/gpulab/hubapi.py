@@ -354,6 +354,15 @@ class HubApi:
                                      token=token)
         return (body or {}).get("offered_at") if isinstance(body, dict) else None
 
+    async def server_up(self, user: str, server: str = "", *,
+                        token: str | None = None) -> float | None:
+        """The server the line started for *user* is up: her claim window runs from
+        then. When it was first said (None: she is not in line with such a server)."""
+        status, body = await self.request("PATCH", line_path(user, server), {"up": True},
+                                          token=token, ok=(404,))
+        return (body or {}).get("ready_at") if status < 400 and isinstance(body, dict) \
+            else None
+
     async def leave_line(self, user: str, server: str = "", *,
                          token: str | None = None) -> bool:
         """*user*'s *server* out of the line; False when it was not in it."""

@@ -72,8 +72,8 @@ def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
                  gpus: int, claim_window: int, offered_at: float,
                  hub_url: str = "") -> EmailMessage:
     """The e-mail telling *user* that the line started her server (*server*: "" for her
-    default one) with her *gpus* GPUs at *offered_at*, and until when she has to open
-    it (*claim_window* seconds later)."""
+    default one) with her *gpus* GPUs at *offered_at*, and how long she has to open it
+    once it is up (*claim_window* seconds; the deadline if it were up at once)."""
     deadline = datetime.fromtimestamp(offered_at + claim_window, UTC)
     where = (f"{hub_url.rstrip('/')}/hub/user/{user}/{server}" if hub_url
              else "the lab's JupyterHub (your home page there has a link to it)")
@@ -88,8 +88,8 @@ def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
         f"Hello {user},\n\n"
         f"it is your turn in the lab's line for GPUs: your server{named} is starting, with "
         f"{gpus} GPU{'s' if gpus != 1 else ''} kept for you.\n\n"
-        f"Open it by {deadline:%Y-%m-%d %H:%M} UTC (within "
-        f"{duration_text(claim_window)}): {where}\n\n"
+        f"Open it within {duration_text(claim_window)} of it being up (by "
+        f"{deadline:%Y-%m-%d %H:%M} UTC if it is up at once): {where}\n\n"
         f"If you do not, it is stopped and its GPUs go to the next member waiting.\n\n"
         f"-- gpulab (you gave this address when you joined the line)\n")
     return message

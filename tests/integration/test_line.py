@@ -118,6 +118,10 @@ def test_members_wait_in_line_and_get_the_gpu_in_turn(hub, hub_admin, lab_user, 
     assert "Wait in line" in r.json()["message"]
     r = spawn(dave, {"gpus": 1, "wait": "yes"})
     assert r.status_code == 400 and '"wait" must be true or false' in r.json()["message"]
+    # what the line service may say of an entry: a clear 400 for anything else
+    r = requests.patch(f"{hub.api}/gpulab/line/{dave.name}", json={"up": "yes"}, timeout=30,
+                       headers={"Authorization": f"token {hub_admin.token}"})
+    assert r.status_code == 400 and '{"up": true}' in r.json()["message"], r.text
 
     r = spawn(bob, {"gpus": 1, "wait": True})
     assert r.status_code == 202, r.text
@@ -344,7 +348,8 @@ def emailed_when_his_turn_comes(hub, alice, bob, address, new_page, smtp_server)
     assert message["Subject"] == "Your turn for GPUs: your server is starting", message
     body = message.get_content()
     assert "your server is starting, with 1 GPU kept for you" in body, body
-    link = re.search(r"Open it by (\S+ \S+) UTC \(within 2 min\): (\S+)", body)
+    link = re.search(r"Open it within 2 min of it being up \(by (\S+ \S+) UTC if it is up "
+                     r"at once\): (\S+)", body)
     assert link and link.group(2) == f"{HUB_URL}/hub/user/{bob.name}/", body
     deadline = datetime.fromisoformat(link.group(1) + "+00:00").timestamp()
     assert 0 <= deadline - place_offered_at(bob) - 120 + 60 <= 60, body  # whole minutes

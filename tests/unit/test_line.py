@@ -54,9 +54,9 @@ def gpu(i, pool="default", mode="exclusive", max_users=1):
     return Gpu(i, uuid(i), "A100", pool, mode, max_users)
 
 
-def entry(id_, user, gpus=1, at=None, server="", offered_at=None, groups=()):
+def entry(id_, user, gpus=1, at=None, server="", offered_at=None, groups=(), ready_at=None):
     return Entry(id_, user, server, gpus, float(id_ if at is None else at), tuple(groups),
-                 offered_at)
+                 offered_at, ready_at=ready_at)
 
 
 CONFIG = parse_gpus_config("""\
@@ -244,6 +244,12 @@ def test_the_store_keeps_places_across_reopening_and_a_second_join_keeps_the_pla
     reopened = LineStore(tmp_path / "line.sqlite")
     assert [(e.user, e.server, e.joined_at) for e in reopened.entries()] == [
         ("bob", "", 100.0), ("dave", "train", 200.0)]
+    assert reopened.server_up("bob", "") is None  # not started by the line yet
+    assert reopened.offer("bob", "").offered_at is not None
+    up = reopened.server_up("bob", "")
+    assert up.ready_at is not None and reopened.server_up("bob", "").ready_at == up.ready_at
+    # the line could not start it after all: she waits again, and it is not up
+    assert reopened.offer("bob", "", offered=False).ready_at is None
     assert reopened.offer("bob", "").offered_at is not None
     assert reopened.offer("nobody", "") is None
     assert reopened.remove("bob", "") and not reopened.remove("bob", "")
@@ -262,8 +268,11 @@ def test_the_home_page_shows_her_place_or_until_when_to_open_her_server():
     rows = line_rows(entries, "bob", config)
     assert [(r["server"], r["state"], r["position"], r["waiting"]) for r in rows] == [
         ("", "waiting", 1, 2), ("train", "waiting", 2, 2)]
-    (alice,) = line_rows(entries, "alice", config)
-    assert alice["state"] == "offered" and alice["deadline"]["utc"] == "1970-01-01 00:11"
+    (alice,) = line_rows(entries, "alice", config)  # started for her, not up yet
+    assert (alice["state"], alice["window"]) == ("starting", "10 min")
+    entries[0] = entry(1, "alice", at=10, offered_at=100.0, ready_at=160.0)
+    (alice,) = line_rows(entries, "alice", config)  # up: ten minutes from then
+    assert alice["state"] == "offered" and alice["deadline"]["utc"] == "1970-01-01 00:12"
     assert line_rows(entries, "carol", config) == []
 
 
@@ -291,8 +300,11 @@ def iso(t):
     # activity within the margin is the proxy adding the route: not a claim
     (model(OFFERED, 100),
      {"ready": True, "last_activity": iso(130 + CLAIM_MARGIN)}, 200, 130, WAIT),
-    # the claim window (600 s from the offer) ends: stopped
-    (model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 700, 130, EXPIRED),
+    # the claim window (600 s from when it was up, not from the offer) ends: stopped
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 729, 130, WAIT),
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 730, 130, EXPIRED),
+    # a start slower than the window leaves her the whole window once it is up
+    (model(OFFERED, 100), {"ready": True, "last_activity": iso(900)}, 901, 900, WAIT),
     # her server is gone: it failed to start, or she stopped it
     (model(OFFERED, 100), None, 150, None, GONE),
     (model(OFFERED, 100), {"ready": False, "pending": None}, 150, 130, GONE),
@@ -302,7 +314,7 @@ def test_the_line_service_decides(entry_, server, now, ready_at, action):
 
 
 def test_what_she_is_told_says_why():
-    expired = decide(model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 700,
+    expired = decide(model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 730,
                      600, 130)
     assert "did not open it within 10 min" in expired.message
     failed = decide(model(OFFERED, 100), None, 150, 600, None)
@@ -315,8 +327,9 @@ class RecordingHub:
     """Stands in for gpulab.hubapi.HubApi's line calls: records them, answers the spawn
     with *spawn_status*."""
 
-    def __init__(self, line, spawn_status=202, users=None):
+    def __init__(self, line, spawn_status=202, users=None, up_at=None):
         self.entries, self.spawn_status, self.users = line, spawn_status, users or {}
+        self.up_at = up_at  # what server_up answers: when the hub noted it up
         self.calls = []
 
     async def line(self):
@@ -327,6 +340,12 @@ class RecordingHub:
 
     async def offer(self, user, server="", offered=True):
         self.calls.append(("offer", user, offered))
+
+    async def server_up(self, user, server=""):
+        self.calls.append(("up", user))
+        for e in self.entries:  # the hub keeps it: the next round's line carries it
+            e["ready_at"] = e.get("ready_at") or self.up_at
+        return self.up_at
 
     async def start_server(self, user, server="", options=None):
         self.calls.append(("start", user, dict(options or {})))
@@ -440,11 +459,13 @@ async def test_an_unopened_server_is_stopped_after_the_claim_window_and_she_is_t
     from gpulab import notices as notes
 
     ready = {"servers": {"": {"ready": True, "last_activity": iso(100)}}}
-    hub = RecordingHub([model(OFFERED, offered_at=90)], users={"bob": ready})
+    # started at 0, up only at 100: past a whole window after the start
+    hub = RecordingHub([model(OFFERED, offered_at=0)], users={"bob": ready}, up_at=100)
     line = service(hub, tmp_path, window="1m")
-    assert await line.check(now=100) == []  # seen ready now; the window runs
-    assert [d.action for d in await line.check(now=151)] == [EXPIRED]
-    assert hub.calls == [("stop", "bob"), ("leave", "bob")]
+    assert await line.check(now=100) == []  # seen up now, said to the hub; the window runs
+    assert await line.check(now=159) == []
+    assert [d.action for d in await line.check(now=160)] == [EXPIRED]
+    assert hub.calls == [("up", "bob"), ("stop", "bob"), ("leave", "bob")]
     (told,) = notes.read(line.notices_file).stopped
     assert (told.user, told.reason) == ("bob", notes.LINE)
     assert "did not open it within 1 min" in told.message

@@ -70,8 +70,8 @@ def test_the_email_says_her_turn_came_until_when_and_where():
     body = m.get_content()
     assert "your server is starting, with 2 GPUs kept for you" in body, body
     # 1_800_000_000 is 2027-01-15 08:00 UTC; ten minutes later
-    assert "Open it by 2027-01-15 08:10 UTC (within 10 min): " \
-           "https://gpu.lab.example/hub/user/ann/" in body, body
+    assert "Open it within 10 min of it being up (by 2027-01-15 08:10 UTC if it is up " \
+           "at once): https://gpu.lab.example/hub/user/ann/" in body, body
     assert "its GPUs go to the next member waiting" in body
     named = turn_message(MAIL, "ann@lab.example", "ann", "train", 1, 60, 1_800_000_000)
     assert "your server train is starting, with 1 GPU kept" in named.get_content()

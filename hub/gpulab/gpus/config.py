@@ -32,6 +32,7 @@ Schema (every key optional; an empty or missing file means the defaults)::
     line:                      # members waiting for GPUs (gpulab.line)
       claim_window: 10m        # a server started for the member at the head of the line
                                # is stopped if she does not open it within this time
+                               # of it being up
       order: first_come        # or fair_share: those who used fewer GPU-hours lately first
       half_life: 7d            # fair_share: GPU-hours this long ago count half
       max_wait: 1d             # fair_share: after this long in line, her GPU-hours no

@@ -6,8 +6,9 @@
   for her: herself, or an admin);
 * ``DELETE /hub/api/gpulab/line/USER[/SERVER]``: she leaves the line (``servers``);
 * ``PATCH /hub/api/gpulab/line/USER[/SERVER]`` ``{"offered": true}``: the line service
-  is starting her server; her claim window opens (``admin:servers``). ``false``: it
-  could not, she waits again in her place.
+  is starting her server (``admin:servers``). ``false``: it could not, she waits again
+  in her place. ``{"up": true}``: the server it started is up; her claim window runs
+  from now (the first time only).
 
 Members join by asking for a server with ``"wait": true`` (:mod:`gpulab.spawn.spawner`).
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-line"]``:
@@ -46,6 +47,7 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
     e = p.entry
     return {"id": e.id, "user": e.user, "server": e.server, "gpus": e.gpus,
             "joined_at": e.joined_at, "offered_at": e.offered_at, "state": p.state,
+            "ready_at": e.ready_at,  # OFFERED: when her server was up (None: not yet)
             "environment": e.environment,  # "": the lab's one
             "email": e.email,  # where she is told that her turn came ("": not by e-mail)
             "position": p.position, "waiting": waiting,
@@ -149,12 +151,20 @@ class MemberLineAPIHandler(LineAPIBase):
     @needs_scope("admin:servers")
     def patch(self, user_name, server_name=""):
         body = self.get_json_body() or {}
-        if set(body) != {"offered"} or not isinstance(body["offered"], bool):
-            raise web.HTTPError(400, 'The only change is {"offered": true or false}.')
-        entry = self.store.offer(user_name, server_name, body["offered"])
-        if entry is None:
-            raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in line.")
-        self.write(json.dumps({"id": entry.id, "offered_at": entry.offered_at}))
+        if body == {"up": True}:
+            entry = self.store.server_up(user_name, server_name)
+            if entry is None:
+                raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in "
+                                         f"line with a server the line started.")
+        elif set(body) == {"offered"} and isinstance(body["offered"], bool):
+            entry = self.store.offer(user_name, server_name, body["offered"])
+            if entry is None:
+                raise web.HTTPError(404, f"{user_name}'s server {server_name!r} is not in line.")
+        else:
+            raise web.HTTPError(400, 'The only changes are {"offered": true or false} and '
+                                     '{"up": true}.')
+        self.write(json.dumps({"id": entry.id, "offered_at": entry.offered_at,
+                               "ready_at": entry.ready_at}))
 
 
 def api_handlers() -> list[tuple[str, type]]:

@@ -45,6 +45,9 @@ class Entry:
     # the node her server must run on ("": any): on a Swarm, the one that holds her home
     # (spawn.swarm_homes: machine), so that her turn comes with GPUs there
     machine: str = ""
+    # when her server, started by the line, was first seen up (epoch seconds; None: not
+    # yet): her claim window runs from then, since she cannot open it before
+    ready_at: float | None = None
 
     def request(self) -> Request:
         return Request(self.user, self.server, self.groups, self.gpus, machine=self.machine)

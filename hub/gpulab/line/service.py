@@ -64,8 +64,9 @@ class Decision:
 def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
            claim_window: float, ready_at: float | None) -> Decision:
     """What to do about one entry of the line (the line API's model), given her server's
-    model from the hub (None: not running), when this service first saw that server
-    ready (*ready_at*, None: not yet)."""
+    model from the hub (None: not running), when that server was first seen up
+    (*ready_at*, None: not yet). Her claim window runs from then: she cannot open it
+    before, however long it took to start."""
     user, name, gpus = entry["user"], entry["server"], entry["gpus"]
     state = entry["state"]
     if state == REFUSED:
@@ -84,7 +85,7 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
         return Decision(WAIT, user, name, gpus)
     if hub_time(server.get("last_activity")) > ready_at + CLAIM_MARGIN:
         return Decision(CLAIMED, user, name, gpus)
-    if now >= (entry.get("offered_at") or now) + claim_window:
+    if now >= ready_at + claim_window:
         return Decision(EXPIRED, user, name, gpus,
                         f"it was started for you when GPUs came free, and you did not "
                         f"open it within {duration_text(int(claim_window))}, so its GPUs "
@@ -105,7 +106,6 @@ class LineService:
         self.prometheus = prometheus  # members' recent GPU-hours, for fair share
         self.usage_file = usage_file
         self.usage_at = -math.inf  # when they were last asked for
-        self.ready_at: dict[int, float] = {}  # entry id -> when its server was seen ready
         self.groups: dict[str, list[str]] = {}  # the hub's groups' members, last read
 
     async def check(self, now: float | None = None) -> list[Decision]:
@@ -117,18 +117,17 @@ class LineService:
         window = config.line.claim_window
         taken = []
         for entry in entries:
-            server = None
+            server, ready_at = None, entry.get("ready_at")
             if entry["state"] == OFFERED:
                 model = await self.hub.user(entry["user"])
                 server = ((model or {}).get("servers") or {}).get(entry["server"])
-                if server and server.get("ready"):
-                    self.ready_at.setdefault(entry["id"], now)
-            d = decide(entry, server, now, window, self.ready_at.get(entry["id"]))
+                if server and server.get("ready") and ready_at is None:
+                    # up: the hub notes when, and her claim window runs from then
+                    ready_at = await self.hub.server_up(entry["user"], entry["server"])
+            d = decide(entry, server, now, window, ready_at)
             if d.action != WAIT:
                 await self.apply(d, window)
                 taken.append(d)
-            if d.action not in (WAIT, START):
-                self.ready_at.pop(entry["id"], None)
         return taken
 
     async def refresh_usage(self, config: GpusConfig, now: float) -> None:

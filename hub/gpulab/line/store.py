@@ -22,20 +22,22 @@ _SCHEMA = (
     " user TEXT NOT NULL, server TEXT NOT NULL, gpus INTEGER NOT NULL,"
     " groups TEXT NOT NULL DEFAULT '[]', joined_at REAL NOT NULL, offered_at REAL,"
     " environment TEXT NOT NULL DEFAULT '', email TEXT NOT NULL DEFAULT '',"
-    " machine TEXT NOT NULL DEFAULT '',"
+    " machine TEXT NOT NULL DEFAULT '', ready_at REAL,"
     " UNIQUE (user, server))",
 )
 # Columns added since the first version, for stores an older gpulab made (its rows:
 # the default).
 _ADDED = (("environment", "TEXT NOT NULL DEFAULT ''"), ("email", "TEXT NOT NULL DEFAULT ''"),
-          ("machine", "TEXT NOT NULL DEFAULT ''"))
-_COLUMNS = "id, user, server, gpus, groups, joined_at, offered_at, environment, email, machine"
+          ("machine", "TEXT NOT NULL DEFAULT ''"), ("ready_at", "REAL"))
+_COLUMNS = ("id, user, server, gpus, groups, joined_at, offered_at, environment, email,"
+            " machine, ready_at")
 
 
 def _entry(row) -> Entry:
-    id_, user, server, gpus, groups, joined_at, offered_at, environment, email, machine = row
+    (id_, user, server, gpus, groups, joined_at, offered_at, environment, email, machine,
+     ready_at) = row
     return Entry(id_, user, server, gpus, joined_at, tuple(json.loads(groups)), offered_at,
-                 environment, email, machine)
+                 environment, email, machine, ready_at)
 
 
 class LineStore:
@@ -93,9 +95,19 @@ class LineStore:
                 db.execute("UPDATE line SET offered_at = ? WHERE user = ? AND server = ?"
                            " AND offered_at IS NULL", (self.now(), user, server))
             else:
-                db.execute("UPDATE line SET offered_at = NULL WHERE user = ? AND server = ?",
-                           (user, server))
+                db.execute("UPDATE line SET offered_at = NULL, ready_at = NULL"
+                           " WHERE user = ? AND server = ?", (user, server))
         return self.entry(user, server)
+
+    def server_up(self, user: str, server: str) -> Entry | None:
+        """The server the line started for her is up: her claim window runs from now (the
+        first time it is said; None if she is not in line, or it was not started)."""
+        with self._connect() as db:
+            db.execute("UPDATE line SET ready_at = ? WHERE user = ? AND server = ?"
+                       " AND offered_at IS NOT NULL AND ready_at IS NULL",
+                       (self.now(), user, server))
+        entry = self.entry(user, server)
+        return entry if entry is not None and entry.ready_at is not None else None
 
     def remove(self, user: str, server: str) -> bool:
         with self._connect() as db:

@@ -12,12 +12,13 @@ from gpulab.line.order import Entry, position_of, ranked
 from gpulab.line.store import line_store
 from gpulab.line.usage import Usage
 from gpulab.notices import shown_time
+from gpulab.settings import duration_text
 
 
 def line_rows(entries: list[Entry], user: str, config: GpusConfig,
               usage: Usage | None = None) -> list[dict[str, Any]]:
-    """One row per server of *user* in line: waiting (her place, in the line's order)
-    or started for her (until when she has to open it)."""
+    """One row per server of *user* in line: waiting (her place, in the line's order),
+    starting for her (how long she will have to open it), or up (until when she has)."""
     rows = []
     for e in entries:
         if e.user != user:
@@ -27,9 +28,12 @@ def line_rows(entries: list[Entry], user: str, config: GpusConfig,
         if e.offered_at is None:
             row["state"] = "waiting"
             row["position"], row["waiting"] = position_of(e, entries, config, usage)
+        elif e.ready_at is None:
+            row["state"] = "starting"
+            row["window"] = duration_text(config.line.claim_window)
         else:
             row["state"] = "offered"
-            row["deadline"] = shown_time(e.offered_at + config.line.claim_window)
+            row["deadline"] = shown_time(e.ready_at + config.line.claim_window)
         rows.append(row)
     return rows
 
