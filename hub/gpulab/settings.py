@@ -474,6 +474,12 @@ SETTINGS: tuple[Setting, ...] = (
             "How often the hub asks the provider again whether a signed-in member is still "
             "in the directory and in which groups; a member removed there loses access "
             "within this time. Example: 1m"),
+    Setting("login.unreachable_grace", parse_duration, 86400,
+            "How long a member who signed in with the provider keeps access while it cannot "
+            "be asked (down, or unreachable from the hub), counted from when it last "
+            "vouched for her; then her access ends as a removed member's does, until she "
+            "signs in again (a login token of hers still works). 0: no limit, an outage "
+            "ends nobody's access, nor a removed member's while it lasts. Example: 8h"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

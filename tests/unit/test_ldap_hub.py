@@ -27,6 +27,7 @@ from real_hub import new_hub
 from tests import idp
 
 REFRESH = 2  # login.refresh_every of this hub, seconds
+GRACE = 12  # login.unreachable_grace of this hub, seconds
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def ldap(tmp_path_factory):
                     "login.groups": {"ml-staff": ("staff",)},
                     "login.ldap_user_filter": "(!(description=disabled))",
                     "login.ldap_group_base": idp.GROUPS,
-                    "login.refresh_every": REFRESH}
+                    "login.refresh_every": REFRESH, "login.unreachable_grace": GRACE}
     try:
         hub.start()
         yield hub, directory
@@ -195,6 +196,7 @@ def test_a_dead_directory_is_a_refused_sign_in_not_a_hang(ldap, logs):
     hub, directory = ldap
     name, password = member(directory, "gpu-users")
     s, _ = sign_in(hub, name, password)
+    signed_in = time.monotonic()
     directory.stop()
     try:
         t0 = time.monotonic()
@@ -203,6 +205,11 @@ def test_a_dead_directory_is_a_refused_sign_in_not_a_hang(ldap, logs):
         assert "The lab's directory could not be asked" in hub.log_tail(100)
         time.sleep(REFRESH + 0.5)
         assert home_status(s, hub) == "home"  # signed in: kept while it cannot be asked
+        # ... for login.unreachable_grace from her sign-in, then no longer
+        ended = wait_for(lambda: home_status(s, hub) == "login",
+                         "her session to end after login.unreachable_grace",
+                         timeout=GRACE + REFRESH * 3)
+        assert ended - signed_in >= GRACE - 0.5, ended - signed_in
     finally:
         directory.start()
 

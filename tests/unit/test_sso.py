@@ -174,3 +174,30 @@ def test_with_ldap_the_directory_part_is_configured(tmp_path):
 def test_with_ldap_a_missing_bind_password_says_where(tmp_path):
     with pytest.raises(ValueError, match=r"ldap-bind-password is missing"):
         configure_login(Config(), load_text(LDAP), tmp_path, [], secrets_dir=tmp_path)
+
+
+def test_when_the_provider_last_vouched_is_kept_and_an_older_file_starts_the_grace_afresh(
+        tmp_path):
+    import sqlite3
+
+    from gpulab.login.identities import IdentityStore
+
+    old = tmp_path / "ids.sqlite"  # an older gpulab's file: no vouched_at
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE identities (username TEXT PRIMARY KEY, subject TEXT,"
+                   " bound_at REAL, ended_at REAL)")
+        db.execute("INSERT INTO identities VALUES ('ann', 'sub-ann', 5, NULL)")
+    clock = [1000.0]
+    store = IdentityStore(old, now=lambda: clock[0])
+    assert store.grace_from("ann") == 1000.0  # never recorded: from now, not from bound_at
+    clock[0] = 2000.0
+    assert store.grace_from("ann") == 1000.0  # kept
+    store.vouched("ann")
+    assert IdentityStore(old, now=lambda: 9e9).grace_from("ann") == 2000.0  # a restart
+    assert store.subject("ann") == "sub-ann"
+
+
+def test_the_unreachable_grace_is_a_duration_with_a_default_of_a_day():
+    assert defaults()["login.unreachable_grace"] == 86400
+    s = settings_from_yaml(parse_yaml("login: {unreachable_grace: 8h}\n", "gpulab.yaml"))
+    assert s["login.unreachable_grace"] == 8 * 3600

@@ -24,6 +24,7 @@ from real_hub import new_hub
 from tests import idp
 
 REFRESH = 2  # login.refresh_every of this hub, seconds
+GRACE = 8  # login.unreachable_grace of this hub, seconds
 PASSWORD = "correct horse"
 
 
@@ -57,7 +58,7 @@ def sso(tmp_path_factory):
                     "login.admin_groups": ("gpu-admins",),
                     "login.operator_groups": ("gpu-ops",),
                     "login.groups": {"ml-staff": ("staff",), "students": ("students",)},
-                    "login.refresh_every": REFRESH}
+                    "login.refresh_every": REFRESH, "login.unreachable_grace": GRACE}
     hub.extra_config = '\nc.JupyterHub.load_groups = {"extra": {"users": []}}\n'
     provider.start()
     try:
@@ -316,16 +317,29 @@ def test_a_member_of_the_lab_account_registers_an_ssh_key_on_the_page(sso, logs)
     assert gateway_sign_in(hub, name, line) == 403
 
 
-def test_while_the_provider_is_down_signed_in_members_keep_access(sso, logs):
-    """Last in the module: it stops the provider."""
+def test_while_the_provider_is_down_members_keep_access_for_the_grace_and_no_longer(sso, logs):
+    """Last in the module: it stops the provider (and starts it again)."""
     hub, provider = sso
     s, _ = sign_in(hub, "bo")
+    signed_in = time.monotonic()
+    token = own_token(s, hub, "bo")
     provider.stop()
     time.sleep(REFRESH + 0.5)
-    assert home_status(s, hub) == "home"
+    assert home_status(s, hub) == "home" and whoami(hub, token) == 200
     assert "Could not ask the lab's sign-in about bo" in hub.log_tail(200)
+    # login.unreachable_grace after the provider last vouched for her (her sign-in),
+    # her access ends as a removed member's does: session and token
+    ended = wait_for(lambda: home_status(s, hub) == "login", "bo's session to end after "
+                     "the grace", timeout=GRACE + REFRESH * 3)
+    assert ended - signed_in >= GRACE - 0.5, ended - signed_in
+    assert whoami(hub, token) == 403
+    assert "longer than login.unreachable_grace (8 s)" in hub.log_tail(200)
     # what Prometheus alerts on (GpulabLoginProviderUnreachable)
     metrics = hub.api("GET", "/metrics").text
     counts = dict(re.findall(
         r'^gpulab_login_provider_checks_total\{result="(\w+)"\} (\S+)$', metrics, re.M))
     assert float(counts["unreachable"]) >= 1 and float(counts["vouched"]) >= 1, counts
+    # the provider back: she signs in again, as before
+    provider.start()
+    again, _ = sign_in(hub, "bo")
+    assert home_status(again, hub) == "home"

@@ -6,6 +6,9 @@ auth_state, which a sign-in with a login token overwrites and a lost crypt key e
   sign-in there; another subject with the same name is refused for good.
 * An admin who ends a member's access (``gpulab access end``) ends it for the lab's
   sign-in too, until an admin gives her access again (issues her a login token).
+* When the provider last vouched for her (her sign-in, or a later check): while it cannot
+  be asked, she keeps access for ``login.unreachable_grace`` from then, across hub
+  restarts.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ SCHEMA = ("""CREATE TABLE IF NOT EXISTS identities (
     username TEXT PRIMARY KEY,
     subject TEXT,          -- the provider's sub; NULL: ended before she ever signed in
     bound_at REAL,
-    ended_at REAL          -- an admin ended her access; NULL: not ended
+    ended_at REAL,         -- an admin ended her access; NULL: not ended
+    vouched_at REAL        -- the provider last vouched for her; NULL: not since recorded
 )""",)
+ADDED = (("vouched_at", "REAL"),)  # columns a file an older gpulab made lacks
 
 
 class IdentityStore:
     def __init__(self, path: str | os.PathLike, *, now: Callable[[], float] = time.time):
         self.path = private_db.create(path, SCHEMA)
+        private_db.add_columns(self.path, "identities", ADDED)
         self.now = now
 
     def _row(self, username: str) -> tuple | None:
@@ -50,6 +56,24 @@ class IdentityStore:
                        "ON CONFLICT (username) DO UPDATE SET subject = excluded.subject, "
                        "bound_at = excluded.bound_at WHERE subject IS NULL",
                        (username, subject, self.now()))
+
+    def vouched(self, username: str) -> None:
+        """The provider vouched for *username* just now."""
+        with private_db.connect(self.path) as db:
+            db.execute("UPDATE identities SET vouched_at = ? WHERE username = ?",
+                       (self.now(), username))
+
+    def grace_from(self, username: str) -> float:
+        """Whence her access counts while the provider cannot be asked: when it last
+        vouched for her, or now if that was never recorded (a file an older gpulab made:
+        the grace starts afresh rather than ending her access at once)."""
+        with private_db.connect(self.path) as db:
+            row = db.execute("SELECT vouched_at FROM identities WHERE username = ?",
+                             (username,)).fetchone()
+        if row is None or row[0] is None:
+            self.vouched(username)
+            return self.now()
+        return row[0]
 
     def end(self, username: str) -> None:
         with private_db.connect(self.path) as db:

@@ -21,7 +21,9 @@ access token. A member removed from the directory (the provider refuses her toke
 from every allowed group loses access as a revoked login token does
 (:func:`gpulab.login.tokens.end_access`): her hub session, her API tokens and her
 servers' sessions end. While the provider cannot be reached, she keeps access and the hub
-logs why at each check.
+logs why at each check, for ``login.unreachable_grace`` from when it last vouched for her
+(then her access ends likewise: a removed member keeps no access for as long as the hub
+cannot ask, whoever cut it off).
 
 One hub account per name: the first provider identity (``sub``) that signs in as a name
 is bound to it, and a different identity with the same name is refused. A member with a
@@ -46,6 +48,7 @@ from traitlets import Any, Bool, Float, Instance, Set, Unicode, default
 from gpulab.login.identities import IdentityStore
 from gpulab.login.roles import OPERATORS_GROUP
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
+from gpulab.settings import duration_text
 
 __all__ = ["GroupMapping", "LabOIDCAuthenticator", "ProviderPart", "Verdict",
            "configure_oidc", "configure_provider", "groups_after", "sso_handlers"]
@@ -158,6 +161,10 @@ class ProviderPart(Authenticator):
                         "provider says.").tag(config=True)
     refresh_every = Float(300, help="Seconds between asking the provider again about a "
                           "signed-in member (settings login.refresh_every).").tag(config=True)
+    unreachable_grace = Float(
+        86400, help="Seconds a signed-in member keeps access while the provider cannot be "
+        "asked, from when it last vouched for her; 0: no limit (settings "
+        "login.unreachable_grace).").tag(config=True)
     link_existing_accounts = Bool(
         False, help="""Let the provider's identity of a name take over a hub account of
         that name that exists already and never signed in there (settings
@@ -274,6 +281,7 @@ class ProviderPart(Authenticator):
     def vouched_now(self, user) -> None:
         """She just signed in: no need to ask the provider again for refresh_every."""
         self._checked[user.id] = (time.monotonic(), True)
+        self.identities.vouched(user.name)
 
     # ------------------------------------------------------------------ later checks
 
@@ -300,10 +308,18 @@ class ProviderPart(Authenticator):
             return self._not_vouched(user, "an admin ended her access")
         try:
             model = await self.ask_provider(user, handler)
-        except Exception as e:  # unreachable, 5xx, bad answer: keep access, say why
+        except Exception as e:  # unreachable, 5xx, bad answer: keep access a while, say why
             PROVIDER_CHECKS.labels("unreachable").inc()
+            since = time.time() - self.identities.grace_from(user.name)
+            if self.unreachable_grace and since >= self.unreachable_grace:
+                return self._not_vouched(
+                    user, f"it could not be asked ({e}) and last vouched for her "
+                          f"{duration_text(since)} ago, longer than login.unreachable_grace "
+                          f"({duration_text(self.unreachable_grace)})")
             self.log.warning("Could not ask the lab's sign-in about %s (%s); keeping access "
-                             "until it answers", user.name, e)
+                             "until it answers, for %s at most", user.name, e,
+                             duration_text(self.unreachable_grace - since)
+                             if self.unreachable_grace else "ever")
             return True
         if isinstance(model, str):
             return self._not_vouched(user, model)
@@ -319,6 +335,7 @@ class ProviderPart(Authenticator):
                               self._wanted_groups(user.name, verdict))
         user.sync_groups(groups)
         PROVIDER_CHECKS.labels("vouched").inc()
+        self.identities.vouched(user.name)
         return {"name": user.name, "admin": self.is_admin(user.name, model["auth_state"]),
                 "groups": groups, "auth_state": model["auth_state"]}
 
@@ -455,6 +472,7 @@ def configure_provider(o, settings: Mapping) -> None:
     o.hub_admins = set(settings["hub.admins"])
     o.hub_operators = set(settings["hub.operators"])
     o.refresh_every = float(settings["login.refresh_every"])
+    o.unreachable_grace = float(settings["login.unreachable_grace"])
     o.link_existing_accounts = bool(settings["login.link_existing_accounts"])
 
 
