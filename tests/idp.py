@@ -44,6 +44,8 @@ class OidcProvider:
     host: str = "127.0.0.1"  # where it listens; its URLs name it
     port: int = field(default_factory=free_port)
     client_secret: str = field(default_factory=lambda: secrets.token_hex(24))
+    access_ttl: int | None = None  # seconds an access token lasts (None: an hour)
+    refresh_tokens: bool = False  # whether a sign-in also gets a refresh token
     process: subprocess.Popen | None = None
 
     @property
@@ -87,7 +89,10 @@ class OidcProvider:
                "OIDC_PORT": str(self.port),
                "OIDC_ACCOUNTS": str(self.accounts_file), "OIDC_CLIENT_ID": CLIENT_ID,
                "OIDC_CLIENT_SECRET": self.client_secret,
-               "OIDC_REDIRECT_URIS": ",".join(self.redirect_uris)}
+               "OIDC_REDIRECT_URIS": ",".join(self.redirect_uris),
+               "OIDC_REFRESH_TOKENS": "1" if self.refresh_tokens else "0"}
+        if self.access_ttl is not None:
+            env["OIDC_ACCESS_TTL"] = str(self.access_ttl)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(["node", str(HERE / "oidc_provider.mjs")],
                                             env=env, stdout=log, stderr=subprocess.STDOUT)

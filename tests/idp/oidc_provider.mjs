@@ -5,7 +5,9 @@
 // remove a member or change her groups "in the directory" while the provider runs:
 //   {"alice": {"password": "...", "groups": ["gpu-users", "gpu-admins"], "email": "..."}}
 // Env: OIDC_HOST (default 127.0.0.1), OIDC_PORT, OIDC_ACCOUNTS (the JSON file), OIDC_CLIENT_ID, OIDC_CLIENT_SECRET,
-//   OIDC_REDIRECT_URIS (comma list; they match exactly).
+//   OIDC_REDIRECT_URIS (comma list; they match exactly); optional OIDC_ACCESS_TTL (seconds an
+//   access token lasts; the library's default: an hour) and OIDC_REFRESH_TOKENS=1 (a sign-in
+//   also gets a refresh token, as Keycloak and most lab providers give).
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
@@ -27,18 +29,25 @@ const SCOPE_CLAIMS = {
   email: ['email', 'email_verified'], groups: ['groups'],
 };
 
+const REFRESH_TOKENS = process.env.OIDC_REFRESH_TOKENS === '1';
+const ACCESS_TTL = Number(process.env.OIDC_ACCESS_TTL || 3600);
+
 const provider = new Provider(ISSUER, {
   clients: [{
     client_id: env('OIDC_CLIENT_ID'),
     client_secret: env('OIDC_CLIENT_SECRET'),
     redirect_uris: env('OIDC_REDIRECT_URIS').split(','),
-    grant_types: ['authorization_code'],
+    grant_types: REFRESH_TOKENS ? ['authorization_code', 'refresh_token'] : ['authorization_code'],
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_post',
   }],
   claims: SCOPE_CLAIMS,
   scopes: ['openid', 'profile', 'email', 'groups'],
   cookies: { keys: ['gpulab-tests-only-cookie-key'] },
+  ttl: { AccessToken: ACCESS_TTL },
+  clockTolerance: 0,  // its default takes tokens 15 s past their expiry; one clock here
+  // without offline_access in the request: a refresh token whenever the client may use one
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
   features: { devInteractions: { enabled: false } },
   async findAccount(ctx, sub) {
     const a = accounts()[sub];   // removed from the file: tokens issued to it stop working
@@ -67,6 +76,9 @@ const provider = new Provider(ISSUER, {
 for (const ev of ['server_error', 'grant.error', 'authorization.error', 'userinfo.error']) {
   provider.on(ev, (ctx, err) => console.error(`${ev}: ${err.name} ${err.message} ${err.error_description ?? ''}`));
 }
+
+// what the tests count: each token the provider hands out, by grant (a refresh among them)
+provider.on('grant.success', (ctx) => console.log(`grant.success ${ctx.oidc.params.grant_type}`));
 
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const loginForm = (uid, error = '') => `<!DOCTYPE html><html><head><meta charset="utf-8">

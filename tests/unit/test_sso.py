@@ -201,3 +201,22 @@ def test_the_unreachable_grace_is_a_duration_with_a_default_of_a_day():
     assert defaults()["login.unreachable_grace"] == 86400
     s = settings_from_yaml(parse_yaml("login: {unreachable_grace: 8h}\n", "gpulab.yaml"))
     assert s["login.unreachable_grace"] == 8 * 3600
+
+
+def test_an_access_token_without_a_refresh_token_is_said_once(tmp_path, caplog):
+    """Without a refresh token, a member's access ends at the first check after her access
+    token expires (tried in test_sso_hub.py): the hub says so to the operator."""
+    import logging
+
+    from gpulab.login.sso import LabOIDCAuthenticator
+
+    a = LabOIDCAuthenticator(identities_db_path=str(tmp_path / "ids.sqlite"))
+    a.log = logging.getLogger("test-sso")
+    with caplog.at_level(logging.WARNING, "test-sso"):
+        a._warn_without_refresh_token({"refresh_token": "r", "token_response": {"expires_in": 300}})
+        a._warn_without_refresh_token({"token_response": {}})  # never expires: nothing to say
+        assert caplog.messages == []
+        for _ in range(2):
+            a._warn_without_refresh_token({"token_response": {"expires_in": 300}})
+    (said,) = caplog.messages
+    assert "gave no refresh token with an access token that expires in 5 min" in said

@@ -25,6 +25,7 @@ from tests import idp
 
 REFRESH = 2  # login.refresh_every of this hub, seconds
 GRACE = 8  # login.unreachable_grace of this hub, seconds
+ACCESS_TTL = 4  # seconds the provider's access tokens last; it gives refresh tokens too
 PASSWORD = "correct horse"
 
 
@@ -47,7 +48,10 @@ def sso(tmp_path_factory):
     idp.require()
     data = tmp_path_factory.mktemp("sso-hub")
     hub = new_hub(data)
-    provider = idp.OidcProvider(data / "idp", [f"{hub.url}/hub/oidc/oauth_callback"])
+    # as Keycloak's (5 minutes, with refresh tokens), but seconds: every check after the
+    # first few seconds of a sign-in goes through a refresh
+    provider = idp.OidcProvider(data / "idp", [f"{hub.url}/hub/oidc/oauth_callback"],
+                                access_ttl=ACCESS_TTL, refresh_tokens=True)
     provider.run_dir.mkdir(parents=True)
     provider.set_accounts(DIRECTORY)
     (data / "oidc-client-secret").write_text(provider.client_secret)
@@ -315,6 +319,22 @@ def test_a_member_of_the_lab_account_registers_an_ssh_key_on_the_page(sso, logs)
     provider.set_accounts(DIRECTORY)  # the lab removes her
     time.sleep(REFRESH + 0.5)
     assert gateway_sign_in(hub, name, line) == 403
+
+
+def test_an_expired_access_token_is_refreshed_and_she_keeps_access(sso, logs):
+    hub, provider = sso
+    s, _ = sign_in(hub, "bo")
+    token = own_token(s, hub, "bo")
+
+    def refreshes() -> int:
+        return provider.log_tail(100_000).count("grant.success refresh_token")
+    before = refreshes()
+    for _ in range(2):  # past the access token's life, twice: the refreshed one is refreshed
+        time.sleep(ACCESS_TTL + REFRESH)
+        assert home_status(s, hub) == "home" and whoami(hub, token) == 200
+    assert refreshes() - before >= 2, provider.log_tail()
+    assert "Refreshing oauth access token for bo" in hub.log_tail(400)
+    assert "gave no refresh token" not in hub.log_tail(100_000)
 
 
 def test_while_the_provider_is_down_members_keep_access_for_the_grace_and_no_longer(sso, logs):

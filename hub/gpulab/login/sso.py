@@ -404,6 +404,8 @@ class LabOIDCAuthenticator(ProviderPart, GenericOAuthenticator):
         userinfo = auth_state.get("oauth_user") or {}
         return userinfo.get("sub"), idp_groups(userinfo, self.groups_claim)
 
+    _said_no_refresh = False  # _warn_without_refresh_token said it
+
     async def update_auth_model(self, auth_model):
         auth_model["admin"] = self.is_admin(auth_model["name"], auth_model["auth_state"])
         return auth_model
@@ -423,7 +425,24 @@ class LabOIDCAuthenticator(ProviderPart, GenericOAuthenticator):
         if user is not None:
             self.vouched_now(user)
         PROVIDER_CHECKS.labels("vouched").inc()  # the provider answered
+        self._warn_without_refresh_token(state)
         return authentication
+
+    def _warn_without_refresh_token(self, auth_state: Mapping) -> None:
+        """Once per hub process: an access token that expires with no refresh token to
+        renew it ends the member's access at the first check after it expires, as if the
+        provider had removed her."""
+        response = auth_state.get("token_response") or {}
+        if self._said_no_refresh or auth_state.get("refresh_token") \
+                or not response.get("expires_in"):
+            return
+        self._said_no_refresh = True
+        self.log.warning(
+            "The lab's sign-in gave no refresh token with an access token that expires in "
+            "%s: a member's access ends at the first check after it expires (every "
+            "login.refresh_every), and she must sign in again. Let the provider give "
+            "gpulab's client refresh tokens (some need offline_access in "
+            "login.oidc_scopes).", duration_text(float(response["expires_in"])))
 
     async def ask_provider(self, user, handler):
         if not await user.get_auth_state():
