@@ -158,7 +158,6 @@ ifeq ($(BUILD_IMAGES),no)
 	@$(call require_images,gpulab/hub:latest gpulab/exporter:latest gpulab/prometheus:latest,\
 	  BUILD_IMAGES=no; load it (docker save | docker load) or build it (make images))
 else
-	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@scripts/build-images.sh "$(BASE_IMAGE)" "$(TORCH_VARIANT)" "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
 endif
 
@@ -333,7 +332,6 @@ test: venv lint test-unit
 # without a GPU it says why and computes on the CPU. Built beside the stack's image (its
 # :latest stays); about 4 minutes and 8 GB of disk (wheels and image) on a fresh host.
 cuda-image: docker
-	@if [ "$(BASE_IMAGE)" = gpulab/base:bookworm ]; then images/base/build.sh gpulab/base:bookworm; fi
 	@IMAGES=singleuser TAG_LATEST=no scripts/build-images.sh "$(BASE_IMAGE)" cuda "$(EXTRA_CA_BUNDLE)" $(PIP_ARGS)
 test-cuda-image: venv cuda-image
 	@$(VENV)/bin/pytest -q -p no:cacheprovider tests/cuda
