@@ -19,6 +19,7 @@ run left behind by a killed one is taken down first. Processes are stopped by PI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -157,11 +158,50 @@ def copy_checkout() -> None:
                            check=True).stdout
     subprocess.run(f"tar --null -T - -cf - | tar -C {COPY} -xf -", shell=True, cwd=REPO,
                    input=files, check=True)
+    # config/ as the admin left it, not as a test of the main stack's lanes has it edited
+    # right now (the tar above can catch an edit: a disruptive test that edits a file
+    # then found it already so, and its edit was a no-op).
+    for name, text in config_as_left(REPO / "config").items():
+        if (COPY / "config" / name).is_file():
+            (COPY / "config" / name).write_text(text)
     # The test identity provider's npm packages (make test-idp), ignored by git: the
     # lane's tests start it from the copy (tests/idp.py).
     node_modules = REPO / "tests" / "idp" / "node_modules"
     if node_modules.is_dir():
         (COPY / "tests" / "idp" / "node_modules").symlink_to(node_modules)
+
+
+# LabConfig (tests/integration/stack.py) keeps each original beside the file it edits
+# until it puts it back: `.NAME.before-tests.PID`.
+BEFORE_TESTS = ".before-tests."
+
+
+def config_as_left(directory: Path) -> dict[str, str]:
+    """The files of *directory* by name, with the original in place of any file a test is
+    editing. Read again until nothing in it changed while it was read: an edit and a
+    put-back each write a backup or replace the file (a new inode), so a read that saw
+    neither change saw one consistent state."""
+    def state() -> dict[str, tuple[int, int, int]]:
+        out = {}
+        for entry in os.scandir(directory):
+            with contextlib.suppress(FileNotFoundError):
+                st = entry.stat(follow_symlinks=False)
+                out[entry.name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
+
+    while True:
+        before = state()
+        try:
+            texts = {name: (directory / name).read_text() for name in before
+                     if not name.startswith(".") and (directory / name).is_file()}
+            for name in before:
+                edited, sep, pid = name[1:].rpartition(BEFORE_TESTS)
+                if name.startswith(".") and sep and pid.isdigit() and edited in texts:
+                    texts[edited] = (directory / name).read_text()
+        except FileNotFoundError:
+            continue
+        if state() == before:
+            return texts
 
 
 def make(target: str, timeout: float = 600) -> None:

@@ -259,8 +259,9 @@ class LabConfig:
         self._originals: dict[Path, str] = {}
         for backup in self.dir.glob(f".*{self.SUFFIX}*"):
             name, _, pid = backup.name[1:].rpartition(self.SUFFIX)
-            if pid.isdigit() and _alive(int(pid)):
-                continue  # still being edited, by another test process or a bench
+            if not pid.isdigit() or _alive(int(pid)):
+                continue  # a backup being written, or a file still being edited (by
+                # another test process or a bench)
             warnings.warn(f"{self.dir / name} was left edited by a test run that was "
                           f"killed; putting back the original kept in {backup.name}",
                           stacklevel=2)
@@ -274,7 +275,7 @@ class LabConfig:
         path = self.dir / name
         if path not in self._originals:
             self._originals[path] = path.read_text()
-            self._backup(path).write_text(self._originals[path])
+            _replace(self._backup(path), self._originals[path])
         _replace(path, text)
         return path
 
@@ -292,10 +293,11 @@ class LabConfig:
 def _replace(path: Path, text: str) -> None:
     """*path* with *text*, in one step: the other lanes' hub reads these files at every
     spawn, and a file truncated and then written can be read empty in between (valid:
-    the defaults)."""
+    the defaults); the disruptive lane's engine reads the backups (tests/lane_engine.py)."""
     new = path.with_name(f".{path.name}.new.{os.getpid()}")
     new.write_text(text)
-    shutil.copymode(path, new)
+    if path.exists():
+        shutil.copymode(path, new)
     os.replace(new, path)
 
 

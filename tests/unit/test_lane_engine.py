@@ -30,3 +30,47 @@ def test_everything_it_runs_is_inside_its_namespace():
     assert lane_engine.in_netns(["make", "up"]) == [
         "nsenter", f"--net=/run/netns/{lane_engine.NETNS}", "--", "make", "up"]
     assert lane_engine.ROOT not in lane_engine.REPO.parents  # never inside the checkout
+
+
+def lab_config(directory):
+    """The integration tests' LabConfig over *directory* (its constructor asks the
+    running hub where its config is)."""
+    from tests.integration.stack import LabConfig
+
+    config = LabConfig.__new__(LabConfig)
+    config.dir, config._originals = directory, {}
+    return config
+
+
+def test_the_lanes_copy_gets_config_as_the_admin_left_it_not_as_a_test_has_it(tmp_path):
+    (tmp_path / "gpulab.yaml").write_text("admin's\n")
+    (tmp_path / "gpus.yaml").write_text("gpus\n")
+    config = lab_config(tmp_path)
+    config.write("gpulab.yaml", "a test's edit\n")
+    assert lane_engine.config_as_left(tmp_path) == {"gpulab.yaml": "admin's\n",
+                                                    "gpus.yaml": "gpus\n"}
+    config.restore()
+    assert lane_engine.config_as_left(tmp_path)["gpulab.yaml"] == "admin's\n"
+
+
+def test_config_as_left_while_a_test_edits_and_puts_back_without_pause(tmp_path):
+    """The race seen in `make test`: the copy was taken while the gpus lane's first test
+    had config/alertmanager.yml edited. Here the edits and put-backs never stop."""
+    import threading
+
+    (tmp_path / "alertmanager.yml").write_text("route: admin\n")
+    config, done = lab_config(tmp_path), threading.Event()
+
+    def edit():
+        while not done.is_set():
+            config.write("alertmanager.yml", "route: webhook of a test\n")
+            config.restore()
+
+    editor = threading.Thread(target=edit)
+    editor.start()
+    try:
+        seen = [lane_engine.config_as_left(tmp_path)["alertmanager.yml"] for _ in range(300)]
+    finally:
+        done.set()
+        editor.join()
+    assert set(seen) == {"route: admin\n"}
