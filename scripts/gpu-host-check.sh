@@ -8,23 +8,31 @@
 #  3. the exporter beside nvidia-smi, field by field per GPU, idle and under a matmul
 #     load, its MIG devices (on a GPU in MIG mode) against `nvidia-smi -L` by UUID, and
 #     what a scrape costs each way (python3 -m gpulab_exporter.hostcheck: exit 1 names
-#     every field off by more than its tolerance; times are printed, not judged).
+#     every field off by more than its tolerance; times are printed, not judged);
+#  4. the GPU panel in members' JupyterLab (images/singleuser/gpulab_gpus.py) given this
+#     GPU's UUID as the spawner gives it: the GPU, its name and memory as nvidia-smi says;
+#  5. make up's driver rule (gpulab.gpus.host.driver_problems) on this driver, GPU and
+#     torch's CUDA, against what torch finds: no problem if and only if CUDA works;
+#  6. two members on one GPU (bench/gpu_share.py): compute shares, one member taking the
+#     memory, and the limits torch and MPS offer, measured (figures, not judged).
 # Needs only python3 with torch (CUDA), nvidia-ml-py, prometheus-client and pytest: no
 # Docker, no JupyterHub, no package registry. Step 2 runs pytest with --noconftest, so the
-# unit tests' conftest (JupyterHub's ORM) is never imported; the hub's own package is not
-# on PYTHONPATH either. Every step runs, whatever the one before did; a summary follows,
+# unit tests' conftest (JupyterHub's ORM) is never imported; of the hub's own package only
+# gpulab.gpus.host, which imports nothing of JupyterHub, is used (step 5).
+# Every step runs, whatever the one before did; a summary follows,
 # and the exit status is 1 if any step failed (2 if there is no GPU to check at all).
 # Usage: scripts/gpu-host-check.sh [--runs N]   (from anywhere; prints what it measured;
 #   --runs: scrapes timed per method in step 3, 20 by default)
 #   GPU_HOST_CHECK_STEP_TIMEOUT: seconds each step may take (300 by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/monitoring/exporter:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/monitoring/exporter:$PWD:$PWD/images/singleuser:$PWD/hub${PYTHONPATH:+:$PYTHONPATH}"
 STEP_TIMEOUT=${GPU_HOST_CHECK_STEP_TIMEOUT:-300}
 stop() { printf 'gpu-host-check: %s\n' "$*" >&2; exit 2; }
 command -v nvidia-smi >/dev/null 2>&1 \
   || stop "no nvidia-smi on this host: these checks need an NVIDIA GPU and its driver"
 nvidia-smi -L || stop "nvidia-smi -L failed (above): the NVIDIA driver does not answer"
+nvidia-smi
 
 results=()
 failed=0
@@ -84,6 +92,59 @@ step "2. exporter against the real driver (pytest)" \
     tests/unit/test_exporter_gpu_host.py
 step "3. exporter beside nvidia-smi, idle and under load" \
   python3 -m gpulab_exporter.hostcheck "$@"
+
+PANEL_ON_THIS_GPU=$(cat <<'PY'
+import json
+import subprocess
+
+from gpulab_gpus import snapshot
+
+rows = subprocess.run(["nvidia-smi", "--query-gpu=uuid,name,memory.total",
+                       "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                      check=True).stdout.splitlines()
+uuid, name, total_mib = (x.strip() for x in rows[0].split(","))
+panel = snapshot(env={"GPULAB_GPUS": uuid})
+print(json.dumps(panel, indent=1))
+assert panel["message"] is None, panel["message"]
+mine = [g for g in panel["gpus"] if g["uuid"] == uuid]
+assert mine, f"the panel does not show {uuid}"
+g = mine[0]
+assert g["name"] == name, (g["name"], name)
+assert abs(g["memory_total_bytes"] / 2**20 - float(total_mib)) <= 1, (g, total_mib)
+assert g["utilization_percent"] is not None and g["memory_used_bytes"] is not None, g
+print(f"the panel shows {uuid} ({name}, {total_mib} MiB) as nvidia-smi does")
+PY
+)
+DRIVER_RULE=$(cat <<'PY'
+import subprocess
+
+import torch
+
+from gpulab.gpus.host import Observed, driver_problems
+
+
+def query(field):
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout
+    return tuple(line.strip() for line in out.splitlines() if line.strip())
+
+
+assert torch.version.cuda, f"torch {torch.__version__} here is a CPU build"
+seen = Observed(driver=query("driver_version")[0], gpus=query("uuid"), probe_status=0,
+                probe_output="", probe_gpu="", image_cuda=torch.version.cuda,
+                compute_caps=query("compute_cap"))
+problems = driver_problems(seen)
+works = torch.cuda.is_available()
+print(f"driver {seen.driver}, compute capability {', '.join(seen.compute_caps)}, torch "
+      f"{torch.__version__} built for CUDA {torch.version.cuda}: the rule says "
+      f"{problems or 'no problem'}; torch.cuda.is_available() is {works}")
+assert (not problems) == works, "make up's driver rule and torch disagree on this host"
+PY
+)
+
+step "4. the members' GPU panel given this GPU" python3 -c "$PANEL_ON_THIS_GPU"
+step "5. make up's driver rule on this driver, beside torch" python3 -c "$DRIVER_RULE"
+step "6. two members on one GPU (bench/gpu_share.py)" python3 bench/gpu_share.py
 
 printf '\n=== gpu-host-check: summary\n'
 printf '  %s\n' "${results[@]}"

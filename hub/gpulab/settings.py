@@ -330,6 +330,13 @@ SETTINGS: tuple[Setting, ...] = (
             "CPU limit of each user container, in cores. Example: 2.5"),
     Setting("spawn.pids_limit", _positive_int, 1024,
             "Maximum number of processes in each user container."),
+    Setting("spawn.shared_gpu_memory_cap", _bool, True,
+            "On a GPU several servers share (gpus.yaml mode: shared), cap each PyTorch "
+            "process of a server at 1/max_users of the GPU's memory "
+            "(PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction), so that one member's "
+            "notebook cannot take the memory the others need. PyTorch's own cap: a member "
+            "can lift it in her code and other frameworks ignore it (docs/gpus.md). "
+            "false: no cap."),
     Setting("spawn.swarm_homes", _homes, "machine",
             "With hub.swarm: where members' homes live. machine: on the GPU server where "
             "the member's server first ran (a Docker volume there); her server always "

@@ -123,6 +123,10 @@ def test_edits_take_effect_at_next_spawn_and_bad_edits_keep_the_last_good(hub, l
     gpus_yaml.write_text(STANDIN_GPUS + "pools:\n  default:\n    mode: shared\n    max_users: 2\n")
     bob.start_server({"gpus": 1})  # GPU 0 is shared by two users now, or GPU 1 is free
     assert gpus_of(bob.container)["device_ids"] in ([GPU0], [GPU1])
+    # on a shared GPU each of his PyTorch processes may take half its memory; alice's
+    # GPU was her own when she started
+    assert gpus_of(bob.container)["memory_cap"] == "per_process_memory_fraction:0.5"
+    assert gpus_of(alice.container)["memory_cap"] == ""
 
     gpus_yaml.write_text("defaults:\n  max_gpus: lots\n")  # an admin's typo
     try:

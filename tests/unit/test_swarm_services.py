@@ -211,3 +211,11 @@ def test_only_a_task_that_got_a_container_held_a_gpu_on_its_machine():
     ran = {"Status": {"State": "failed", "ContainerStatus": {"ContainerID": "c0ffee"}}}
     assert not ran_a_container([rejected, {"Status": {}}, {}])
     assert ran_a_container([rejected, ran])
+
+
+def test_a_shared_gpus_cap_is_let_through_by_the_swarm_proxy():
+    spec = service_spec(defaults(), "alice", "", (G0,), NODE, IMAGE_ID, env=HUB_ENV,
+                        command=["jupyterhub-singleuser"], gpu_share=2)
+    assert "PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.5" in (
+        spec["TaskTemplate"]["ContainerSpec"]["Env"])
+    assert proxy(spec) == (True, "")

@@ -93,6 +93,14 @@ def diagnose(o: Observed) -> list[str]:
         problems.append(f"a container asking for GPU {o.probe_gpu} saw other GPUs "
                         f"({output[:200]}): the toolkit does not honour device requests by "
                         f"UUID")
+    return problems + driver_problems(o)
+
+
+def driver_problems(o: Observed) -> list[str]:
+    """Whether the host's driver and GPUs can run spawn.image's CUDA (empty: they can).
+    scripts/gpu-host-check.sh also asks this of a lent GPU's real driver, beside
+    torch.cuda.is_available() there."""
+    problems = []
     if o.image_cuda:
         cuda = parse_version(o.image_cuda)
         driver = parse_version(o.driver)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulab.contract import lease_labels
+from gpulab.gpus.sharing import alloc_conf
 from gpulab.spawn.naming import volume_name
 
 CONTAINER_UID = 1000  # jovyan in images/singleuser
@@ -47,12 +48,15 @@ def container_options(
     username: str,
     servername: str = "",
     gpu_uuids: Sequence[str] = (),
+    gpu_share: int = 1,
 ) -> ContainerOptions:
     """Everything about a user's container that gpulab decides.
 
     ``gpu_uuids`` are the GPUs leased to this server: the container gets a DeviceRequest
     for exactly those, and ``NVIDIA_VISIBLE_DEVICES`` forced to them, or ``void`` when
-    there are none (so an image that sets ``all`` still sees no GPU).
+    there are none (so an image that sets ``all`` still sees no GPU). ``gpu_share``: how
+    many servers may hold the most shared of them at once (max_users; 1: none shared),
+    whose PyTorch memory cap (gpulab.gpus.sharing) then applies to all of them.
     """
     volumes = {
         volume_name(settings["spawn.home_volume"], username, servername): {
@@ -90,6 +94,8 @@ def container_options(
         "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else "void",
         "GPULAB_GPUS": ",".join(gpu_uuids),
     }
+    if gpu_uuids and settings["spawn.shared_gpu_memory_cap"]:
+        environment.update(alloc_conf(gpu_share))
     return ContainerOptions(
         image=settings["spawn.image"],
         volumes=volumes,

@@ -35,7 +35,7 @@ from dockerspawner import DockerSpawner
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Any, Dict, Float, List, Unicode, default
+from traitlets import Any, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
 from gpulab import compat, live_config
@@ -61,6 +61,7 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
+from gpulab.gpus.sharing import merged_env
 from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
 from gpulab.mail import address_in_options
@@ -155,6 +156,8 @@ class GpulabSpawner(DockerSpawner):
     _environment = Any(help="the environment of the spawn in progress (Environment)")
     _progress_events = List()
     _gpulab_env = Dict()
+    _gpu_share = Int(1, help="max_users of the most shared GPU of the spawn in progress "
+                             "(1: none shared), for its PyTorch memory cap")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -304,18 +307,16 @@ class GpulabSpawner(DockerSpawner):
 
     # ------------------------------------------------------------- start / stop
 
-    def apply_settings(self, settings: Settings, gpu_uuids=()) -> None:
+    def apply_settings(self, settings: Settings, gpu_uuids=(), gpu_share: int = 1) -> None:
         """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
         admin's own config-file traits are already in *settings*, or refused)."""
-        opts = container_options(settings, self.user.name, self.name, gpu_uuids)
+        opts = container_options(settings, self.user.name, self.name, gpu_uuids, gpu_share)
         for name, value in trait_values(settings, opts).items():
             setattr(self, name, value)
         self._gpulab_env = opts.environment
 
     def get_env(self):
-        env = super().get_env()
-        env.update(self._gpulab_env)
-        return env
+        return merged_env(super().get_env(), self._gpulab_env)
 
     def _read_lab_config(self):
         try:
@@ -539,11 +540,12 @@ class GpulabSpawner(DockerSpawner):
         try:
             try:
                 self.gpu_uuids = [g.uuid for g in gpus]
+                self._gpu_share = max((g.capacity for g in gpus), default=1)
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
                     self._tell_if_booked(gpus_config)
-                self.apply_settings(settings, self.gpu_uuids)
+                self.apply_settings(settings, self.gpu_uuids, self._gpu_share)
                 self._report(20, f"Creating your container from {self.image}")
                 try:
                     ip, port = await super().start()

@@ -228,6 +228,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         settings = self._lab_config[0]
         spec = service_spec(settings, self.user.name, self.name, self.gpu_uuids,
                             self.node_id, self.image_id, env=self.get_env(),
+                            gpu_share=self._gpu_share,
                             command=await self.get_command())
         return await self.docker(
             "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],
