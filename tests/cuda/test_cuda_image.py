@@ -80,6 +80,23 @@ def test_without_a_gpu_torch_says_why_and_autograd_runs_on_the_cpu(report):
     check_result(json.loads(cell.splitlines()[-1]), "cpu")
 
 
+def test_its_torch_takes_the_memory_cap_the_spawner_sets_on_a_shared_gpu():
+    """The cap (gpulab.gpus.sharing) held on a lent H200 with torch 2.11; members' torch is
+    this image's. Its allocator config parser refuses a key it does not know, so a cap it
+    would ignore fails here, without a GPU."""
+    from gpulab.gpus.sharing import ALLOC_CONF, alloc_conf
+
+    check = ("import torch\n"
+             "torch._C._accelerator_setAllocatorSettings({!r})\n"
+             "print('taken')\n")
+    assert run_in_image("python", "-c", check.format(alloc_conf(2)[ALLOC_CONF])) == "taken\n"
+    refused = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", IMAGE, "python", "-c",
+         check.format("per_process_memory_share:0.5")], capture_output=True, text=True,
+        timeout=300)
+    assert refused.returncode != 0 and "Unrecognized key" in refused.stderr, refused
+
+
 def test_what_the_image_weighs_and_what_takes_it():
     """Printed for the record (the closing note); asserted: the CUDA libraries are the
     weight, and PyTorch's own C++ test programs are not in it."""
