@@ -276,6 +276,43 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
     assert lab.manager.send("GET", f"/services/{service_id}")[0] == 404
 
 
+def test_a_service_may_run_an_environments_image_by_id_and_no_unlisted_one(lab):
+    """Environments (issue 24 §3) on a Swarm: with spawn.environments listing a second
+    image, the proxy lets a service name that image's ID on the manager, still refuses an
+    image the manager has that is not listed, and, once the list is gone, refuses the
+    second image too (the settings file is read again at every create). The second image
+    is on the manager only: its task is rejected on the worker, which is not the point."""
+    image = "gpulab/difftest-environment:latest"
+    subprocess.run(["docker", "-H", lab.swarm.manager.host, "build", "-q", "-t", image, "-"],
+                   check=True, capture_output=True, timeout=60,
+                   input=f"FROM {IMAGE}\nLABEL org.gpulab.test=an-environment\n".encode())
+    image_id = lab.image(image)
+    assert image_id != lab.image_id
+    lab.settings.write_text(
+        f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n  datasets_volume: {DATASETS}\n"
+        f"  environments:\n    - {{name: base, image: '{IMAGE}'}}\n"
+        f"    - {{name: light, image: '{image}', gpus: false}}\n")
+    try:
+        spec = lab.spec(image_id, gpus=())
+        status, out = lab.proxy.send("POST", "/v1.41/services/create", dump(spec))
+        assert status == 201, out
+        assert lab.service(out["ID"])["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == (
+            image_id)
+        lab.remove(out["ID"])
+        status, out = lab.proxy.send("POST", "/v1.41/services/create",
+                                     dump(lab.spec(lab.absent_id, gpus=())))
+        assert status == 403 and "is none of the lab's images on this manager now" in (
+            out["message"]), out
+        lab.set_image(IMAGE)  # no environments: spawn.image alone
+        status, out = lab.proxy.send("POST", "/v1.41/services/create",
+                                     dump(lab.spec(image_id, gpus=())))
+        assert status == 403 and f"{IMAGE} is {lab.image_id}" in out["message"], out
+    finally:
+        lab.set_image(IMAGE)
+        subprocess.run(["docker", "-H", lab.swarm.manager.host, "rmi", "-f", image],
+                       capture_output=True, timeout=60)
+
+
 def test_the_spawners_own_spec_runs_where_the_allocator_put_it(lab):
     """gpulab.spawn.swarm_services and gpulab.gpus.swarm_nodes end to end: the GPUs of the nodes the proxy lists, one leased
     by the allocator, the service spec the spawner builds for it (through the proxy, as

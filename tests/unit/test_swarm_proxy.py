@@ -15,6 +15,8 @@ from gpulab.contract import LABEL_NODE
 from gpulab.dockerapi.policy import is_create, proxy_verdict
 from gpulab.dockerapi.proxy import Proxy
 from gpulab.dockerapi.swarm_policy import ID_SLOT, SERVICE_SPEC
+from gpulab.environments import Environment
+from gpulab.settings import defaults
 
 NODE = "3x0kq1v8hn2b7c4d5e6f7g8h9"  # a Swarm node ID: 25 of [0-9a-z]
 GPU = "GPU-fa4e0200-1111-2222-3333-444444444444"
@@ -75,9 +77,16 @@ def without(path: tuple[str, ...], key: str) -> dict:
     return spec
 
 
-def create(spec, target=CREATE, settings=None, image_id=IMAGE_ID):
+def lab_ids(image_id: str | None, settings=None) -> dict[str, str | None]:
+    """spawn.image with *image_id*, its ID on the manager, as the proxy asks it."""
+    return {(settings or defaults())["spawn.image"]: image_id}
+
+
+def create(spec, target=CREATE, settings=None, image_id=IMAGE_ID, image_ids=None):
     body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-    return proxy_verdict("POST", target, body, settings=settings, swarm=True, image_id=image_id)
+    return proxy_verdict("POST", target, body, settings=settings, swarm=True,
+                         image_ids=lab_ids(image_id, settings) if image_ids is None
+                         else image_ids)
 
 
 def refused_for(spec, target=CREATE) -> str:
@@ -111,12 +120,12 @@ def q(filters) -> str:
 ])
 def test_the_swarm_calls_the_hub_makes_pass(method, target):
     body = json.dumps(legit()).encode() if method == "POST" else b""
-    d = proxy_verdict(method, target, body, swarm=True, image_id=IMAGE_ID)
+    d = proxy_verdict(method, target, body, swarm=True, image_ids=lab_ids(IMAGE_ID))
     assert d.allowed, d.reason
-    assert not proxy_verdict(method, target, body, image_id=IMAGE_ID).allowed  # not without --swarm
+    assert not proxy_verdict(method, target, body, image_ids=lab_ids(IMAGE_ID)).allowed  # not without --swarm
     # a read-only client (Prometheus' discovery) may list the nodes, nothing more
     read_only = proxy_verdict(method, target, body, swarm=True, read_only=True,
-                              image_id=IMAGE_ID).allowed
+                              image_ids=lab_ids(IMAGE_ID)).allowed
     assert read_only == (target == "/v1.41/nodes" or target.startswith("/v1.41/nodes?"))
 
 
@@ -380,8 +389,9 @@ def test_what_is_forwarded_is_the_checked_object_re_serialized():
     (changed(CS, Init=1), "expected a boolean, got an integer"),
     (changed(CS, Image="gpulab/hub:latest"), "only the lab's image"),
     (changed(CS, Image="alpine"), "only the lab's image"),
-    (changed(CS, Image=OTHER_ID), f"is {IMAGE_ID} on this manager now, not {OTHER_ID}: it "
-                                  f"was rebuilt or retagged while the server was starting"),
+    (changed(CS, Image=OTHER_ID), f"{OTHER_ID} is none of the lab's images on this manager "
+                                  f"now (gpulab/singleuser:latest is {IMAGE_ID}): one was "
+                                  f"rebuilt or retagged while the server was starting"),
     (changed(CS, Image=IMAGE_ID.upper()), "is not an image name"),
     (changed(CS, Image=f"gpulab/singleuser@{IMAGE_ID}"), "only the lab's image"),
     (changed(CS, Dir="relative"), "not an absolute path"),
@@ -490,8 +500,8 @@ def test_the_lab_settings_decide_image_network_and_datasets():
                 "spawn.datasets_volume": "gpulab-datasets"}
     reason = create(changed(CS, Image="lab/nb:v2"), settings=settings,
                     image_id=OTHER_ID).reason
-    assert f"only the lab's image lab/nb:v2 (spawn.image) may be run, by its ID on this " \
-           f"manager, {OTHER_ID}" in reason
+    assert f"only the lab's images (spawn.image, spawn.environments) may be run, by their " \
+           f"IDs on this manager (lab/nb:v2 is {OTHER_ID};" in reason
     assert "only the users' network lab-users" in reason
     spec = changed(CS, Image=OTHER_ID)
     spec["TaskTemplate"]["Networks"] = [{"Target": "lab-users"}]
@@ -511,9 +521,32 @@ def test_the_lab_image_by_name_is_refused(name):
 def test_no_service_while_the_manager_lacks_the_lab_image():
     d = create(legit(), image_id=None)
     assert not d.allowed and d.status == 503, d
-    assert "gpulab/singleuser:latest (spawn.image) is not on the Swarm's manager" in d.reason
+    assert "the lab's image gpulab/singleuser:latest is not on the Swarm's manager" in d.reason
     # A malformed body is still a 400 first, whatever the manager holds.
     assert create(b"{", image_id=None).status == 400
+
+
+def test_a_service_may_run_any_of_the_lab_environments_images_by_id():
+    """Environments (issue 24 §3) on a Swarm: each listed image by its ID on the manager,
+    nothing else; one missing image holds up only the services that would need it."""
+    settings = {**defaults(), "spawn.environments": (
+        Environment("pytorch", "gpulab/singleuser:latest"),
+        Environment("writing", "lab/light:2026", gpus=False))}
+    ids = {"gpulab/singleuser:latest": IMAGE_ID, "lab/light:2026": OTHER_ID}
+    assert create(changed(CS, Image=OTHER_ID), settings=settings, image_ids=ids).allowed
+    assert create(legit(), settings=settings, image_ids=ids).allowed
+    third = "sha256:" + "7e" * 32
+    reason = create(changed(CS, Image=third), settings=settings, image_ids=ids).reason
+    assert (f"{third} is none of the lab's images on this manager now (gpulab/singleuser:"
+            f"latest is {IMAGE_ID}, lab/light:2026 is {OTHER_ID})") in reason
+    assert "only the lab's images" in create(changed(CS, Image="lab/light:2026"),
+                                             settings=settings, image_ids=ids).reason
+    # lab/light:2026 not built on the manager yet: its servers wait, the others start
+    gone = {**ids, "lab/light:2026": None}
+    assert create(legit(), settings=settings, image_ids=gone).allowed
+    d = create(changed(CS, Image=third), settings=settings, image_ids=gone)
+    assert d.status == 503 and "the lab's image lab/light:2026 is not on the Swarm's " \
+        "manager" in d.reason, d
 
 
 # ---------------------------------------------------------------- the shell

@@ -38,7 +38,7 @@ HUB_ENV = {"JUPYTERHUB_API_TOKEN": "t0ken", "JUPYTERHUB_USER": "alice",
 
 def proxy(spec: dict) -> tuple[bool, str]:
     d = proxy_verdict("POST", "/v1.41/services/create", json.dumps(spec).encode(), swarm=True,
-               image_id=IMAGE_ID)
+                      image_ids={"gpulab/singleuser:latest": IMAGE_ID})
     return d.allowed, d.reason
 
 

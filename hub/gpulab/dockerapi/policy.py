@@ -403,15 +403,17 @@ def is_service_create(method: str, target: str) -> bool:
 
 def proxy_verdict(method: str, target: str, body: bytes = b"", *,
                   settings: Mapping[str, Any] | None = None, read_only: bool = False,
-                  swarm: bool = False, image_id: str | None = None) -> ProxyVerdict:
+                  swarm: bool = False,
+                  image_ids: Mapping[str, str | None] | None = None) -> ProxyVerdict:
     """May the hub make this Docker API call (method, request target, body)?
 
     *settings* are the lab's (``spawn.image``, ``spawn.network``,
     ``spawn.datasets_volume``; default :func:`gpulab.settings.defaults`); *read_only*
     allows only ping, version and the container list (the exporter's proxy); *swarm*
     adds the service, task and node calls (the proxy in front of a Swarm manager), and
-    *image_id* is then ``spawn.image``'s ID on the manager (None: it has no such image),
-    the one image a service may name.
+    *image_ids* are then the lab's images (``spawn.image``, ``spawn.environments``) by
+    name, each with its ID on the manager (None: it has no such image): the IDs a
+    service may name.
     """
 
     if "#" in target or not target.startswith("/"):
@@ -470,7 +472,7 @@ def proxy_verdict(method: str, target: str, body: bytes = b"", *,
     query = urlencode(params)
     if method == "POST" and path == "/services/create":
         spec, reasons, status = swarm_policy.check_service_create(
-            body, defaults() if settings is None else settings, image_id)
+            body, defaults() if settings is None else settings, image_ids or {})
         if reasons:
             return _refused(*reasons, status=status)
         return ProxyVerdict(True, path=forward_path, query=query,

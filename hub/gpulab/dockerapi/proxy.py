@@ -47,6 +47,7 @@ from gpulab.contract import LABEL_MANAGED
 from gpulab.dockerapi import policy as docker_policy
 from gpulab.dockerapi.policy import ProxyVerdict
 from gpulab.dockerapi.schema import IMAGE_ID
+from gpulab.environments import lab_images
 
 log = logging.getLogger("gpulab.dockerapi.proxy")
 
@@ -202,13 +203,13 @@ class Proxy:
                 settings = self.settings()
             except Exception as e:  # ConfigError, and the file never validated
                 raise Refusal(503, f"the lab's settings cannot be read: {e}") from None
-        image_id = None
+        image_ids = None
         if self.swarm and settings is not None and docker_policy.is_service_create(
                 method, target):
-            image_id = await self._image_id(settings["spawn.image"])
+            image_ids = {image: await self._image_id(image) for image in lab_images(settings)}
         decision: ProxyVerdict = docker_policy.proxy_verdict(
             method, target, body, settings=settings, read_only=self.read_only,
-            swarm=self.swarm, image_id=image_id)
+            swarm=self.swarm, image_ids=image_ids)
         if not decision.allowed:
             raise Refusal(decision.status, decision.reason)
         if decision.container:

@@ -17,9 +17,10 @@ one hardened member server of this lab, placed on one node the hub chose:
 * the labels :data:`~gpulab.contract.LABEL_MANAGED`, ``LABEL_USER``, ``LABEL_GPUS`` and
   :data:`~gpulab.contract.LABEL_NODE` (the constraint's node) on the service, the first
   three also on its containers (the exporter on each node attributes by them);
-* ``ContainerSpec``: ``spawn.image`` by its image ID on the manager (``sha256:...``),
-  never by name: a machine given a name asks a registry for it before every start and
-  runs what the registry sends (Docker Hub's ``gpulab/singleuser`` is anyone's to take),
+* ``ContainerSpec``: one of the lab's images (``spawn.image`` and the images of
+  ``spawn.environments``) by its image ID on the manager (``sha256:...``), never by
+  name: a machine given a name asks a registry for it before every start and runs what
+  the registry sends (Docker Hub's ``gpulab/singleuser`` is anyone's to take),
   while a machine given an ID asks nobody and runs exactly that image, or fails with
   ``No such image``; a numeric non-root ``User``; ``CapabilityDrop``
   exactly ``["ALL"]``; named volumes only (not gpulab's own, the datasets read-only, no
@@ -172,21 +173,30 @@ def _lease_labels(labels: Mapping[str, str], where: str) -> tuple[list[str], lis
     return reasons, leased
 
 
-def image_refusal(settings: Mapping[str, Any], image_id: str | None) -> str | None:
-    """Why no member's service can be created while the manager lacks ``spawn.image``
-    (*image_id* None), else None."""
-    if image_id is not None:
+def _named(image_ids: Mapping[str, str | None]) -> str:
+    return ", ".join(f"{name} is {image_id}" for name, image_id in image_ids.items())
+
+
+def image_refusal(image_ids: Mapping[str, str | None], image: str) -> str | None:
+    """Why a service naming *image* cannot be created while the manager lacks lab images
+    (*image_ids*: each of the lab's images by name, with its ID on the manager or None),
+    else None. A service naming the ID of one that is there is not held up by another
+    that is missing."""
+    missing = [name for name, image_id in image_ids.items() if image_id is None]
+    if not missing or image in image_ids.values():
         return None
-    return (f"the lab's image {settings['spawn.image']} (spawn.image) is not on the "
-            f"Swarm's manager, and services run it by the ID it has there; build or "
-            f"load it on the manager (make images)")
+    what = (f"the lab's image {missing[0]} is" if len(missing) == 1 else
+            f"the lab's images {', '.join(missing)} are")
+    return (f"{what} not on the Swarm's manager (spawn.image, spawn.environments), and "
+            f"services run them by the ID they have there; build or load them on the "
+            f"manager (make images)")
 
 
 def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
-                  image_id: str) -> list[str]:
+                  image_ids: Mapping[str, str | None]) -> list[str]:
     """What the allow-list cannot say alone: the lab's settings, the lease and the node.
-    *spec* has passed :data:`SERVICE_SPEC`; *image_id* is ``spawn.image``'s ID on the
-    manager."""
+    *spec* has passed :data:`SERVICE_SPEC`; *image_ids*: the lab's images by name
+    (``spawn.image`` and ``spawn.environments``), each with its ID on the manager."""
     reasons = []
     name = spec["Name"]
     if not name.startswith(USER_CONTAINER_PREFIX) or name == USER_CONTAINER_PREFIX:
@@ -194,16 +204,18 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
                        f"got {name!r}")
     task = spec["TaskTemplate"]
     cs = task["ContainerSpec"]
-    if IMAGE_ID.fullmatch(cs["Image"]) and cs["Image"] != image_id:
-        reasons.append(f"TaskTemplate.ContainerSpec.Image: {settings['spawn.image']} "
-                       f"(spawn.image) is {image_id} on this manager now, not "
-                       f"{cs['Image']}: it was rebuilt or retagged while the server was "
-                       f"starting; start it again")
-    elif cs["Image"] != image_id:
-        reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's image "
-                       f"{settings['spawn.image']} (spawn.image) may be run, by its ID on "
-                       f"this manager, {image_id} (by name, each machine would ask a "
-                       f"registry for it first), got {cs['Image']!r}")
+    present = {name: i for name, i in image_ids.items() if i is not None}
+    if cs["Image"] in present.values():
+        pass
+    elif IMAGE_ID.fullmatch(cs["Image"]):
+        reasons.append(f"TaskTemplate.ContainerSpec.Image: {cs['Image']} is none of the "
+                       f"lab's images on this manager now ({_named(present)}): one was "
+                       f"rebuilt or retagged while the server was starting; start it again")
+    else:
+        reasons.append(f"TaskTemplate.ContainerSpec.Image: only the lab's images "
+                       f"(spawn.image, spawn.environments) may be run, by their IDs on "
+                       f"this manager ({_named(present)}; by name, each machine would ask "
+                       f"a registry for it first), got {cs['Image']!r}")
     network = settings["spawn.network"]
     target = task["Networks"][0]["Target"]
     if target != network:
@@ -245,19 +257,21 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
     return reasons
 
 
-def check_service_create(body: bytes, settings: Mapping[str, Any], image_id: str | None
+def check_service_create(body: bytes, settings: Mapping[str, Any],
+                         image_ids: Mapping[str, str | None]
                          ) -> tuple[dict[str, Any] | None, list[str], int]:
-    """(the checked spec, reasons, status) for a service create body; *image_id* is
-    ``spawn.image``'s ID on the manager (None: not there)."""
+    """(the checked spec, reasons, status) for a service create body; *image_ids*: the
+    lab's images by name, each with its ID on the manager (None: not there)."""
     try:
         spec = strict_json(body)
     except BodyError as e:
         return None, [f"service create body: {e}"], 400
     reasons = SERVICE_SPEC(spec, "")
-    if not reasons and (missing := image_refusal(settings, image_id)):
+    if not reasons and (missing := image_refusal(
+            image_ids, spec["TaskTemplate"]["ContainerSpec"]["Image"])):
         return None, [missing], 503
     if not reasons:
-        reasons = service_rules(spec, settings, image_id)
+        reasons = service_rules(spec, settings, image_ids)
     return (None if reasons else spec), reasons, 403
 
 
