@@ -36,13 +36,17 @@ def dockerd_has_nvidia_driver() -> bool:
 def gpus_of(container: str) -> dict:
     info = json.loads(docker("inspect", container))[0]
     requests = info["HostConfig"]["DeviceRequests"] or []
-    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
     return {
         "device_ids": [d for r in requests for d in r["DeviceIDs"]],
         "env": docker("exec", container, "printenv", "NVIDIA_VISIBLE_DEVICES"),
         "label": info["Config"]["Labels"]["org.gpulab.gpus"],
-        # PyTorch's memory cap on a shared GPU (gpulab.gpus.sharing), "" for none
-        "memory_cap": env.get("PYTORCH_CUDA_ALLOC_CONF", ""),
     }
+
+
+def memory_cap(container: str) -> str:
+    """PyTorch's memory cap in a server on a shared GPU (gpulab.gpus.sharing), "" for
+    none."""
+    env = json.loads(docker("inspect", container))[0]["Config"]["Env"]
+    return dict(e.split("=", 1) for e in env).get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 

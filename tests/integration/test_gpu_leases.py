@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from .stack import StackError, container_logs, docker, wait_for
-from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of, memory_cap
 
 
 def spawn_refused(user, options) -> tuple[int, str]:
@@ -125,8 +125,8 @@ def test_edits_take_effect_at_next_spawn_and_bad_edits_keep_the_last_good(hub, l
     assert gpus_of(bob.container)["device_ids"] in ([GPU0], [GPU1])
     # on a shared GPU each of his PyTorch processes may take half its memory; alice's
     # GPU was her own when she started
-    assert gpus_of(bob.container)["memory_cap"] == "per_process_memory_fraction:0.5"
-    assert gpus_of(alice.container)["memory_cap"] == ""
+    assert memory_cap(bob.container) == "per_process_memory_fraction:0.5"
+    assert memory_cap(alice.container) == ""
 
     gpus_yaml.write_text("defaults:\n  max_gpus: lots\n")  # an admin's typo
     try:
