@@ -335,13 +335,13 @@ SETTINGS: tuple[Setting, ...] = (
             "process of a server at 1/max_users of the GPU's memory "
             "(PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction), so that one member's "
             "notebook cannot take the memory the others need. PyTorch's own cap: a member "
-            "can lift it in her code and other frameworks ignore it (docs/gpus.md). "
+            "can lift it in her code and other frameworks ignore it (docs/operations.md). "
             "false: no cap."),
     Setting("spawn.swarm_homes", _homes, "machine",
             "With hub.swarm: where members' homes live. machine: on the GPU server where "
             "the member's server first ran (a Docker volume there); her server always "
             "goes back to that machine, and cannot start while it is down or full. "
-            "shared: spawn.home_volume is storage every machine mounts (docs/swarm.md"
+            "shared: spawn.home_volume is storage every machine mounts (docs/swarm.md, "
             "GPU servers, shared homes); servers go wherever GPUs are free."),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),
