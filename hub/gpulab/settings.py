@@ -299,7 +299,8 @@ SETTINGS: tuple[Setting, ...] = (
             "its servers may have GPUs; default true), groups (the JupyterHub groups "
             "that may use it; default [], every member; admins may use all)}. Only the "
             "listed images may run as members' servers; an image changed here is used "
-            "from a member's next start. Not with hub.swarm yet. Empty (the default): "
+            "from a member's next start (with hub.swarm, every machine needs each image: "
+            "docs/swarm.md). Empty (the default): "
             "one environment, spawn.image. Example: [{name: pytorch, image: "
             "gpulab/singleuser:latest, description: PyTorch and CUDA}, {name: writing, "
             "image: lab/light:2026, gpus: false}]"),
@@ -334,9 +335,10 @@ SETTINGS: tuple[Setting, ...] = (
             "On a GPU several servers share (gpus.yaml mode: shared), cap each PyTorch "
             "process of a server at 1/max_users of the GPU's memory "
             "(PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction), so that one member's "
-            "notebook cannot take the memory the others need. PyTorch's own cap: a member "
-            "can lift it in her code and other frameworks ignore it (docs/operations.md). "
-            "false: no cap."),
+            "notebook cannot take the memory the others need. Only in images labelled "
+            "org.gpulab.pytorch-memory-cap (gpulab's single-user image is): an older "
+            "torch refuses the option. PyTorch's own cap: a member can lift it in her "
+            "code and other frameworks ignore it (docs/operations.md). false: no cap."),
     Setting("spawn.swarm_homes", _homes, "machine",
             "With hub.swarm: where members' homes live. machine: on the GPU server where "
             "the member's server first ran (a Docker volume there); her server always "
@@ -538,10 +540,6 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
             raise doc.error(path + e.where, str(e)) from None
         except ValueError as e:
             raise doc.error(path, str(e)) from None
-    if values["hub.swarm"] and values["spawn.environments"]:
-        raise doc.error(("spawn", "environments"),
-                        "spawn.environments is not applied with hub.swarm yet (a Swarm "
-                        "runs spawn.image by its ID on the manager): remove it")
     if values["hub.swarm"] and values["spawn.home_size"]:
         raise doc.error(("spawn", "home_size"),
                         "spawn.home_size is not applied with hub.swarm yet (each machine "

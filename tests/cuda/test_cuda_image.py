@@ -84,8 +84,13 @@ def test_its_torch_takes_the_memory_cap_the_spawner_sets_on_a_shared_gpu():
     """The cap (gpulab.gpus.sharing) held on a lent H200 with torch 2.11; members' torch is
     this image's. Its allocator config parser refuses a key it does not know, so a cap it
     would ignore fails here, without a GPU."""
-    from gpulab.gpus.sharing import ALLOC_CONF, alloc_conf
+    from gpulab.gpus.sharing import ALLOC_CONF, FRACTION, IMAGE_LABEL, alloc_conf
 
+    # the label by which the hub knows this image's torch takes it
+    labels = json.loads(subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", IMAGE],
+        capture_output=True, text=True, check=True).stdout)
+    assert labels.get(IMAGE_LABEL) == FRACTION, labels
     check = ("import torch\n"
              "torch._C._accelerator_setAllocatorSettings({!r})\n"
              "print('taken')\n")

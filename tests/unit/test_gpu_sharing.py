@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.gpus.sharing import alloc_conf, memory_fraction, merged_env
+from gpulab.gpus.sharing import alloc_conf, memory_fraction, merged_env, server_share
 from gpulab.settings import defaults
 from gpulab.spawn.containers import container_options
 from gpulab.spawn.swarm_services import service_spec
@@ -17,18 +17,32 @@ CAP = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 @pytest.mark.parametrize(("share", "fraction"), [(1, None), (0, None), (2, 0.5),
-                                                 (3, 0.333), (4, 0.25), (7, 0.142)])
+                                                 (3, 0.3333), (4, 0.25), (7, 0.1428),
+                                                 (1024, 0.0009)])
 def test_each_server_may_take_its_share_rounded_down(share, fraction):
     assert memory_fraction(share) == fraction
     if fraction:
-        assert memory_fraction(share) * share <= 1
+        assert 0 < memory_fraction(share) * share <= 1  # max_users goes up to 1024
+
+
+LABELLED = {"org.gpulab.pytorch-memory-cap": "per_process_memory_fraction"}
+
+
+def test_only_an_image_that_says_its_torch_takes_the_cap_gets_it():
+    """A torch older than 2.9 refuses the option, and then every CUDA allocation fails:
+    an image without gpulab's label (an admin's own environment) gets no cap."""
+    assert server_share([1, 4, 2], LABELLED) == 4
+    assert server_share([], LABELLED) == 1
+    assert server_share([4], {}) == server_share([4], None) == 1
+    assert server_share([4], {"org.gpulab.pytorch-memory-cap": "expandable_segments"}) == 1
+    assert server_share([4], {"org.gpulab.pytorch-memory-cap": "a, per_process_memory_fraction"}) == 4
 
 
 def test_a_gpu_of_its_own_gets_no_cap_and_a_shared_one_gets_its_share():
     assert container_options(defaults(), "alice", "", ["GPU-a"]).environment == {
         "NVIDIA_VISIBLE_DEVICES": "GPU-a", "GPULAB_GPUS": "GPU-a"}
     env = container_options(defaults(), "alice", "", ["GPU-a"], gpu_share=3).environment
-    assert env[CAP] == "per_process_memory_fraction:0.333"
+    assert env[CAP] == "per_process_memory_fraction:0.3333"
     # no GPU, no cap, whatever the share; and an admin may turn it off
     assert CAP not in container_options(defaults(), "alice", "", [], gpu_share=3).environment
     off = {**defaults(), "spawn.shared_gpu_memory_cap": False}
@@ -47,6 +61,9 @@ def test_an_admins_own_allocator_options_stay_and_gain_the_cap():
     mine = {CAP: "per_process_memory_fraction:0.9"}
     assert merged_env(mine, ours)[CAP] == "per_process_memory_fraction:0.9"
     assert merged_env(admin, {"GPULAB_GPUS": ""})[CAP] == "expandable_segments:True"
+    # no empty option between them (which a torch may refuse)
+    assert merged_env({CAP: "garbage_collection_threshold:0.6,"}, ours)[CAP] == (
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5")
 
 
 def test_a_swarm_server_gets_the_same_cap_once():

@@ -61,7 +61,7 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
-from gpulab.gpus.sharing import merged_env
+from gpulab.gpus.sharing import merged_env, server_share
 from gpulab.line.spawning import HINT, LineAtSpawn
 from gpulab.line.store import line_store
 from gpulab.mail import address_in_options
@@ -157,7 +157,9 @@ class GpulabSpawner(DockerSpawner):
     _progress_events = List()
     _gpulab_env = Dict()
     _gpu_share = Int(1, help="max_users of the most shared GPU of the spawn in progress "
-                             "(1: none shared), for its PyTorch memory cap")
+                             "(1: none shared, or an image without the cap's label), for "
+                             "its PyTorch memory cap")
+    _image_labels = Dict(help="the labels of the image of the spawn in progress")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -503,10 +505,12 @@ class GpulabSpawner(DockerSpawner):
 
     async def _image_id(self, settings: Settings, where: str) -> str:
         """``spawn.image``'s ID on the engine the hub talks to (*where*, in words), or a
-        503 saying what an admin must do."""
+        503 saying what an admin must do; its labels are kept for the spawn."""
         image = settings["spawn.image"]
         try:
-            return (await self.docker("inspect_image", image))["Id"]
+            info = await self.docker("inspect_image", image)
+            self._image_labels = (info.get("Config") or {}).get("Labels") or {}
+            return info["Id"]
         except docker.errors.NotFound:
             raise _http_error(503, f"The server image {image} is not on {where}; an admin "
                                    f"must build it (make images) or fix spawn.image (or the "
@@ -540,7 +544,8 @@ class GpulabSpawner(DockerSpawner):
         try:
             try:
                 self.gpu_uuids = [g.uuid for g in gpus]
-                self._gpu_share = max((g.capacity for g in gpus), default=1)
+                self._gpu_share = server_share((g.capacity for g in gpus),
+                                               self._image_labels)
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
