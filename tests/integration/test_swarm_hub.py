@@ -519,6 +519,40 @@ def test_a_hub_restart_keeps_every_lease(lab, members, running):
     assert r.status_code == 409, (r.status_code, r.text)  # nothing was double-booked
 
 
+def test_a_member_chooses_an_environment_and_its_image_runs_by_its_id(lab):
+    """Environments on a Swarm (refused with hub.swarm before): the settings are taken,
+    her choice goes through the REST API, and her service names the environment's image
+    by its ID on the manager. The environment's image here is a second name of the
+    members' image (a build of its own would have to reach the workers' image stores,
+    which the harness fills before the Swarm forms); that the proxy in front of a real
+    manager lets a distinct environment image by and refuses an unlisted one is
+    test_docker_proxy_swarm.py's."""
+    image = "gpulab/singleuser:writing"
+    lab.docker("tag", "gpulab/singleuser:latest", image)
+    settings = lab.root / "config" / "gpulab.yaml"
+    original = settings.read_text()
+    settings.write_text(original + (
+        "  environments:\n"
+        "    - {name: pytorch, image: 'gpulab/singleuser:latest'}\n"
+        f"    - {{name: writing, image: '{image}', gpus: false}}\n"))
+    user = lab.hub.create_user(prefix="writer")
+    try:
+        r = spawn(user, {"environment": "painting"})
+        assert r.status_code == 400 and "writing" in r.json()["message"], r.text
+        r = spawn(user, {"environment": "writing"})
+        assert r.status_code in (201, 202), (r.status_code, r.text)
+        wait_ready(user)
+        [service] = [s for s in lab.services()
+                     if s["Spec"]["Labels"]["org.gpulab.user"] == user.name]
+        cs = service["Spec"]["TaskTemplate"]["ContainerSpec"]
+        assert cs["Image"] == lab.swarm.image_id(image), cs["Image"]
+        assert service["Spec"]["Labels"]["org.gpulab.gpus"] == ""  # gpus: false
+    finally:
+        settings.write_text(original)
+        user.stop_server()
+        lab.docker("rmi", image)  # the name only: gpulab/singleuser:latest keeps the image
+
+
 def test_a_dead_machine_stops_its_servers_and_frees_nothing_twice(lab, members, running, new_page):
     placed = lab.placement()
     victim = lab.swarm.workers[0]

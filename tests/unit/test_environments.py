@@ -82,9 +82,11 @@ def test_a_bad_entry_is_refused_at_its_own_line(change, line, where, says):
     assert says in str(e.value)
 
 
-def test_not_with_a_swarm_yet():
-    with pytest.raises(ConfigError, match="spawn.environments is not applied with hub.swarm"):
-        load("hub:\n  swarm: true\n" + TWO)
+def test_a_swarm_takes_them_too():
+    # the proxy in front of a Swarm's manager lets each listed image run by its ID there
+    # (tests/unit/test_swarm_proxy.py, tests/integration/test_docker_proxy_swarm.py)
+    assert [e.name for e in load("hub:\n  swarm: true\n" + TWO)["spawn.environments"]] == [
+        e.name for e in load(TWO)["spawn.environments"]]
 
 
 def test_a_member_gets_the_first_open_to_her_and_may_choose_another(settings):

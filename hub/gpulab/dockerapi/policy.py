@@ -411,7 +411,7 @@ def proxy_verdict(method: str, target: str, body: bytes = b"", *,
     ``spawn.datasets_volume``; default :func:`gpulab.settings.defaults`); *read_only*
     allows only ping, version and the container list (the exporter's proxy); *swarm*
     adds the service, task and node calls (the proxy in front of a Swarm manager), and
-    *image_ids* are then the lab's images (``spawn.image``, ``spawn.environments``) by
+    *image_ids* are then the lab's images (``gpulab.environments.lab_images``) by
     name, each with its ID on the manager (None: it has no such image): the IDs a
     service may name.
     """

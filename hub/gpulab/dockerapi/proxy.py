@@ -206,7 +206,9 @@ class Proxy:
         image_ids = None
         if self.swarm and settings is not None and docker_policy.is_service_create(
                 method, target):
-            image_ids = {image: await self._image_id(image) for image in lab_images(settings)}
+            images = lab_images(settings)
+            image_ids = dict(zip(images, await asyncio.gather(
+                *(self._image_id(image) for image in images)), strict=True))
         decision: ProxyVerdict = docker_policy.proxy_verdict(
             method, target, body, settings=settings, read_only=self.read_only,
             swarm=self.swarm, image_ids=image_ids)
@@ -241,10 +243,13 @@ class Proxy:
             status, payload = await self._call("GET", f"/images/{quote(image, safe='/:@')}/json")
         except (OSError, ValueError) as e:
             raise Refusal(502, f"Docker engine unreachable: {e}") from None
-        if status == 404:
+        if status != 200:  # 404: not there; 400: a name Docker does not take
+            if status != 404:
+                log.warning("Docker answered %s to inspecting image %s: taken as not there",
+                            status, image)
             return None
         try:
-            image_id = json.loads(payload).get("Id") if status == 200 else None
+            image_id = json.loads(payload).get("Id")
         except (ValueError, AttributeError):
             image_id = None
         if not isinstance(image_id, str) or not IMAGE_ID.fullmatch(image_id):

@@ -17,8 +17,8 @@ one hardened member server of this lab, placed on one node the hub chose:
 * the labels :data:`~gpulab.contract.LABEL_MANAGED`, ``LABEL_USER``, ``LABEL_GPUS`` and
   :data:`~gpulab.contract.LABEL_NODE` (the constraint's node) on the service, the first
   three also on its containers (the exporter on each node attributes by them);
-* ``ContainerSpec``: one of the lab's images (``spawn.image`` and the images of
-  ``spawn.environments``) by its image ID on the manager (``sha256:...``), never by
+* ``ContainerSpec``: one of the lab's images (the images of ``spawn.environments``, or
+  ``spawn.image`` without them) by its image ID on the manager (``sha256:...``), never by
   name: a machine given a name asks a registry for it before every start and runs what
   the registry sends (Docker Hub's ``gpulab/singleuser`` is anyone's to take),
   while a machine given an ID asks nobody and runs exactly that image, or fails with
@@ -183,8 +183,8 @@ def image_refusal(image_ids: Mapping[str, str | None], image: str) -> str | None
     else None. A service naming the ID of one that is there is not held up by another
     that is missing."""
     missing = [name for name, image_id in image_ids.items() if image_id is None]
-    if not missing or image in image_ids.values():
-        return None
+    if not missing or not IMAGE_ID.fullmatch(image) or image in image_ids.values():
+        return None  # a name, or a present image: service_rules says the rest
     what = (f"the lab's image {missing[0]} is" if len(missing) == 1 else
             f"the lab's images {', '.join(missing)} are")
     return (f"{what} not on the Swarm's manager (spawn.image, spawn.environments), and "
@@ -196,7 +196,8 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
                   image_ids: Mapping[str, str | None]) -> list[str]:
     """What the allow-list cannot say alone: the lab's settings, the lease and the node.
     *spec* has passed :data:`SERVICE_SPEC`; *image_ids*: the lab's images by name
-    (``spawn.image`` and ``spawn.environments``), each with its ID on the manager."""
+    (:func:`gpulab.environments.lab_images`: the environments' images, or ``spawn.image``
+    when none are listed), each with its ID on the manager."""
     reasons = []
     name = spec["Name"]
     if not name.startswith(USER_CONTAINER_PREFIX) or name == USER_CONTAINER_PREFIX:
