@@ -29,7 +29,7 @@ LABELLED = {"org.gpulab.pytorch-memory-cap": "per_process_memory_fraction"}
 
 
 def test_only_an_image_that_says_its_torch_takes_the_cap_gets_it():
-    """A torch older than 2.9 refuses the option, and then every CUDA allocation fails:
+    """A torch without the option refuses it, and then every CUDA allocation fails:
     an image without gpulab's label (an admin's own environment) gets no cap."""
     assert server_share([1, 4, 2], LABELLED) == 4
     assert server_share([], LABELLED) == 1
