@@ -127,27 +127,27 @@ class Member:
         self.events: list[dict] = []
         self.stderr = ""  # what it wrote there, once it ended
 
+    def _events(self) -> Iterator[dict]:
+        """Its events as it prints them; once it has ended, its stderr is kept."""
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.events.append(json.loads(line))
+                yield self.events[-1]
+        self.proc.wait(timeout=WORKER_TIMEOUT)
+        self.stderr += self.proc.stderr.read()
+
     def next(self, event: str) -> dict:
         """The next event named *event*; raises with the member's stderr if it ended."""
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                self.proc.wait(timeout=WORKER_TIMEOUT)
-                self.stderr = self.proc.stderr.read()
-                raise RuntimeError(f"member {self.proc.args[3:]} ended (exit "
-                                   f"{self.proc.returncode}) before '{event}': "
-                                   f"{self.stderr[-800:]}")
-            with contextlib.suppress(ValueError):
-                got = json.loads(line)
-                self.events.append(got)
-                if got.get("event") == event:
-                    return got
+        for got in self._events():
+            if got.get("event") == event:
+                return got
+        raise RuntimeError(f"member {self.proc.args[3:]} ended (exit {self.proc.returncode}) "
+                           f"before '{event}': {self.stderr[-800:]}")
 
     def all(self, event: str) -> list[dict]:
         """Every *event* until the member ends."""
-        with contextlib.suppress(RuntimeError):
-            while True:
-                self.next("\0")
+        for _ in self._events():
+            pass
         return [e for e in self.events if e.get("event") == event]
 
     def end(self) -> None:

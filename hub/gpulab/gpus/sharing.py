@@ -14,11 +14,10 @@ came with pytorch/pytorch#161035 (2025; torch 2.11 and 2.13 take it), a torch re
 an allocator option it does not know (seen on 2.13 with a made-up one), and a torch
 that refuses it fails every CUDA allocation, so an image without the label
 :data:`IMAGE_LABEL` (gpulab's single-user image has it) gets no cap. It is PyTorch's own
-cap, per process and per GPU:
-a member can lift it in her own code, and other frameworks ignore it, so it keeps the
-accidents of a shared GPU apart (a notebook that keeps every tensor), not a member who
-means to take more. The driver's own limits (MPS) need the MPS daemon's IPC shared with
-every container, which gpulab does not open.
+cap, per process and per GPU: a member can lift it in her own code, and other frameworks
+ignore it, so it keeps the accidents of a shared GPU apart (a notebook that keeps every
+tensor), not a member who means to take more. The driver's own limits (MPS) need the MPS
+daemon's IPC shared with every container, which gpulab does not open.
 """
 
 from __future__ import annotations
