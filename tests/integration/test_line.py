@@ -15,6 +15,7 @@ import email.policy
 import json
 import re
 import subprocess
+import threading
 import time
 from datetime import datetime
 
@@ -245,6 +246,12 @@ def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
     screenshot(page, "line-joined-from-form.png")
     assert "you are number 1 of 1" in said, said
     assert place(bob) == ("waiting", 1, 1)
+    # On a busy hub, putting him in line takes over the second JupyterHub waits before it
+    # shows the spawn-pending page (seen in CI): that page, opened once the spawn has
+    # ended, sends him home as well, not to "Spawn failed".
+    page.goto(f"{HUB_URL}/hub/spawn-pending/{bob.name}")
+    page.wait_for_url(f"{HUB_URL}/hub/home")
+    assert "you are number 1 of 1" in page.locator("#gpu-line").inner_text()
 
     r = requests.delete(f"{hub.api}/gpulab/line/{bob.name}",
                         headers={"Authorization": f"token {alice.token}"}, timeout=30)
@@ -522,6 +529,36 @@ def _spend_and_be_refused(hub, alice, new_page):
     over = prometheus_query("gpulab_budget_used_gpu_hours >= on(user, period) "
                             "gpulab_budget_gpu_hours")
     assert f'user="{alice.name}"' in over, over
+
+
+@pytest.mark.disruptive  # stalls the hub's Docker proxy: runs on a stack of its own
+def test_a_member_put_in_line_by_a_slow_hub_is_sent_home_from_the_spawn_pending_page(
+        lab_user, lab_config, gpus_yaml, new_page):
+    """Seen failing in CI on a busy machine: the hub took more than the 1 s JupyterHub
+    waits for a spawn from the form before it shows the spawn-pending page, so bob was
+    put in line while his browser sat on that page, reading nothing of his place. A
+    Docker proxy stalled for 4 s makes every such spawn that slow."""
+    lab_config.write("gpus.yaml", ONE_GPU)
+    alice, bob = lab_user("alice"), lab_user("bob")
+    alice.start_server({"gpus": 1})
+    page = new_page()
+    submit_login(page, bob.name, bob.token, next_url="/hub/spawn")
+    page.select_option("#gpulab-gpus", "1")
+    page.check("#gpulab-wait")
+    seen = []
+    page.on("framenavigated", lambda frame: seen.append(frame.url)
+            if frame == page.main_frame else None)
+    docker("pause", "gpulab-docker-proxy")
+    unpause = threading.Timer(4, docker, ("unpause", "gpulab-docker-proxy"))
+    unpause.start()
+    try:
+        page.click("#spawn_form [type=submit]")
+        page.wait_for_url(f"{HUB_URL}/hub/home", timeout=60_000)
+    finally:
+        unpause.join()
+    assert any(f"/hub/spawn-pending/{bob.name}" in url for url in seen), seen
+    assert "you are number 1 of 1" in page.locator("#gpu-line").inner_text()
+    assert place(bob) == ("waiting", 1, 1)
 
 
 @pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)

@@ -1,4 +1,5 @@
-"""The gpulab login template, rendered by a Jinja environment set up as JupyterHub's
+"""gpulab's templates (the login page; the not-running page where a start from the spawn
+form put her in line), rendered by a Jinja environment set up as JupyterHub's
 (template_paths first, JupyterHub's own templates after, autoescape on)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader
+from tornado import web
 
 import gpulab
 
@@ -69,7 +71,7 @@ def render(env, **ns):
         "next": "%2Fhub%2Fhome",  # JupyterHub passes it url-escaped
     }
     context.update(ns)
-    return env.get_template("login.html").render(**context)
+    return env.get_template(ns.pop("template", "login.html")).render(**context)
 
 
 def test_gpulab_template_is_the_one_found(env):
@@ -132,3 +134,35 @@ def test_with_a_directory_the_form_takes_its_password_and_has_no_button(env):
     html = render(env, authenticator=SimpleNamespace(sso=sso))
     assert 'id="sso-login"' not in html
     assert "Password (Lab &lt;b&gt;LDAP&lt;/b&gt;) or personal access token" in html
+
+
+
+def failed_start(env, exc: web.HTTPError) -> str:
+    """The not-running page as JupyterHub's spawn-pending page renders it after a failed
+    start (pages.py: failed, the exception and its messages)."""
+    return render(env, template="not_running.html", failed=True, exception=exc,
+                  failed_message=getattr(exc, "jupyterhub_message", None),
+                  failed_html_message=getattr(exc, "jupyterhub_html_message", None),
+                  spawn_url="/hub/spawn/bob", server_name="")
+
+
+def test_a_start_that_put_her_in_line_sends_her_home_from_the_not_running_page(env):
+    # as gpulab.spawn.spawner raises it for the spawn form
+    joined = web.HTTPError(303, "%s", "No 1 GPU free now: you are number 1 in line.")
+    joined.headers, joined.gpulab_joined_line = {"Location": "/hub/home"}, True
+    joined.jupyterhub_html_message = ('No 1 GPU free now: you are number 1 in line. '
+                                      '<a class="gpulab-line-home" href="/hub/home">Your '
+                                      'home page</a> shows your place.')
+    html = failed_start(env, joined)
+    assert 'window.location.replace("/hub/home")' in html
+    assert 'href="/hub/home">Your home page</a>' in html  # without JavaScript: the link
+    assert "Spawn failed" not in html and "Relaunch" not in html
+
+
+def test_any_other_failed_start_still_says_why_and_offers_to_relaunch(env):
+    failed = web.HTTPError(500, "%s", "The image <gpulab/x> is missing")
+    failed.jupyterhub_message = "The image <gpulab/x> is missing"
+    html = failed_start(env, failed)
+    assert "Spawn failed" in html and "Relaunch" in html
+    assert "The image &lt;gpulab/x&gt; is missing" in html
+    assert "window.location.replace" not in html

@@ -23,6 +23,9 @@ from gpulab.line.store import LineStore
 # What the spawn form's and the 409's hint say (the form's box is labelled the same).
 HINT = (" To wait in line for them instead, tick \"Wait in line\" on the form (or send "
         "\"wait\": true): your server then starts when it is your turn.")
+# The class of the link to her home page in what a spawn from the form that joined the line
+# says: the spawn-pending and not-running pages send her there (gpulab/templates).
+LINE_HOME_LINK = "gpulab-line-home"
 
 
 def kept(store: LineStore, config: GpusConfig, inventory: Sequence[Gpu],

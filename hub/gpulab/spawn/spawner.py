@@ -27,6 +27,7 @@ Only what gpulab needs is changed; the Docker work itself stays DockerSpawner's:
 from __future__ import annotations
 
 import asyncio
+import html
 import sqlite3
 import time
 
@@ -62,7 +63,7 @@ from gpulab.gpus.allocator import (
 from gpulab.gpus.leases import LeaseBook, lease_book
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.gpus.sharing import merged_env, server_share
-from gpulab.line.spawning import HINT, LineAtSpawn
+from gpulab.line.spawning import HINT, LINE_HOME_LINK, LineAtSpawn
 from gpulab.line.store import line_store
 from gpulab.mail import address_in_options
 from gpulab.mail import enabled as mail_enabled
@@ -413,10 +414,18 @@ class GpulabSpawner(DockerSpawner):
         self.log.info("%s waits in line for %d GPU(s): %s", self.log_name, count,
                       joined.message)
         if not compat.from_rest_api(getattr(self, "handler", None)):
-            # The spawn form: to her home page, which shows her place (JupyterHub's form
-            # handler answers with the error's status and headers).
+            # The spawn form: to her home page, which shows her place. JupyterHub's form
+            # handler answers with the error's status and headers when the spawn ends
+            # within 1 s; later (a busy hub) she is on the spawn-pending page by then, and
+            # the link's class sends her on (templates/spawn_pending.html, and
+            # not_running.html where she opens that page after the spawn ended).
+            home = url_path_join(self.hub.base_url, "home")
             said.status_code = 303
-            said.headers = {"Location": url_path_join(self.hub.base_url, "home")}
+            said.headers = {"Location": home}
+            said.gpulab_joined_line = True
+            said.jupyterhub_html_message = (
+                f'{html.escape(joined.message)} <a class="{LINE_HOME_LINK}" '
+                f'href="{html.escape(home)}">Your home page</a> shows your place.')
         return said
 
     async def _drop_what_is_gone(self, settings: Settings, gpus_config) -> None:
