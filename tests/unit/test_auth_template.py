@@ -149,7 +149,7 @@ def failed_start(env, exc: web.HTTPError) -> str:
 def test_a_start_that_put_her_in_line_sends_her_home_from_the_not_running_page(env):
     # as gpulab.spawn.spawner raises it for the spawn form
     joined = web.HTTPError(303, "%s", "No 1 GPU free now: you are number 1 in line.")
-    joined.headers, joined.gpulab_joined_line = {"Location": "/hub/home"}, True
+    joined.headers, joined.joined_line = {"Location": "/hub/home"}, True
     joined.jupyterhub_html_message = ('No 1 GPU free now: you are number 1 in line. '
                                       '<a class="gpulab-line-home" href="/hub/home">Your '
                                       'home page</a> shows your place.')

@@ -422,7 +422,7 @@ class GpulabSpawner(DockerSpawner):
             home = url_path_join(self.hub.base_url, "home")
             said.status_code = 303
             said.headers = {"Location": home}
-            said.gpulab_joined_line = True
+            said.joined_line = True  # the templates send her home
             said.jupyterhub_html_message = (
                 f'{html.escape(joined.message)} <a class="{LINE_HOME_LINK}" '
                 f'href="{html.escape(home)}">Your home page</a> shows your place.')
