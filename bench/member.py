@@ -22,14 +22,14 @@ Needs Chromium and playwright (`make test` installs both).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 from bench.spawn import with_image
+from tests.chromium import CHROMIUM_ARGS, FULL
 from tests.integration.browser import (
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     run_in_new_notebook,
     sign_in_to_lab,
 )
@@ -84,7 +84,9 @@ def main() -> None:
         raise SystemExit("the gpulab hub is not up: run `make up` first")
     results: dict[str, list[dict[str, float]]] = {}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        # the full browser, as members run it (the tests drive the lighter headless shell)
+        browser = p.chromium.launch(executable_path=os.environ.get("GPULAB_CHROMIUM", FULL),
+                                    headless=True, args=CHROMIUM_ARGS)
         try:
             for image in args.image or [None]:
                 config = with_image(image) if image else None

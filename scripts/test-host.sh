@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 log() { printf '[gpulab] %s\n' "$*" >&2; }
 
 need=()
+# The browsers: the tests drive chromium-headless-shell, `make bench` the full chromium
+# (tests/chromium.py says why).
+[ -x /usr/bin/chromium-headless-shell ] || need+=(chromium-headless-shell)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # test_https.py: certutil puts the local CA in a test browser's NSS database; openssl.

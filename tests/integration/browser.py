@@ -1,16 +1,16 @@
-"""Headless Chromium for the integration tests: Debian's chromium driven by Playwright.
+"""Headless Chromium for the integration tests: Debian's chromium-headless-shell driven by
+Playwright (which one and why: tests/chromium.py).
 
 The fixtures ``browser`` (one Chromium per test module) and ``new_page`` (a page in its
 own context, i.e. its own cookies; screenshots of every page of a failed test go to
 ``artifacts/``) are made available to every module by tests/integration/conftest.py.
-Needs ``/usr/bin/chromium`` and the ``playwright`` package (never ``playwright install``:
-the system Chromium is used); without them the tests skip, and under CI=true a skip
-fails the run (tests/conftest.py).
+Needs the browser and the ``playwright`` package (never ``playwright install``: the
+system's browser is used); without them the tests skip, and under CI=true a skip fails
+the run (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import warnings
@@ -19,17 +19,9 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from ..chromium import CHROMIUM, CHROMIUM_ARGS, missing
 from .stack import HUB_URL, REPO
 
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # the tests run as root
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = REPO / "artifacts"
 SESSION_COOKIES = {"jupyterhub-session-id", "jupyterhub-hub-login"}
 
@@ -37,16 +29,10 @@ SESSION_COOKIES = {"jupyterhub-session-id", "jupyterhub-hub-login"}
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium (`make test` installs it: scripts/test-host.sh)."""
-    missing = None
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing = f"{CHROMIUM} not found: apt-get install -y chromium"
-    else:
-        try:
-            from playwright.sync_api import sync_playwright
-        except ImportError:
-            missing = "python package playwright not installed: pip install playwright"
-    if missing:
-        pytest.skip(missing)
+    why = missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -29,9 +29,8 @@ import pytest
 
 from gpulab.spawn.naming import container_name
 
+from ..chromium import CHROMIUM, CHROMIUM_ARGS
 from .browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     FailedRequests,
     goto_through_network_changes,
     lab_shows_or_reload_once,

@@ -5,14 +5,13 @@ the token form, drive Chromium."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS, missing
 
 
 def user_model(hub, name: str) -> dict | None:
@@ -51,15 +50,14 @@ def form_sign_in(hub, name: str, secret: str) -> tuple[requests.Session, request
 
 @contextlib.contextmanager
 def chromium_page(screenshot):
-    """A page in headless Chromium (Debian's, driven by Playwright); *screenshot* (a path)
-    gets the page if the block fails."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} not found: apt-get install -y chromium")
+    """A page in headless Chromium (tests/chromium.py, driven by Playwright); *screenshot*
+    (a path) gets the page if the block fails."""
+    why = missing()
+    if why:
+        pytest.skip(why)
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.set_default_timeout(20_000)
