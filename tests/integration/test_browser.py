@@ -5,8 +5,9 @@ watches the spawn progress page and lands in JupyterLab; wrong, revoked and othe
 users' tokens get nowhere; repeated failures are throttled with HTTP 429; the page
 neither redirects off the hub after sign-in nor runs markup typed into the form.
 
-Needs `/usr/bin/chromium` (`apt-get install chromium`) and the `playwright` package
-(never `playwright install`: the system Chromium is used). Without them the tests
+Needs `/usr/bin/chromium-headless-shell` (`apt-get install chromium-headless-shell`;
+tests/chromium.py) and the `playwright` package (never `playwright install`: the
+system's browser is used). Without them the tests
 are skipped, except under CI=true, where a skip fails the run (tests/conftest.py).
 
 Screenshots: of every open page when a test fails, and of the login page, the spawn
