@@ -5,8 +5,11 @@ the whole machine spends while it runs (its pytest, the hub, dockerd, Chromium, 
 members' servers), not its wall time. Run ONE lane alone, so that no other lane's work is
 counted in its tests:
 
-    GPULAB_SUITE_CPU=/tmp/members.jsonl .venv/bin/pytest -p bench.suite_cpu \\
+    GPULAB_SUITE_CPU=/tmp/members.jsonl PYTHONPATH=. .venv/bin/pytest -p bench.suite_cpu \\
         -m "integration and not gpus_lane and not disruptive" tests/integration ...
+    # the disruptive lane, on its own engine (scripts/test-integration.sh's arguments):
+    GPULAB_SUITE_CPU=/tmp/disruptive.jsonl PYTHONPATH=$PWD scripts/own-engine-pytest \\
+        -p bench.suite_cpu -m "integration and disruptive" tests/integration --ignore ...
     .venv/bin/python -m bench.suite_cpu /tmp/members.jsonl [--top 25]
 
 Each test adds one JSON line: its node id, wall seconds, and the machine's busy CPU

@@ -39,6 +39,9 @@ IMAGES = ("gpulab/hub:latest", "gpulab/exporter:latest", "gpulab/prometheus:late
           "gpulab/singleuser:latest", "gpulab/base:bookworm")
 # What the test stack's `make test` sets (Makefile TEST_STACK), for this stack too.
 STACK_VARIABLES = ("GPULAB_EXPORTER_FLAGS", "GPULAB_SCRAPE_SECONDS")
+# ... and what the tests read that is not about a stack: bench/suite_cpu's output file
+# (without it, measuring this lane alone, as docs/testing.md says, wrote nothing)
+TEST_VARIABLES = ("GPULAB_SUITE_CPU",)
 
 
 def say(message: str) -> None:
@@ -53,7 +56,7 @@ def environment() -> dict[str, str]:
     """The environment of everything run against this engine: none of the main stack's
     GPULAB_* (the outer `make test` exports its config folder, socket and backups)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("GPULAB_") or k in STACK_VARIABLES}
+           if not k.startswith("GPULAB_") or k in STACK_VARIABLES + TEST_VARIABLES}
     env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
                GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
                GPULAB_DOCKERD_PIDFILE=str(PIDFILE),
