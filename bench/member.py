@@ -22,12 +22,11 @@ Needs Chromium and playwright (`make test` installs both).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 from bench.spawn import with_image
-from tests.chromium import CHROMIUM_ARGS, FULL
+from tests.chromium import CHROMIUM_ARGS, MEMBERS_CHROMIUM
 from tests.integration.browser import (
     ARTIFACTS,
     run_in_new_notebook,
@@ -85,8 +84,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {}
     with sync_playwright() as p:
         # the full browser, as members run it (the tests drive the lighter headless shell)
-        browser = p.chromium.launch(executable_path=os.environ.get("GPULAB_CHROMIUM", FULL),
-                                    headless=True, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=MEMBERS_CHROMIUM, headless=True,
+                                    args=CHROMIUM_ARGS)
         try:
             for image in args.image or [None]:
                 config = with_image(image) if image else None

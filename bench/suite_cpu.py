@@ -13,7 +13,7 @@ counted in its tests:
     .venv/bin/python -m bench.suite_cpu /tmp/members.jsonl [--top 25]
 
 Each test adds one JSON line: its node id, wall seconds, and the machine's busy CPU
-seconds over all cores (/proc/stat: user, nice, system, irq, softirq, steal) from its
+seconds over all cores (bench/machine.py: /proc/stat less idle and iowait) from its
 setup to its teardown. The report sums them per module and lists the costliest tests.
 """
 
@@ -28,15 +28,7 @@ from pathlib import Path
 
 import pytest
 
-BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system (idle iowait) irq softirq steal
-
-
-def machine_busy_seconds(stat: str | None = None) -> float:
-    """Busy CPU seconds of all cores since boot, from /proc/stat's first line."""
-    if stat is None:
-        stat = Path("/proc/stat").read_text()
-    fields = stat.splitlines()[0].split()[1:]
-    return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+from bench.machine import machine_busy_seconds
 
 
 @pytest.hookimpl(hookwrapper=True)

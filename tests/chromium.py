@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import os
 
-HEADLESS_SHELL = "/usr/bin/chromium-headless-shell"
-FULL = "/usr/bin/chromium"
-PACKAGES = {HEADLESS_SHELL: "chromium-headless-shell", FULL: "chromium"}
-
-# The tests' browser.
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", HEADLESS_SHELL)
+# The tests' browser, and the one bench/member measures what a member feels in.
+CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium-headless-shell")
+MEMBERS_CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
 # The flags that work as root on this kind of machine.
 CHROMIUM_ARGS = [
     "--no-sandbox",  # the tests run as root
@@ -33,11 +30,10 @@ CHROMIUM_ARGS = [
 ]
 
 
-def missing(executable: str = CHROMIUM) -> str | None:
-    """Why *executable* cannot be driven here (to skip with), or None when it can."""
-    if not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
-        package = PACKAGES.get(executable, "chromium-headless-shell")
-        return f"{executable} not found: apt-get install -y {package}"
+def missing() -> str | None:
+    """Why the tests' browser cannot be driven here (to skip with), or None when it can."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"{CHROMIUM} not found: apt-get install -y chromium-headless-shell"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:

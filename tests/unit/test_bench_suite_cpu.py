@@ -1,4 +1,5 @@
-"""bench.suite_cpu: the per-test CPU plugin in a real pytest run, and its report."""
+"""bench.suite_cpu: the per-test CPU plugin in a real pytest run, and its report; the
+machine's counters it reads and the lanes' closing line (bench.machine)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.suite_cpu import machine_busy_seconds, report
+from bench.machine import closing_line, machine_busy_seconds, machine_steal_seconds
+from bench.suite_cpu import report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,6 +19,14 @@ def test_busy_seconds_leave_out_idle_and_iowait():
     stat = "cpu  100 10 50 9000 700 5 5 30 0 0\ncpu0 1 2 3 4\n"
     # user + nice + system + irq + softirq + steal, in clock ticks
     assert machine_busy_seconds(stat) * os.sysconf("SC_CLK_TCK") == 200
+    assert machine_steal_seconds(stat) * os.sysconf("SC_CLK_TCK") == 30
+
+
+def test_the_closing_line_says_time_cpu_share_steal_and_probe():
+    assert closing_line("integration tests", 637, 1027.4, 0.3, 2, 0.183) == (
+        "integration tests took 637 s; CPU: 1027 s used of 1274 (2 CPUs, 81% busy, "
+        "0 s stolen); probe before: 0.18 s (a fixed loop on one core)")
+    assert "0% busy" in closing_line("nothing", 0, 0, 0, 2, 0.2)
 
 
 def test_a_pytest_run_records_each_tests_wall_and_cpu(tmp_path):
