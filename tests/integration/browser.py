@@ -11,6 +11,7 @@ the run (tests/conftest.py).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import warnings
@@ -53,6 +54,10 @@ def new_page(browser, request):
         context = browser.new_context(viewport={"width": 1280, "height": 860})
         context.set_default_timeout(30_000)
         page = context.new_page()
+        # every page.goto of a test outlives a network change on this host, as a member's
+        # reload would (seen in CI: ERR_NETWORK_CHANGED at /services/gpus/leases when
+        # another lane's container started)
+        page.goto = functools.partial(_goto_retrying, page, page.goto)
         contexts.append(context)
         pages.append(page)
         return page
@@ -151,16 +156,20 @@ def goto_through_network_changes(page, url: str, tries: int = 3):
     Chromium aborted it with net::ERR_NETWORK_CHANGED: it drops navigations in flight
     when this host's interfaces change, and the other lanes of make test start and stop
     containers (veths) all the time. Any other error, a refused certificate included,
-    is raised at once."""
+    is raised at once. Pages from the ``new_page`` fixture navigate this way already."""
+    return _goto_retrying(page, page.goto, url, tries)
+
+
+def _goto_retrying(page, goto, url: str, tries: int = 3, **kw):
     from playwright.sync_api import Error
 
     for attempt in range(tries):
         try:
-            return page.goto(url)
+            return goto(url, **kw)
         except Error as e:
             if NETWORK_CHANGED not in str(e) or attempt == tries - 1:
                 raise
-            warnings.warn(f"{url}: {NETWORK_CHANGED}; opened it again", stacklevel=2)
+            warnings.warn(f"{url}: {NETWORK_CHANGED}; opened it again", stacklevel=3)
             page.wait_for_timeout(1000)  # let the error page commit
 
 
