@@ -86,6 +86,9 @@ export GPULAB_DOCKER_GID = $(shell stat -c %g $(GPULAB_DOCKER_SOCKET) 2>/dev/nul
 # secrets/backup-password. The backup service reads this engine's volumes folder.
 export GPULAB_BACKUP_DIR ?= /var/backups/gpulab
 export GPULAB_DOCKER_VOLUMES = $(or $(shell docker info --format '{{.DockerRootDir}}' 2>/dev/null),/var/lib/docker)/volumes
+# The lab assistant's models (gpulab.yaml assistant.model names a file here; gpulab
+# downloads none), mounted read-only into the assistant's container.
+export GPULAB_MODELS_DIR ?= /var/lib/gpulab/models
 # BUILD_IMAGES=no: use the images already on this engine (built elsewhere and loaded).
 BUILD_IMAGES ?= yes
 VENV := .venv
@@ -118,7 +121,7 @@ docker:
 
 secrets:
 	@install -d -m 700 secrets
-	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token backup-password crypt-key; do \
+	@for name in api-token metrics-token proxy-token exporter-token ssh-gateway-token backup-password crypt-key assistant-key; do \
 	  if [ ! -s secrets/$$name ]; then \
 	    (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > secrets/$$name); \
 	    echo "[gpulab] generated secrets/$$name"; fi; \
@@ -126,7 +129,7 @@ secrets:
 	@# Prometheus, the proxy and the SSH gateway run as unprivileged users and must read
 	@# their token (mounted file by file; the secrets/ folder itself stays 0700).
 	@chmod 644 secrets/metrics-token secrets/proxy-token secrets/exporter-token \
-	  secrets/ssh-gateway-token
+	  secrets/ssh-gateway-token secrets/assistant-key
 
 # The certificate HTTPS serves (gpulab.login.tls, run in the hub image): the lab's, checked and
 # copied, or one signed by a local CA that is made once and kept in secrets/tls/.
@@ -174,6 +177,7 @@ lock:
 up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
+	@install -d -m 755 "$(GPULAB_MODELS_DIR)"
 	@install -d -m 700 "$(GPULAB_BACKUP_DIR)"
 	@echo "[gpulab] starting the hub ($(COMPOSE)) ..."
 	@# Containers that read files only at start are labelled with the files' hashes, so
@@ -322,7 +326,8 @@ tests/idp/node_modules/.installed: tests/idp/package.json tests/idp/package-lock
 # unit tests run with neither: they test a lab's values). Its backups go to a repository
 # of this checkout's: each clone's secrets/backup-password opens its own.
 TEST_STACK = GPULAB_EXPORTER_FLAGS="$(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2" \
-  GPULAB_SCRAPE_SECONDS=2 GPULAB_BACKUP_DIR=$(CURDIR)/.test-backups
+  GPULAB_SCRAPE_SECONDS=2 GPULAB_BACKUP_DIR=$(CURDIR)/.test-backups \
+  GPULAB_MODELS_DIR=$(CURDIR)/.test-models
 test: venv lint test-unit
 	@$(TEST_STACK) $(MAKE) --no-print-directory test-host up
 	@$(TEST_STACK) scripts/test-integration.sh

@@ -59,6 +59,7 @@ def environment() -> dict[str, str]:
            if not k.startswith("GPULAB_") or k in STACK_VARIABLES + TEST_VARIABLES}
     env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
                GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
+               GPULAB_MODELS_DIR=str(COPY / ".test-models"),
                GPULAB_DOCKERD_PIDFILE=str(PIDFILE),
                GPULAB_DOCKERD_START=f"{sys.executable} -m tests.lane_engine start-dockerd")
     env.pop("GPULAB_URL", None)

@@ -83,6 +83,7 @@ INFRA_CONTAINERS = (
     "gpulab-alertmanager",
     "gpulab-ssh",
     "gpulab-backup",
+    "gpulab-assistant",
 )
 
 # The stack's own volumes: no user's home volume may ever be given one of these names.

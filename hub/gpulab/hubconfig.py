@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpulab import live_config
+from gpulab.assistant import gateway as assistant_api
+from gpulab.assistant.rules import ASSISTANT_SCOPE, ASSISTANT_SCOPE_HELP
 from gpulab.bookings import api as bookings_api
 from gpulab.bookings.store import booking_store
 from gpulab.bookings.view import home_page_bookings
@@ -50,6 +52,8 @@ SECRETS_DIR = Path(os.environ.get("GPULAB_SECRETS_DIR", "/srv/gpulab/secrets"))
 DATA_DIR = Path(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"))
 TEMPLATES = Path(__file__).parent / "templates"
 
+# What JupyterHub's `server` role gives a server's own token (JUPYTERHUB_API_TOKEN).
+SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server"]
 # The service that `gpulab` commands and the test suite use to manage users and tokens.
 ADMIN_SERVICE = "gpulab-admin"
 ADMIN_SERVICE_SCOPES = [
@@ -227,7 +231,13 @@ def configure(c) -> None:
         "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
                             "settings_file": str(settings_path),
                             "usage": lambda: line_store(line_path).usage(),
-                            "swarm": bool(settings["hub.swarm"])}}
+                            "swarm": bool(settings["hub.swarm"])},
+        # what gpulab.assistant.gateway's handlers read: the inference server on the
+        # internal network only the hub and it are on, and the key it answers to
+        "gpulab-assistant": {"settings_file": str(settings_path),
+                             "url": os.environ.get("GPULAB_ASSISTANT_URL",
+                                                   "http://assistant:8080"),
+                             "key_file": str(SECRETS_DIR / "assistant-key")}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
         # Secure (images/singleuser/jupyter_server_config.py).
@@ -252,7 +262,8 @@ def configure(c) -> None:
     # The line's and the bookings' REST API (and the bookings page); members whose
     # access ends leave the line and lose their bookings.
     c.TokenAuthenticator.more_api_handlers = [*line_api.api_handlers(),
-                                              *bookings_api.api_handlers()]
+                                              *bookings_api.api_handlers(),
+                                              *assistant_api.api_handlers()]
     c.TokenAuthenticator.on_access_ended = [
         lambda name: line_store(line_path).forget_user(name),
         lambda name: booking_store(bookings_path).forget_user(name)]
@@ -284,6 +295,10 @@ def configure(c) -> None:
     # guard in the image closes her open websockets on the same schedule). On the command
     # line, so that no config file in her home can lengthen it.
     c.GpulabSpawner.args = [f"--HubOAuth.cache_max_age={SERVER_TOKEN_CACHE_SECONDS}"]
+    # The lab assistant (gpulab.assistant): members may ask it (the `user` role below),
+    # and a server's own token may, so that JupyterLab asks as its member with no key.
+    c.JupyterHub.custom_scopes = {ASSISTANT_SCOPE: {"description": ASSISTANT_SCOPE_HELP}}
+    c.GpulabSpawner.server_token_scopes = [*SERVER_ROLE_SCOPES, ASSISTANT_SCOPE]
 
     services = [
         {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
@@ -333,6 +348,10 @@ def configure(c) -> None:
             "scopes": ["read:servers", "list:groups", "read:groups"],
             "services": [DASHBOARD_SERVICE],
         },
+        # JupyterHub's own `user` role, plus asking the lab assistant (which members
+        # of the groups gpulab.yaml's assistant.groups names only may, checked per request)
+        {"name": "user", "description": "Standard user privileges, and the lab assistant",
+         "scopes": ["self", ASSISTANT_SCOPE]},
         *roles.load_roles,
     ]
     # What the GPU culler and the line service need of the hub's environment (JupyterHub

@@ -177,6 +177,21 @@ def _optional_string(value: Any) -> str:
     return _string(value)
 
 
+def _model_file(value: Any) -> str:
+    """A GGUF file's name (or path) inside the models folder: never outside it."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"expected the name of a .gguf file in the models folder, got {value!r}")
+    name = value.strip()
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or "" in parts or not name.endswith(".gguf"):
+        raise ValueError(f"expected the name of a .gguf file in the models folder "
+                         f"(GPULAB_MODELS_DIR), such as model.gguf or coder/model.gguf, "
+                         f"got {value!r}")
+    return name
+
+
 def _port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise ValueError(f"expected a port number from 1 to 65535, got {value!r}")
@@ -389,6 +404,30 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mail.username", _optional_string, "",
             "Log in to the SMTP server as this user, with the password in the file "
             "secrets/smtp-password (never in this file); empty: no login. Example: gpulab"),
+    Setting("assistant.model", _model_file, "",
+            "The lab assistant's model (gpulab.assistant): a GGUF file in the models "
+            "folder (GPULAB_MODELS_DIR on the host, /var/lib/gpulab/models by default), "
+            "served by llama.cpp's server on the hub's machine and asked by members "
+            "through the hub, as themselves. gpulab downloads nothing: put the file there. "
+            "Empty: no assistant. Read again within seconds of an edit. Example: "
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    Setting("assistant.groups", _name_list, (),
+            "The JupyterHub groups whose members may ask the assistant; [] every member. "
+            "Admins always may. Example: [students, staff]"),
+    Setting("assistant.requests_per_minute", _positive_int, 20,
+            "How many requests one member may send the assistant in a minute; more are "
+            "answered 429 with when to try again. Example: 60"),
+    Setting("assistant.max_tokens", _positive_int, 512,
+            "The longest answer, in tokens: a request asking for more (or for no limit) "
+            "gets this many at most. Example: 1024"),
+    Setting("assistant.threads", _positive_int, 2,
+            "CPU threads llama.cpp computes with. Example: 8"),
+    Setting("assistant.parallel", _positive_int, 4,
+            "Requests the server computes at once (each with assistant.context tokens of "
+            "context); more wait their turn. Example: 8"),
+    Setting("assistant.context", _positive_int, 4096,
+            "Tokens of context per request (the question, the code sent with it, and the "
+            "answer). Example: 8192"),
     Setting("login.provider", _login_provider, "none",
             "How members sign in besides admin-issued login tokens: none (login tokens "
             "only) or oidc (the lab's OpenID Connect provider, e.g. Keycloak, Authentik, "

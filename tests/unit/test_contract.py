@@ -37,7 +37,8 @@ def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced
 
 def produced_by_the_hub() -> set[str]:
     """The families the hub itself adds to its /hub/metrics (gpulab.line.metrics,
-    gpulab.login.sso's checks), and gpulab-backup's (the same package, its own process)."""
+    gpulab.login.sso's checks, gpulab.assistant.gateway's requests), and gpulab-backup's (the same package, its own process)."""
+    from gpulab.assistant.gateway import REQUESTS as ASSISTANT_REQUESTS
     from gpulab.backup.metrics import families as backup_families
     from gpulab.gpus.config import parse_gpus_config
     from gpulab.line.metrics import budget_families, families
@@ -54,7 +55,9 @@ def produced_by_the_hub() -> set[str]:
             | {f.name for f in budget_families(parse_gpus_config(""), Usage())}
             # a counter: the family is named without _total, its samples with it
             | {name for f in PROVIDER_CHECKS.collect()
-               for name in (f.name, *(sample.name for sample in f.samples))})
+               for name in (f.name, *(sample.name for sample in f.samples))}
+            # a counter with no sample before a member's first request
+            | {name for f in ASSISTANT_REQUESTS.collect() for name in (f.name, f"{f.name}_total")})
 
 
 def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produces(produced):

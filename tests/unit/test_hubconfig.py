@@ -178,8 +178,8 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     data = tmp_path / "data"
     assert c.GpulabSpawner.line_file == str(data / "gpulab-line.sqlite")
     assert c.JupyterHub.tornado_settings["gpulab-line"]["file"] == c.GpulabSpawner.line_file
-    assert c.TokenAuthenticator.more_api_handlers == [*line_api.api_handlers(),
-                                                      *bookings_api.api_handlers()]
+    wired = [*line_api.api_handlers(), *bookings_api.api_handlers()]
+    assert c.TokenAuthenticator.more_api_handlers[:len(wired)] == wired
     service = next(s for s in c.JupyterHub.services if s["name"] == "gpu-line")
     assert service["command"][1:3] == ["-m", "gpulab.line"]
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == "gpu-line")
@@ -203,3 +203,23 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     # her budget's use, from the line's usage file: not known here (nothing brought it)
     assert c.JupyterHub.tornado_settings["gpulab-bookings"]["usage"]().used("alice",
                                                                            "month") is None
+
+
+def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
+    """The scope is defined, members hold it (JupyterHub's `user` role, kept whole),
+    their servers' tokens carry it beside what the `server` role gives, and the gateway
+    knows where the inference server is and its key."""
+    from gpulab.assistant import gateway
+    from gpulab.assistant.rules import ASSISTANT_SCOPE
+
+    c = configured
+    assert ASSISTANT_SCOPE in c.JupyterHub.custom_scopes
+    user_role = next(r for r in c.JupyterHub.load_roles if r["name"] == "user")
+    assert user_role["scopes"] == ["self", ASSISTANT_SCOPE]
+    assert c.GpulabSpawner.server_token_scopes == [
+        "users:activity!user", "access:servers!server", ASSISTANT_SCOPE]
+    assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
+    config = c.JupyterHub.tornado_settings["gpulab-assistant"]
+    assert config["key_file"].endswith("/assistant-key")
+    assert config["url"] == "http://assistant:8080"
+

@@ -1,0 +1,190 @@
+"""The lab assistant, asked as members ask it: from a notebook in their own server, with
+the server's own token, through the hub, answered by llama.cpp's server on a tiny model
+the test writes (tests/integration/tiny_model.py; it proves the path, not the answers).
+
+The decisions (groups, the minute's limit, what is forwarded) are unit-tested in
+tests/unit/test_assistant_rules.py; here they are met through the real hub, and the
+inference server's network is tried from a member's container.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from .stack import HUB_URL, REPO, docker
+from .tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.integration
+
+MODEL = "gpulab-test-tiny.gguf"
+# The hub makes the groups it knows (hub.operators' group among them), and the test's
+# admin token may add members to them, not make new ones.
+GROUP = "operators"
+
+# What a member runs in her notebook: OpenAI's chat API at the hub, her server's token
+# as the key. Prints one JSON line per call: [status, headers, body].
+ASK = r'''
+import json, os, time, urllib.request, urllib.error
+BASE = os.environ["JUPYTERHUB_API_URL"] + "/gpulab/assistant"
+def call(path, body=None, token=os.environ["JUPYTERHUB_API_TOKEN"]):
+    req = urllib.request.Request(BASE + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + token,
+                                          "Content-Type": "application/json"})
+    try:
+        r = urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as e:
+        r = e
+    return [r.status, dict(r.headers), r.read().decode("utf-8", "replace")]
+def ask(**extra):
+    body = {"messages": [{"role": "user", "content": "Why x.unsqueeze(0) before model(x)?"}],
+            "max_tokens": 4, **extra}
+    return call("/v1/chat/completions", {k: v for k, v in body.items() if v is not None})
+def ready():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = call("")
+        if json.loads(status[2]).get("ready"):
+            return status
+        time.sleep(0.5)
+    return status
+'''
+
+
+def answers(out: str) -> list:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+
+
+def ask_in_notebook(user, code: str) -> list:
+    return answers(user.run_code(ASK + code, timeout=180))
+
+
+def hub_metrics() -> str:
+    token = (REPO / "secrets" / "metrics-token").read_text().strip()
+    r = requests.get(f"{HUB_URL}/hub/metrics", headers={"Authorization": f"token {token}"},
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def counted(metrics: str, user: str, outcome: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(metrics)
+               if f.name == "gpulab_assistant_requests"
+               for s in f.samples if s.name.endswith("_total")
+               and s.labels == {"user": user, "outcome": outcome})
+
+
+@pytest.fixture
+def assistant(hub, lab_config):
+    """Turn the lab assistant on in gpulab.yaml, as an admin does, with the tiny model in
+    the models folder the assistant's container mounts; off and gone afterwards."""
+    mounts = json.loads(docker("inspect", "gpulab-assistant"))[0]["Mounts"]
+    models = next(m["Source"] for m in mounts if m["Destination"] == "/models")
+    model = write_tiny_model(Path(models) / MODEL)
+
+    def turn_on(**settings):
+        doc = yaml.safe_load(lab_config.original("gpulab.yaml")) or {}
+        doc["assistant"] = {"model": MODEL, "threads": 1, "parallel": 2, "context": 512,
+                            **settings}
+        lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
+
+    yield turn_on
+    lab_config.restore()
+    model.unlink(missing_ok=True)
+
+
+def test_members_ask_from_their_notebooks_and_each_is_counted(assistant, lab_user):
+    assistant(max_tokens=4)
+    alice, bob = lab_user("askalice"), lab_user("askbob")
+    alice.start_server()
+    bob.start_server()
+    status, models, plain, streamed, uncapped = ask_in_notebook(alice, """
+print(json.dumps(ready()))
+print(json.dumps(call("/v1/models")))
+print(json.dumps(ask()))
+print(json.dumps(ask(stream=True)))
+print(json.dumps(ask(max_tokens=None, n_predict=40, temperature=0)))
+""")
+    assert status[0] == 200 and json.loads(status[2]) == {
+        "on": True, "ready": True, "model": MODEL, "may_ask": True, "reason": ""}, status
+    assert models[0] == 200 and [m["id"] for m in json.loads(models[2])["data"]] == [MODEL]
+    # the lab's model answered her (a random model: four tokens of anything)
+    assert plain[0] == 200, plain
+    answer = json.loads(plain[2])
+    assert answer["model"] == MODEL and answer["usage"]["completion_tokens"] == 4, answer
+    assert isinstance(answer["choices"][0]["message"]["content"], str)
+    # streamed as server-sent events, passed on as they come
+    assert streamed[0] == 200 and streamed[1]["Content-Type"].startswith("text/event-stream")
+    events = [e for e in streamed[2].split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3, streamed[2]
+    # llama.cpp's own n_predict does not get past the lab's cap (assistant.max_tokens,
+    # 4 here): it did before the gateway dropped keys that are not OpenAI's
+    answer = json.loads(uncapped[2])
+    assert answer["usage"]["completion_tokens"] == 4, answer
+    assert answer["choices"][0]["finish_reason"] == "length", answer
+    assert ask_in_notebook(bob, "print(json.dumps(ask()))")[0][0] == 200
+
+    # counted under each member's name on the hub's /hub/metrics (Prometheus scrapes it)
+    metrics = hub_metrics()
+    assert counted(metrics, alice.name, "ok") == 4, metrics  # models, and three answers
+    assert counted(metrics, bob.name, "ok") == 1
+
+    # the inference server itself is not on any network of members' servers
+    ip = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                "gpulab-assistant").strip()
+    tried = alice.run_code(f"""
+import socket
+try:
+    socket.create_connection(("{ip}", 8080), timeout=3).close(); print("reached")
+except OSError as e:
+    print("unreachable", e)
+""")
+    assert tried.startswith("unreachable"), tried
+
+
+def test_who_may_not_ask_is_told_why(assistant, lab_user, hub):
+    assistant(groups=[GROUP], requests_per_minute=2)
+    carol, dave = lab_user("askcarol"), lab_user("askdave")
+    r = hub.request("POST", f"/groups/{GROUP}/users", json={"users": [carol.name]})
+    assert r.status_code == 200, r.text
+    carol.start_server()
+    dave.start_server()
+    # a token of carol's made without the assistant's scope (read her name only)
+    r = hub.request("POST", f"/users/{carol.name}/tokens",
+                    json={"scopes": [f"read:users:name!user={carol.name}"], "expires_in": 600})
+    assert r.status_code == 201, r.text
+    narrow = r.json()["token"]
+
+    refused = ask_in_notebook(dave, "print(json.dumps(ask()))\nprint(json.dumps(call('')))")
+    assert refused[0][0] == 403, refused
+    reason = json.loads(refused[0][2])["error"]["message"]
+    assert f"open to the groups {GROUP} only, and you are in none of them" in reason
+    assert json.loads(refused[1][2])["may_ask"] is False
+
+    asked = ask_in_notebook(carol, f"""
+print(json.dumps(ready()))
+for _ in range(3):
+    print(json.dumps(ask()))
+print(json.dumps(call("/v1/chat/completions", {{"messages": [{{"role": "user"}}]}}, token={narrow!r})))
+""")
+    assert [a[0] for a in asked[1:]] == [200, 200, 429, 403], asked
+    limited = asked[3]
+    assert int(limited[1]["Retry-After"]) > 0
+    assert "2 requests in the last minute" in json.loads(limited[2])["error"]["message"]
+    assert "lacks the scope custom:gpulab:assistant" in json.loads(asked[4][2])["message"]
+
+    # turned off: said so, not a connection error
+    assistant(model="")
+    off = ask_in_notebook(dave, "print(json.dumps(ask()))")[0]
+    assert off[0] == 503 and "The lab assistant is off" in json.loads(off[2])["message"], off
+
+    metrics = hub_metrics()
+    assert counted(metrics, dave.name, "refused") == 1
+    assert counted(metrics, dave.name, "off") == 1
+    assert counted(metrics, carol.name, "ok") == 2
+    assert counted(metrics, carol.name, "limited") == 1
