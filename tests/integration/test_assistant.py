@@ -17,7 +17,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .stack import HUB_URL, REPO, docker
+from .stack import HUB_URL, REPO, container_logs, docker
 from .tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -133,6 +133,12 @@ print(json.dumps(ask(max_tokens=None, n_predict=40, temperature=0)))
     metrics = hub_metrics()
     assert counted(metrics, alice.name, "ok") == 4, metrics  # models, and three answers
     assert counted(metrics, bob.name, "ok") == 1
+
+    # what she asked is in no log: the hub's has the path and her name, llama.cpp's its
+    # timings
+    logs = {c: container_logs(c, 2000) for c in ("gpulab-hub", "gpulab-assistant")}
+    assert not [c for c, log in logs.items() if "unsqueeze" in log]
+    assert f"/hub/api/gpulab/assistant/v1/chat/completions ({alice.name}@" in logs["gpulab-hub"]
 
     # the inference server itself is not on any network of members' servers
     ip = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
