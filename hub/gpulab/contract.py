@@ -69,6 +69,12 @@ EXPORTER_PORT = 9445
 # container's name (or its DNS name on the users' network).
 USER_CONTAINER_PREFIX = "gpulab-user-"
 
+# In the single-user image: the config folder that turns JupyterLab's assistant
+# (jupyter-ai) on, asking the lab's model through the hub; the hub points
+# JUPYTER_CONFIG_PATH at it while gpulab.yaml's assistant.model names one
+# (images/singleuser/assistant-on/). An image without it starts without the assistant.
+ASSISTANT_ON_CONFIG = "/opt/venv/share/gpulab/assistant-on"
+
 # The containers of the stack itself (docker-compose.yml's container_name values).
 HUB_CONTAINER = "gpulab-hub"
 PROXY_CONTAINER = "gpulab-proxy"

@@ -9,6 +9,7 @@ a start touches, about 55 MB:
 * the server: `jupyter lab` with the image's server extensions (the same ones
   jupyterhub-singleuser loads, jupyter-server-proxy among them), asked for the pages and
   APIs JupyterLab requests when it opens, plus the jupyterhub.singleuser extension itself;
+  then again with the lab assistant on (jupyter-ai, as the hub turns it on);
 * the launcher's TensorBoard and GPU panel, opened through that server's proxy (each is
   a process of its own, started on first use, that members would otherwise wait for);
 * the first cells: a kernel that imports torch and numpy and runs one backward pass,
@@ -22,6 +23,7 @@ failing the build, when the server or the kernel does not work.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +33,11 @@ import jupyterhub.singleuser  # noqa: F401  (the hub's extension, not loaded by 
 from jupyter_client.manager import start_new_kernel
 
 PORT = 8899
+# Where the hub points JUPYTER_CONFIG_PATH while the lab assistant is on (the Dockerfile).
+ASSISTANT_ON = "/opt/venv/share/gpulab/assistant-on"
+# ... and what jupyter-ai's parts ask of the server then.
+ASSISTANT_PAGES = ["/api/ai/config", "/api/ai/providers", "/api/ai/chats/slash_commands",
+                   "/api/ai/chats/autocomplete_options"]
 URL = f"http://127.0.0.1:{PORT}"
 # What JupyterLab asks of its server when a member opens it.
 PAGES = ["/lab", "/lab/tree", "/lab/api/settings", "/lab/api/translations",
@@ -57,12 +64,13 @@ def request(path: str, body: bytes | None = None) -> bytes:
         return response.read()
 
 
-def warm_server() -> None:
+def warm_server(env: dict | None = None, pages: list[str] = PAGES + PROXIED) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser",
          "--ip=127.0.0.1", f"--port={PORT}", "--ServerApp.root_dir=/tmp",
          "--IdentityProvider.token=", "--ServerApp.disable_check_xsrf=True"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -73,7 +81,7 @@ def warm_server() -> None:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("compile_start_path: jupyter lab did not start") from None
                 time.sleep(0.3)
-        for page in PAGES + PROXIED:
+        for page in pages:
             request(page)
         kernel = json.loads(request("/api/kernels", b"{}"))  # the server's kernel machinery
         time.sleep(2)
@@ -97,4 +105,8 @@ def warm_first_cell() -> None:
 
 if __name__ == "__main__":
     warm_server()
+    # a hub-started server with the assistant on (its config reads these two)
+    warm_server({"JUPYTER_CONFIG_PATH": ASSISTANT_ON, "JUPYTER_RUNTIME_DIR": "/tmp/warm-runtime",
+                 "JUPYTERHUB_API_URL": "http://127.0.0.1:9/hub/api",
+                 "JUPYTERHUB_API_TOKEN": "image-build"}, PAGES + ASSISTANT_PAGES)
     warm_first_cell()

@@ -10,6 +10,7 @@ inference server's network is tried from a member's container.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .stack import HUB_URL, REPO, container_logs, docker
+from .browser import run_in_new_notebook, screenshot, sign_in_to_lab
+from .stack import HUB_URL, REPO, container_logs, docker, wait_for
 from .tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -89,7 +91,7 @@ def assistant(hub, lab_config):
 
     def turn_on(**settings):
         doc = yaml.safe_load(lab_config.original("gpulab.yaml")) or {}
-        doc["assistant"] = {"model": MODEL, "threads": 1, "parallel": 2, "context": 512,
+        doc["assistant"] = {"model": MODEL, "threads": 1, "parallel": 2, "context": 4096,
                             **settings}
         lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
 
@@ -194,3 +196,94 @@ print(json.dumps(call("/v1/chat/completions", {{"messages": [{{"role": "user"}}]
     assert counted(metrics, dave.name, "off") == 1
     assert counted(metrics, carol.name, "ok") == 2
     assert counted(metrics, carol.name, "limited") == 1
+
+
+CHAT = "#jupyter-ai\\:\\:chat"  # jupyter-ai's chat panel (its sidebar widget's id)
+
+
+def explain_a_cell(page, code: str, output: str):
+    """In a new notebook: run *code*, then ask to explain it; the chat panel is where
+    the answer goes."""
+    run_in_new_notebook(page, code, output)
+    return explain_the_cell(page)
+
+
+def explain_the_cell(page):
+    """The first cell's context menu, Generative AI > Explain code, as a member does
+    (its active cell: running it made the next one active)."""
+    cell = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
+    cell.click()
+    cell.click(button="right")
+    page.locator(".lm-Menu-item", has_text="Generative AI").first.hover()
+    page.locator(".lm-Menu-item", has_text="Explain code").first.click()
+    return page.locator(CHAT)
+
+
+def test_a_member_asks_jupyterlabs_assistant_to_explain_a_cell(assistant, lab_user, new_page,
+                                                                 hub):
+    """In Chromium: JupyterLab's assistant (jupyter-ai, on because the lab's is) explains
+    her cell with the lab's model, through the hub, counted under her name; a member
+    outside assistant.groups reads why she may not."""
+    assistant(groups=[GROUP])
+    erin, finn = lab_user("askerin"), lab_user("askfinn")
+    r = hub.request("POST", f"/groups/{GROUP}/users", json={"users": [erin.name]})
+    assert r.status_code == 200, r.text
+    page = new_page()
+    sign_in_to_lab(page, erin.name, erin.token)
+    chat = explain_a_cell(page, "x = torch_free = [1, 2]\nprint('ran', x)", "ran [1, 2]")
+    # her question in the chat, then the lab model's answer to it (a random model: any
+    # text), streamed through the hub (counted there once it ended), then shown whole
+    chat.get_by_text("Explain the code below.").first.wait_for(timeout=60_000)
+    wait_for(lambda: counted(hub_metrics(), erin.name, "ok") == 1, 90, interval=1,
+             what="her request to be answered and counted under her name")
+    answer = chat.locator("text=Jupyternaut").last  # the newest message's author
+    answer.wait_for()
+    chat.get_by_text("Generating response").wait_for(state="detached", timeout=30_000)
+    screenshot(page, "assistant-explain.png")
+    text = chat.inner_text()
+    assert "Sorry, an error occurred" not in text, text
+    assert text.rindex("Jupyternaut") > text.rindex("Explain the code below."), text
+    # nothing outside the lab is configured: one provider, the lab's, at the hub
+    assert no_outside_endpoint(erin) == "http://172.30.0.250:8081/hub/api/gpulab/assistant/v1"
+    # the lab turns its assistant off while her server runs: the panel says so
+    assistant(groups=[GROUP], model="")
+    explain_the_cell(page)
+    chat.get_by_text("The lab assistant is off").first.wait_for(timeout=60_000)
+    assistant(groups=[GROUP])
+
+    page = new_page()
+    sign_in_to_lab(page, finn.name, finn.token)
+    chat = explain_a_cell(page, "print('ran', 2)", "ran 2")
+    chat.get_by_text(f"open to the groups {GROUP} only").first.wait_for(timeout=90_000)
+    screenshot(page, "assistant-refused.png")
+    assert counted(hub_metrics(), finn.name, "refused") == 1
+
+
+def no_outside_endpoint(member) -> str:
+    """What JupyterLab's assistant in her running server is configured to ask (its own
+    API, as the chat panel reads it), checked to be the lab's only: the one provider
+    allowed is OpenAI's API at a custom address, and no AI key or address comes from the
+    image's environment. Returns the address."""
+    config = member.api("GET", "/ai/config").json()
+    providers = member.api("GET", "/ai/providers").json()["providers"]
+    assert [p["id"] for p in providers] == ["openai-chat-custom"], providers
+    assert config["model_provider_id"] == "openai-chat-custom:lab-assistant", config
+    assert config["completions_model_provider_id"] is None, config  # no inline completion
+    image = json.loads(docker("inspect", member.container))[0]["Config"]["Env"]
+    assert not [e for e in image if re.match(r"(OPENAI|ANTHROPIC|AZURE|MISTRAL|GOOGLE|"
+                                             r"HUGGINGFACE|COHERE|AWS)", e)], image
+    return config["fields"]["openai-chat-custom:lab-assistant"]["openai_api_base"]
+
+
+
+def test_servers_start_without_jupyterlabs_assistant_while_the_lab_has_none(lab_user, hub):
+    """gpulab.yaml names no model (the stack's default): her server neither loads
+    jupyter-ai's server part (its API is not there) nor offers its JupyterLab part (no
+    chat panel to fail), so it pays nothing for it."""
+    gus = lab_user("askgus")
+    gus.start_server()
+    assert gus.api("GET", "/ai/config").status_code == 404
+    page = requests.get(f"{gus.server_url}/lab", headers=gus._headers(), timeout=60)
+    config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">'
+                                  r"(.*?)</script>", page.text, re.S).group(1))
+    assert "@jupyter-ai/core" in config["disabledExtensions"], config["disabledExtensions"]

@@ -37,7 +37,7 @@ def _value(kind: int, value) -> bytes:
 
 
 def write_tiny_model(path: Path, seed: int = 0) -> Path:
-    embd, heads, layers, ff, ctx = 64, 4, 2, 128, 512
+    embd, heads, layers, ff, ctx = 64, 4, 2, 128, 4096
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>",
               *(f"<0x{b:02X}>" for b in range(256)), "\u2581"]
     types = [2, 3, 3, 3, 3, *([6] * 256), 1]  # unknown, control..., byte..., normal

@@ -74,3 +74,12 @@ def test_a_home_is_created_apart_only_when_its_size_is_limited():
         "driver": "local",
         "driver_opts": {"size": str(10 * 1024**3)},
     }
+
+
+def test_jupyterlabs_assistant_is_on_only_while_the_labs_assistant_is():
+    """The image keeps jupyter-ai unloaded (a server start ~1.4 s and ~90 MB dearer);
+    its config folder that turns it on is named only while gpulab.yaml names a model."""
+    assert "JUPYTER_CONFIG_PATH" not in container_options(defaults(), "alice").environment
+    on = defaults().with_values({"assistant.model": "coder.gguf"})
+    env = container_options(on, "alice").environment
+    assert env["JUPYTER_CONFIG_PATH"] == "/opt/venv/share/gpulab/assistant-on"

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulab.contract import lease_labels
+from gpulab.contract import ASSISTANT_ON_CONFIG, lease_labels
 from gpulab.gpus.sharing import alloc_conf
 from gpulab.spawn.naming import volume_name
 
@@ -96,6 +96,8 @@ def container_options(
     }
     if gpu_uuids and settings["spawn.shared_gpu_memory_cap"]:
         environment.update(alloc_conf(gpu_share))
+    if settings["assistant.model"]:  # JupyterLab's assistant, on (gpulab.assistant)
+        environment["JUPYTER_CONFIG_PATH"] = ASSISTANT_ON_CONFIG
     return ContainerOptions(
         image=settings["spawn.image"],
         volumes=volumes,
