@@ -190,12 +190,25 @@ print(json.dumps(call("/v1/chat/completions", {{"messages": [{{"role": "user"}}]
     assistant(model="")
     off = ask_in_notebook(dave, "print(json.dumps(ask()))")[0]
     assert off[0] == 503 and "The lab assistant is off" in json.loads(off[2])["message"], off
+    # a model file that is not there: nothing serves, and the member is told that much
+    assistant(model="not-there.gguf", groups=[GROUP], requests_per_minute=100)
+    missing = ask_in_notebook(carol, """
+deadline = time.monotonic() + 30
+while json.loads(call("")[2])["ready"] and time.monotonic() < deadline:
+    time.sleep(0.5)
+print(json.dumps(call("")))
+print(json.dumps(ask()))
+""")
+    assert json.loads(missing[0][2])["ready"] is False, missing
+    assert missing[1][0] == 503, missing
+    assert "The lab assistant is not answering" in json.loads(missing[1][2])["message"]
 
     metrics = hub_metrics()
     assert counted(metrics, dave.name, "refused") == 1
     assert counted(metrics, dave.name, "off") == 1
     assert counted(metrics, carol.name, "ok") == 2
     assert counted(metrics, carol.name, "limited") == 1
+    assert counted(metrics, carol.name, "unavailable") == 1
 
 
 CHAT = "#jupyter-ai\\:\\:chat"  # jupyter-ai's chat panel (its sidebar widget's id)

@@ -49,7 +49,7 @@ ANSWER_TIMEOUT = 600
 _window = RateWindow()
 
 
-def not_answering(e: OSError) -> Refused:
+def not_answering(e: Exception) -> Refused:
     return Refused(503, f"The lab assistant is not answering ({e}): it may be loading its "
                         "model, or could not load it (an admin sees why in `docker logs "
                         "gpulab-assistant`).")
@@ -85,7 +85,11 @@ class AssistantAPIBase(APIHandler):
         return refusal(settings, [g.name for g in user.groups], user.admin)
 
     def upstream(self, path: str, **kwargs) -> HTTPRequest:
-        key = Path(self.assistant["key_file"]).read_text().strip()
+        try:
+            key = Path(self.assistant["key_file"]).read_text().strip()
+        except OSError as e:
+            raise Refused(503, f"The hub has no key for the lab assistant ({e}); an admin "
+                               "runs `make up`, which writes secrets/assistant-key.") from None
         return HTTPRequest(self.assistant["url"].rstrip("/") + path,
                            headers={"Authorization": f"Bearer {key}",
                                     "Content-Type": "application/json"}, **kwargs)
@@ -119,7 +123,7 @@ class AssistantStatusHandler(AssistantAPIBase):
                 reply = await AsyncHTTPClient().fetch(self.upstream("/health", request_timeout=5),
                                                       raise_error=False)
                 ready = reply.code == 200
-            except OSError:
+            except (OSError, HTTPClientError, Refused):  # not answering (a timeout): not ready
                 pass
         self.finish({"on": bool(settings["assistant.model"]), "ready": ready,
                      "model": settings["assistant.model"], "may_ask": why is None,
@@ -152,7 +156,7 @@ class AssistantV1Base(AssistantAPIBase):
     async def forward(self, request: HTTPRequest) -> None:
         try:
             reply = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except OSError as e:
+        except (OSError, HTTPClientError) as e:  # refused, reset, or a timeout (599)
             self.count("unavailable")
             raise not_answering(e) from None
         self.count("ok" if reply.code < 400 else "error")
@@ -214,6 +218,9 @@ class ChatCompletionsHandler(AssistantV1Base):
             await AsyncHTTPClient().fetch(request)
         except HTTPClientError as e:
             if not head.get("sent"):
+                if e.code == 599:  # no answer in time, or the connection dropped
+                    self.count("unavailable")
+                    raise not_answering(e) from None
                 self.count("error")
                 raise Refused(e.code, f"The lab assistant answered {e.code}: {e.message}") from None
         except OSError as e:
