@@ -185,13 +185,17 @@ up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPU
 	@# Alertmanager, with HTTPS the proxy (a renewed certificate, another host name), and
 	@# the hub for gpulab.yaml's login: section and the provider's client secret (the rest
 	@# of gpulab.yaml it reads again at every spawn).
-	@GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
+	@# The lab assistant's GPUs (gpulab.yaml's assistant.gpus; docker-compose.assistant-gpu.yml).
+	@gpus=$$(scripts/assistant-gpus.sh) || { echo "[gpulab] $$gpus" >&2; exit 1; }; \
+	 [ -z "$$gpus" ] || echo "[gpulab] the lab assistant holds GPU(s) $$gpus (assistant.gpus)"; \
+	 GPULAB_ASSISTANT_GPUS=$$gpus \
+	 GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
 	 GPULAB_HUB_START_CONFIG=$$({ awk '/^[^ #]/ {keep = ($$1 == "login:")} keep' \
 	   "$(GPULAB_CONFIG)/gpulab.yaml"; cat secrets/oidc-client-secret 2>/dev/null; } | sha256sum | cut -c1-16) \
 	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum "$(GPULAB_CONFIG)/alertmanager.yml" | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
-	  $(COMPOSE) up -d --remove-orphans
+	  $(COMPOSE) $${gpus:+-f docker-compose.assistant-gpu.yml} up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml

@@ -11,17 +11,8 @@ config=${GPULAB_CONFIG:-$(cd "$(dirname "$0")/.." && pwd)/config}
 say() { echo "[gpulab] $*"; }
 die() { echo "[gpulab] $*" >&2; exit 1; }
 
-# gpulab's CLI in the hub image, with the settings and (once a hub has run) the last good
-# version of each settings file that the hub keeps (gpulab.live_config).
-mounts=(-v "$config:/srv/gpulab/config:ro"); last_good=()
-if docker volume inspect gpulab-last-good >/dev/null 2>&1; then
-  mounts+=(-v gpulab-last-good:/srv/gpulab/last-good:ro); last_good=(--last-good /srv/gpulab/last-good)
-fi
-gpulab() {
-  docker run --rm --network none "${mounts[@]}" gpulab/hub:latest gpulab "$@" 2>&1 \
-    | sed -e 's|/srv/gpulab/config/|config/|g' -e 's|/srv/gpulab/last-good|the volume gpulab-last-good|g'
-  return "${PIPESTATUS[0]}"
-}
+# shellcheck source=scripts/hub-cli.sh
+source "$(dirname "$0")/hub-cli.sh"
 
 # An invalid file with a last good version: the lab goes on with that version (say so);
 # without one (a fresh install): refuse, as the hub would.

@@ -5,6 +5,7 @@
     gpulab config get KEY [FILE]        one setting's value, checked (scripts: true/false)
     gpulab config changes --from OLD    what changed since the version that printed OLD
                                         with describe (used by `make upgrade`)
+    gpulab assistant gpus [FILE]        the GPUs the lab assistant holds (used by `make up`)
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
     gpulab token revoke USER TOKEN_ID [--stop-server]
@@ -28,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpulab.assistant.gpus import assistant_gpus
 from gpulab.gpus.config import load_gpus_config
 from gpulab.hubapi import HubApi, HubApiError, SyncHubApi
 from gpulab.live_config import file_kind
@@ -103,16 +105,24 @@ def _cmd_config_check(args) -> int:
     return failed
 
 
-def _cmd_config_get(args) -> int:
+def _settings_in_force(args):
+    """The settings *args.file* holds, or (invalid) the last good version the running lab
+    uses (config check warns of it); None, said, when there is neither."""
     try:
-        settings = load_settings(args.file)
+        return load_settings(args.file)
     except ConfigError as e:
         kept = file_kind(args.file, args.last_good).saved_version(args.file) \
             if args.last_good else None
         if kept is None:
             print(f"error: {e}", file=sys.stderr)
-            return 1
-        settings = kept[0]  # what the running lab uses (config check warns)
+            return None
+        return kept[0]
+
+
+def _cmd_config_get(args) -> int:
+    settings = _settings_in_force(args)
+    if settings is None:
+        return 1
     try:
         value = settings[args.key]
     except KeyError:
@@ -120,6 +130,14 @@ def _cmd_config_get(args) -> int:
               file=sys.stderr)
         return 2
     print(str(value).lower() if isinstance(value, bool) else value)
+    return 0
+
+
+def _cmd_assistant_gpus(args) -> int:
+    settings = _settings_in_force(args)
+    if settings is None:
+        return 1
+    print(",".join(str(g) for g in assistant_gpus(settings)))
     return 0
 
 
@@ -292,6 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with an invalid file, the value of its last good version kept "
                           "in DIR (the one the running lab uses)")
     get.set_defaults(func=_cmd_config_get)
+
+    assistant = sub.add_parser("assistant", help="what the lab assistant holds")
+    asub = assistant.add_subparsers(dest="what", required=True)
+    gpus = asub.add_parser("gpus", help="the GPUs it holds, comma-separated (assistant.gpus "
+                                        "while assistant.model is set; used by `make up`)")
+    gpus.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    gpus.add_argument("--last-good", metavar="DIR",
+                      help="with an invalid file, its last good version kept in DIR")
+    gpus.set_defaults(func=_cmd_assistant_gpus)
 
     token = sub.add_parser("token", help="issue, list and revoke login tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from gpulab import live_config
 from gpulab.assistant import gateway as assistant_api
+from gpulab.assistant.gpus import reserver as assistant_reserver
 from gpulab.assistant.rules import ASSISTANT_SCOPE, ASSISTANT_SCOPE_HELP
 from gpulab.bookings import api as bookings_api
 from gpulab.bookings.store import booking_store
@@ -35,6 +36,7 @@ from gpulab.contract import (
     SERVER_NOTICES_FILE,
     scrape_seconds,
 )
+from gpulab.gpus.leases import hold_for_services
 from gpulab.line import api as line_api
 from gpulab.line import metrics as line_metrics
 from gpulab.line.store import line_store
@@ -295,6 +297,8 @@ def configure(c) -> None:
     # guard in the image closes her open websockets on the same schedule). On the command
     # line, so that no config file in her home can lengthen it.
     c.GpulabSpawner.args = [f"--HubOAuth.cache_max_age={SERVER_TOKEN_CACHE_SECONDS}"]
+    # The lab assistant's GPUs (assistant.gpus) are held for it in the lease table.
+    hold_for_services(assistant_reserver(settings_path))
     # The lab assistant (gpulab.assistant): members may ask it (the `user` role below),
     # and a server's own token may, so that JupyterLab asks as its member with no key.
     c.JupyterHub.custom_scopes = {ASSISTANT_SCOPE: {"description": ASSISTANT_SCOPE_HELP}}

@@ -192,6 +192,28 @@ def _model_file(value: Any) -> str:
     return name
 
 
+_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+
+
+def _gpu_refs(value: Any) -> tuple[int | str, ...]:
+    """GPUs of this machine, by NVML index or UUID, as ``nvidia-smi -L`` prints them."""
+    if value is None:
+        return ()
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        value = [value]
+    refs: list[int | str] = []
+    for ref in value if isinstance(value, list) else [value]:
+        if isinstance(ref, str) and _GPU_UUID.fullmatch(ref.strip()):
+            ref = ref.strip()
+        elif isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < 1000:
+            raise ValueError(f"expected GPUs of this machine as nvidia-smi -L names them: "
+                             f"indexes (0, 1, ...) or UUIDs (GPU-..., MIG-...), got {ref!r}")
+        if ref in refs:
+            raise ValueError(f"GPU {ref!r} is listed twice")
+        refs.append(ref)
+    return tuple(refs)
+
+
 def _port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise ValueError(f"expected a port number from 1 to 65535, got {value!r}")
@@ -420,6 +442,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("assistant.max_tokens", _positive_int, 512,
             "The longest answer, in tokens: a request asking for more (or for no limit) "
             "gets this many at most. Example: 1024"),
+    Setting("assistant.gpus", _gpu_refs, (),
+            "The GPUs of the hub's machine the assistant holds while assistant.model is set, "
+            "by index or UUID: the hub never gives them to a member (its lease table and "
+            "the dashboard show the lab assistant as their holder) and `make up` hands them "
+            "to the assistant's container. [] runs it on the CPU. Read by the hub within "
+            "seconds of an edit; the container gets them at the next `make up`. Example: [3]"),
     Setting("assistant.threads", _positive_int, 2,
             "CPU threads llama.cpp computes with. Example: 8"),
     Setting("assistant.parallel", _positive_int, 4,

@@ -100,6 +100,13 @@ def submit_login(page, username: str, token: str, next_url: str | None = None,
     return nav.value
 
 
+def gpu_table(page) -> list[tuple[str, str]]:
+    """(GPU index, status) per row of the spawn form's GPU table."""
+    rows = page.locator("#gpulab-gpu-table tbody tr")
+    return [(r.locator("td").nth(0).inner_text(), r.locator("td").nth(3).inner_text())
+            for r in rows.all()]
+
+
 def login_error(page) -> str:
     return page.locator("#login-error-area").inner_text().strip()
 

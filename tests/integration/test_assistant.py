@@ -18,8 +18,10 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .browser import run_in_new_notebook, screenshot, sign_in_to_lab
-from .stack import HUB_URL, REPO, container_logs, docker, wait_for
+from .browser import gpu_table, run_in_new_notebook, screenshot, sign_in_to_lab, submit_login
+from .fake_gpus import exporter_snapshot
+from .stack import HUB_URL, REPO, container_logs, docker, exporter_flags, make, wait_for
+from .standin import GPU0, GPU1, gpus_of
 from .tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -95,6 +97,7 @@ def assistant(hub, lab_config):
                             **settings}
         lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
 
+    turn_on.off = lambda: lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml"))
     yield turn_on
     lab_config.restore()
     model.unlink(missing_ok=True)
@@ -300,3 +303,58 @@ def test_servers_start_without_jupyterlabs_assistant_while_the_lab_has_none(lab_
     config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">'
                                   r"(.*?)</script>", page.text, re.S).group(1))
     assert "@jupyter-ai/core" in config["disabledExtensions"], config["disabledExtensions"]
+
+
+ASSISTANT = "(lab assistant)"  # gpulab.assistant.gpus.ASSISTANT
+
+
+@pytest.mark.disruptive  # gpulab.yaml with gpus.yaml, and make up: a stack of its own
+def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_container(
+        assistant, gpus_yaml, fake_control, hub_admin, lab_user, new_page):
+    """An admin gives the lab assistant GPU 1 (of the two stand-ins) in gpulab.yaml: the
+    hub holds it for the assistant at once (spawn form, REST API, lease page), and `make
+    up` hands it to the assistant's container, whose labels name the same holder to the
+    exporter."""
+    assistant(gpus=[1])
+    member, other = lab_user("gpuasker"), lab_user("gpuother")
+    page = new_page()
+    submit_login(page, member.name, member.token, next_url="/hub/spawn")
+    assert gpu_table(page) == [("0", "free"), ("1", "held for the lab assistant")]
+    assert page.locator("#gpulab-gpus option").all_inner_texts() == ["0", "1"]
+    screenshot(page, "spawn-form-assistant-gpu.png")
+    # straight to the REST API too: GPU 0 is hers, and then there is none for another
+    member.start_server({"gpus": 1})
+    assert gpus_of(member.container)["device_ids"] == [GPU0]
+    r = requests.post(f"{other.hub.api}/users/{other.name}/server", json={"gpus": 1},
+                      headers={"Authorization": f"token {other.token}"}, timeout=60)
+    assert r.status_code == 409 and "only 0 of the 2 GPUs" in r.json()["message"], r.text
+
+    # the admins' lease table: the assistant's, by gpulab.yaml, not to be released
+    r = requests.get(f"{HUB_URL}/services/gpus/api/leases", timeout=30,
+                     headers={"Authorization": f"token {hub_admin.token}"})
+    assert r.status_code == 200, r.text
+    rows = {le["gpu_uuid"]: le for le in r.json()["leases"]}
+    assert (rows[GPU1]["user"], rows[GPU1]["state"], rows[GPU1]["releasable"]) == (
+        ASSISTANT, "reserved", False), rows
+    assert rows[GPU0]["user"] == member.name
+
+    try:
+        # make up hands GPU 1 to the assistant's container, and only it
+        out = make("up", exporter_flags())
+        assert "the lab assistant holds GPU(s) 1 (assistant.gpus)" in out, out
+        assert gpus_of("gpulab-assistant") == {"device_ids": ["1"], "env": "1", "label": "1"}
+        # the exporter names its holder as the lease table does (and hers, hers)
+        def holders():
+            return {g["uuid"]: [le["user"] for le in g["leases"]]
+                    for g in exporter_snapshot()["gpus"]}
+
+        wait_for(lambda: holders() == {GPU0: [member.name], GPU1: [ASSISTANT]}, 30,
+                 what=lambda: f"the exporter to name the holders (it says {holders()})")
+        log = container_logs("gpulab-assistant", 50)
+        assert "GPU devices this llama.cpp build sees: none" in log, log
+    finally:
+        member.stop_server()
+        assistant.off()
+        make("up", exporter_flags())  # the container without it, for the tests after
+    info = json.loads(docker("inspect", "gpulab-assistant"))[0]
+    assert not info["HostConfig"]["DeviceRequests"], info["HostConfig"]["DeviceRequests"]

@@ -19,7 +19,7 @@ import pytest
 import requests
 import websocket
 
-from .browser import SESSION_COOKIES, screenshot, session_cookies, submit_login
+from .browser import SESSION_COOKIES, gpu_table, screenshot, session_cookies, submit_login
 from .stack import HUB_URL, REPO, wait_for
 from .standin import GPU0, GPU1, gpus_of
 
@@ -36,13 +36,6 @@ def get(url: str, token: str | None = None, **kw) -> requests.Response:
 
 
 # ----------------------------------------------------------------------- the spawn form
-
-
-def gpu_table(page) -> list[tuple[str, str]]:
-    """(GPU index, status) per row of the spawn form's GPU table."""
-    rows = page.locator("#gpulab-gpu-table tbody tr")
-    return [(r.locator("td").nth(0).inner_text(), r.locator("td").nth(3).inner_text())
-            for r in rows.all()]
 
 
 def spawn_from_form(page, gpus: str) -> None:

@@ -30,6 +30,22 @@ def test_compose_runs_exactly_the_reserved_infrastructure_containers():
     assert not any(n.startswith(contract.USER_CONTAINER_PREFIX) for n in names)
 
 
+def test_the_assistants_container_names_its_gpus_holder_as_the_lease_table_does():
+    """The exporter attributes the assistant's GPUs to the holder the hub's lease table
+    and spawn form name (gpulab.assistant.gpus), through the container's labels."""
+    from gpulab.assistant.gpus import ASSISTANT, ASSISTANT_SERVER
+
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    labels = compose["services"]["assistant"]["labels"]
+    assert labels[contract.LABEL_USER] == ASSISTANT
+    assert labels[contract.LABEL_SERVER] == ASSISTANT_SERVER
+    assert labels[contract.LABEL_GPUS] == "${GPULAB_ASSISTANT_GPUS:-}"
+    assert contract.LABEL_MANAGED not in labels  # not a lease the hub reads or may remove
+    gpu = yaml.safe_load((REPO / "docker-compose.assistant-gpu.yml").read_text())
+    [device] = gpu["services"]["assistant"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["device_ids"] == ["${GPULAB_ASSISTANT_GPUS:?set by make up from assistant.gpus}"]
+
+
 def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced):
     assert {contract.METRIC_UTILIZATION, contract.METRIC_MEMORY_USED,
             contract.METRIC_MEMORY_TOTAL, contract.METRIC_LEASE} <= produced

@@ -10,12 +10,19 @@ model, and with no model it runs none. The server answers OpenAI's chat API on
 
 llama.cpp comes from ``xllamacpp`` (its server, in-process); it is imported when a model
 is first served, so that the hub's own processes never load it.
+
+GPUs (``assistant.gpus``) reach the container from ``make up``
+(docker-compose.assistant-gpu.yml), which also tells this process which it holds
+(``GPULAB_ASSISTANT_GPUS``); the model's layers then go to them where this llama.cpp
+build has a GPU backend, and the log says when it has none or when gpulab.yaml names
+other GPUs than the container holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -23,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import live_config
+from gpulab.assistant.gpus import assistant_gpus
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.assistant")
@@ -39,9 +47,22 @@ class Wanted:
     parallel: int
     context: int
     max_tokens: int
+    on_gpus: bool = False  # the container holds GPUs: offload every layer
 
 
-def wanted(settings: Any, models: Path) -> tuple[Wanted | None, str]:
+def gpu_note(named: tuple[int | str, ...], held: tuple[str, ...]) -> str:
+    """What the log says when gpulab.yaml's assistant.gpus (*named*, while a model is
+    set) is not what the container was given (*held*, by `make up`); "" when they agree."""
+    if tuple(str(g) for g in named) == held:
+        return ""
+    now = ", ".join(str(g) for g in named) or "none"
+    return (f"gpulab.yaml's assistant.gpus names {now}, this container holds "
+            f"{', '.join(held) or 'none'}: the hub holds the named ones for the assistant "
+            f"now, and `make up` gives them to this container")
+
+
+def wanted(settings: Any, models: Path, held: tuple[str, ...] = ()
+           ) -> tuple[Wanted | None, str]:
     """What to serve by these settings, or None with the reason (for the log)."""
     name = settings["assistant.model"]
     if not name:
@@ -54,7 +75,7 @@ def wanted(settings: Any, models: Path) -> tuple[Wanted | None, str]:
                       f"put the file in the models folder (GPULAB_MODELS_DIR on the host)")
     return Wanted(path, st.st_size, st.st_mtime, settings["assistant.threads"],
                   settings["assistant.parallel"], settings["assistant.context"],
-                  settings["assistant.max_tokens"]), ""
+                  settings["assistant.max_tokens"], bool(held)), ""
 
 
 def start_server(want: Wanted, port: int, key: str) -> Any:
@@ -74,14 +95,26 @@ def start_server(want: Wanted, port: int, key: str) -> Any:
     p.endpoint_metrics = True
     p.ui = False  # no web page: members use JupyterLab, through the hub
     p.offline = True  # never download anything
+    if want.on_gpus:
+        p.n_gpu_layers = 999  # all of them, on the GPUs the container holds
+        # each {"name", "description", "type": ggml_backend_dev_type...CPU/GPU, ...}
+        devices = [f"{d.get('name')} ({d.get('description')})"
+                   for d in xllamacpp.get_device_info()
+                   if not getattr(d.get("type"), "name", "CPU").endswith("CPU")]
+        log.info("GPU devices this llama.cpp build sees: %s", devices or
+                 "none (a build without a GPU backend, such as xllamacpp's from PyPI, "
+                 "computes on the CPU: docs/operations.md, The lab assistant)")
     return xllamacpp.Server(p)
 
 
 class Assistant:
     """The running server, if any, and what it serves."""
 
-    def __init__(self, settings_file: str, models: Path, port: int, key: str):
+    def __init__(self, settings_file: str, models: Path, port: int, key: str,
+                 gpus: tuple[str, ...] = ()):
         self.settings_file, self.models, self.port, self.key = settings_file, models, port, key
+        self.gpus = gpus  # what make up gave the container (GPULAB_ASSISTANT_GPUS)
+        self.gpus_said = ""
         self.serving: Wanted | None = None
         self.server: Any = None
         self.said = ""
@@ -97,7 +130,12 @@ class Assistant:
         except ConfigError as e:  # never a good version: nothing to serve
             self.say(f"{e}")
             settings = None
-        want, why = wanted(settings, self.models) if settings else (None, "")
+        want, why = wanted(settings, self.models, self.gpus) if settings else (None, "")
+        note = gpu_note(assistant_gpus(settings), self.gpus) if settings else ""
+        if note != self.gpus_said:
+            if note:
+                log.warning("%s", note)
+            self.gpus_said = note
         if want == self.serving:
             if why:
                 self.say(why)
@@ -134,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--interval", type=float, default=2.0,
                         help="seconds between reads of the settings")
+    parser.add_argument("--gpus", default=os.environ.get("GPULAB_ASSISTANT_GPUS", ""),
+                        help="the GPUs the container holds, comma-separated, as `make up` "
+                             "gave them (default: GPULAB_ASSISTANT_GPUS)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[gpulab-assistant] %(message)s")
     key = Path(args.key_file).read_text().strip()
@@ -141,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.key_file} is empty (make up writes it)")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    assistant = Assistant(args.settings_file, args.models, args.port, key)
+    gpus = tuple(g.strip() for g in args.gpus.split(",") if g.strip())
+    assistant = Assistant(args.settings_file, args.models, args.port, key, gpus)
     while not done.is_set():
         assistant.check()
         done.wait(args.interval)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import live_config
+from gpulab.assistant.gpus import reserver
 from gpulab.contract import label_claims
 from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
@@ -93,7 +94,7 @@ def lease_row(row: LeaseView, now: datetime) -> dict[str, Any]:
     out = row.to_json()
     since = row.lease.since
     out["held_seconds"] = max(0, int((now - since).total_seconds())) if since else None
-    out["releasable"] = row.state != "pending"
+    out["releasable"] = row.state not in ("pending", "reserved")
     return out
 
 
@@ -300,8 +301,11 @@ class LeaseAdmin:
         # gpulab.yaml: read only to report an invalid edit, as the hub's log does
         self.settings_path = str(settings_path) if settings_path else None
         if book is None:
-            book = (LeaseBook(store.list, node_gpus=store.node_gpus)
-                    if isinstance(store, SwarmServices) else LeaseBook(store.list))
+            # the lab assistant's GPUs, as the hub holds them (gpulab.yaml)
+            reserved = reserver(self.settings_path) if self.settings_path else None
+            book = (LeaseBook(store.list, node_gpus=store.node_gpus, reserved=reserved)
+                    if isinstance(store, SwarmServices) else
+                    LeaseBook(store.list, reserved=reserved))
         self.book = book
         self.holder = getattr(store, "holder", "container")
         self.now = now

@@ -57,6 +57,7 @@ __all__ = [
     "release",
     "resolve_inventory",
     "usable_gpus",
+    "pinned_gpus",
     "validate_user_options",
     "wants_to_wait",
 ]
@@ -92,7 +93,7 @@ class Lease:
     gpu_uuid: str
     user: str
     server: str  # "" for the user's default server
-    since: datetime
+    since: datetime | None  # None: held by configuration (gpulab.assistant.gpus)
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ def allocate(
     node_of = {g.uuid: g.node for g in inventory}
     node_load = Counter(node_of.get(le.gpu_uuid) for le in others)
     mine_elsewhere = {le.gpu_uuid for le in elsewhere}
-    pinned_uuids = _pinned(policy.pinned, inventory)
+    pinned_uuids = pinned_gpus(policy.pinned, inventory)
     by_uuid = {g.uuid: g for g in inventory}
     eligible = _eligibility(config, inventory, policy)
 
@@ -370,8 +371,8 @@ def allocate(
 def _eligibility(config: GpusConfig, inventory: Sequence[Gpu], policy: Policy):
     """Whether a GPU may go to the holder of *policy*: one she pins, or else one of her
     pools that is neither reserved nor pinned by anyone."""
-    pinned_uuids = set(_pinned(policy.pinned, inventory))
-    pinned_by_anyone = set(_pinned(all_pins(config), inventory))
+    pinned_uuids = set(pinned_gpus(policy.pinned, inventory))
+    pinned_by_anyone = set(pinned_gpus(all_pins(config), inventory))
 
     def eligible(g: Gpu) -> bool:
         if g.uuid in pinned_uuids:
@@ -399,7 +400,7 @@ def usable_gpus(config: GpusConfig, inventory: Sequence[Gpu], request: Request) 
     return [g for g in inventory if eligible(g)]
 
 
-def _pinned(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
+def pinned_gpus(pins: Iterable[Pin], inventory: Sequence[Gpu]) -> list[str]:
     """UUIDs of the inventory GPUs that *pins* name, in pin order."""
     out: list[str] = []
     for pin in pins:
@@ -507,7 +508,7 @@ def reconcile(
     the server stops and the user's quota still counts it, and logs the orphans.
     """
     by_uuid = {g.uuid: g for g in inventory}
-    group_pins = _pinned((p for g in config.groups for p in (g.pinned or ())), inventory)
+    group_pins = pinned_gpus((p for g in config.groups for p in (g.pinned or ())), inventory)
     kept: list[Lease] = []
     orphaned: list[Lease] = []
     for le in leases:
@@ -515,7 +516,7 @@ def reconcile(
         ok = gpu is not None
         if gpu is not None and gpu.reserved and gpu.uuid not in group_pins:
             own = user_override(config, le.user)
-            ok = own is not None and gpu.uuid in _pinned(own.pinned or (), inventory)
+            ok = own is not None and gpu.uuid in pinned_gpus(own.pinned or (), inventory)
         (kept if ok else orphaned).append(le)
     return kept, orphaned
 

@@ -44,6 +44,10 @@ ListNodes = Callable[[], Awaitable[list[Gpu]]]
 # What else a spawn must count as taken, given the config, the inventory and the leases
 # held: the GPUs kept for members waiting in line (gpulab.line.plan.holds).
 Holds = Callable[[GpusConfig, Sequence[Gpu], Sequence[Lease]], list[Lease]]
+# The leases the lab's own services hold by configuration, given the inventory: the lab
+# assistant's GPUs (gpulab.assistant.gpus.reserver). Taken for every spawn, like a
+# container's, and shown in the lease table as "reserved", never released there.
+Reserved = Callable[[Sequence[Gpu]], list[Lease]]
 
 
 def utcnow() -> datetime:
@@ -56,7 +60,9 @@ class LeaseView:
 
     lease: Lease
     gpu: Gpu | None  # None: the GPU is no longer in the inventory
-    state: str  # "active", "pending" (container not created yet) or "orphaned"
+    # "active", "pending" (container not created yet), "orphaned", or "reserved" (held
+    # for a service of the lab's by its configuration: the lab assistant)
+    state: str
     # The container whose labels hold the lease: docker's Id and State ("running",
     # "created", "paused", "restarting"); None for a pending lease.
     container_id: str | None = None
@@ -98,8 +104,9 @@ class LeaseBook:
     every allocation, since machines come and go. Without it, NVML is asked once."""
 
     def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow,
-                 node_gpus: ListNodes | None = None):
+                 node_gpus: ListNodes | None = None, reserved: Reserved | None = None):
         self._list_containers = list_containers
+        self._reserved = reserved
         self._node_gpus = node_gpus
         self._discover = discover
         self._now = now
@@ -137,10 +144,11 @@ class LeaseBook:
 
     # ------------------------------------------------------------- the table
 
-    async def _table(self, containers: list[dict[str, Any]] | None = None) -> list[Lease]:
+    async def _table(self, inventory: Sequence[Gpu] = (),
+                     containers: list[dict[str, Any]] | None = None) -> list[Lease]:
         if containers is None:
             containers = await self._list_containers()
-        leases = leases_from_labels(containers)
+        leases = leases_from_labels(containers) + self.reserved(inventory)
         for (user, server), pending in self._pending.items():
             leases = [le for le in leases if (le.user, le.server) != (user, server)] + pending
         now = time.monotonic()
@@ -149,10 +157,14 @@ class LeaseBook:
         leases += [Lease(u, STOPPING, "", self._now()) for u in self._cooling if u not in held]
         return leases
 
+    def reserved(self, inventory: Sequence[Gpu]) -> list[Lease]:
+        """The leases held by configuration (*reserved*), of *inventory*'s GPUs."""
+        return self._reserved(inventory) if self._reserved is not None else []
+
     async def _taken(self, config: GpusConfig, inventory: Sequence[Gpu],
                      holds: Holds | None) -> list[Lease]:
         """The table, and what *holds* keeps besides (the line's GPUs); under the lock."""
-        leases = await self._table()
+        leases = await self._table(inventory)
         return leases + holds(config, inventory, leases) if holds is not None else leases
 
     def cool(self, gpu_uuids: Sequence[str], seconds: float) -> None:
@@ -169,14 +181,15 @@ class LeaseBook:
         by_uuid = {g.uuid: g for g in inventory}
         async with self._lock:
             containers = await self._list_containers()
-            leases = await self._table(containers)
+            leases = await self._table(inventory, containers)
             pending = {id(le) for group in self._pending.values() for le in group}
+        reserved = set(self.reserved(inventory))
         holding = lease_containers(containers)
         _, orphaned = reconcile(config, inventory, leases)
         orphan_ids = {id(le) for le in orphaned}
         rows = []
         for le in leases:
-            state = "pending" if id(le) in pending else (
+            state = "pending" if id(le) in pending else "reserved" if le in reserved else (
                 "orphaned" if id(le) in orphan_ids else "active")
             c = holding.get((le.gpu_uuid, le.user, le.server)) if state != "pending" else None
             rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
@@ -195,7 +208,9 @@ class LeaseBook:
         inventory = await self.current_inventory(config)
         async with self._lock:
             leases = await self._taken(config, inventory, holds)
-            _, orphaned = reconcile(config, inventory, leases)
+            reserved = set(self.reserved(inventory))  # named by the admin: never orphans
+            _, orphaned = reconcile(config, inventory, [le for le in leases
+                                                        if le not in reserved])
             for le in orphaned:
                 log.warning(
                     "Lease of %s by %s/%s is orphaned (GPU no longer available under %s); "
@@ -231,7 +246,7 @@ class LeaseBook:
         what plans ahead of spawns (the line, :mod:`gpulab.line.plan`)."""
         inventory = await self.current_inventory(config)
         async with self._lock:
-            return inventory, await self._table()
+            return inventory, await self._table(inventory)
 
     def settle(self, user: str, server: str = "") -> None:
         """The spawn's container exists now (its labels hold the lease), or the spawn
@@ -262,13 +277,25 @@ def docker_lister(client=None) -> ListContainers:
 
 
 _book: LeaseBook | None = None
+_services: Reserved | None = None
+
+
+def hold_for_services(reserved: Reserved | None) -> None:
+    """What the hub process's lease tables count as held by the lab's own services (the
+    hub's configuration sets it: the lab assistant's GPUs)."""
+    global _services
+    _services = reserved
+
+
+def _held_for_services(inventory: Sequence[Gpu]) -> list[Lease]:
+    return _services(inventory) if _services is not None else []
 
 
 def lease_book() -> LeaseBook:
     """The hub process's one lease table (created on first use)."""
     global _book
     if _book is None:
-        _book = LeaseBook(docker_lister())
+        _book = LeaseBook(docker_lister(), reserved=_held_for_services)
     return _book
 
 
@@ -301,5 +328,6 @@ def swarm_lease_book() -> LeaseBook:
     global _swarm_book
     if _swarm_book is None:
         list_services, node_gpus = swarm_listers()
-        _swarm_book = LeaseBook(list_services, node_gpus=node_gpus)
+        _swarm_book = LeaseBook(list_services, node_gpus=node_gpus,
+                                reserved=_held_for_services)
     return _swarm_book

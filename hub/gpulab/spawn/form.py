@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from jinja2 import Environment, PackageLoader
 
+from gpulab.assistant.gpus import ASSISTANT
 from gpulab.gpus.allocator import Gpu, Lease
 
 
@@ -49,12 +50,15 @@ class SpawnForm:
 
 def gpu_rows(inventory: Sequence[Gpu], holders: Mapping[str, Sequence[Lease]],
              is_admin: bool) -> tuple[GpuRow, ...]:
-    """A row per GPU: free, or who holds it (admins), or in use / shared (members)."""
+    """A row per GPU: free, or who holds it (admins), or in use / shared (members); the
+    lab assistant's GPUs say so to everyone."""
     rows = []
     for g in inventory:
         held = holders.get(g.uuid, [])
         if not held:
             status = "free"
+        elif any(le.user == ASSISTANT for le in held):  # the lab's, not a member's
+            status = "held for the lab assistant"
         elif is_admin:
             status = "held by " + ", ".join(
                 f"{le.user}{'/' + le.server if le.server else ''}" for le in held)

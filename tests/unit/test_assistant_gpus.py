@@ -1,0 +1,124 @@
+"""The lab assistant's GPUs (gpulab.yaml's assistant.gpus): held in the hub's lease table
+for "(lab assistant)", never given to a member, shown as its on the spawn form and the
+admins' lease page, and what `make up` hands its container."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.assistant.gpus import ASSISTANT, assistant_gpus, assistant_leases, reserver
+from gpulab.assistant.serve import gpu_note, wanted
+from gpulab.cli import main as gpulab_cli
+from gpulab.dashboard.leases import lease_row
+from gpulab.gpus.allocator import NotEnoughGpus, Request, resolve_inventory
+from gpulab.gpus.leases import LeaseBook
+from gpulab.settings import ConfigError, settings_from_yaml
+from gpulab.spawn.form import gpu_rows
+from gpulab.yamlfile import parse_yaml
+from tests.unit.test_leases import G0, G1, T0, TWO_GPUS, FakeDocker, container, no_nvml
+
+ON = "assistant:\n  model: m.gguf\n"
+
+
+def settings(text):
+    return settings_from_yaml(parse_yaml(text, "gpulab.yaml"))
+
+
+def book(docker, text):
+    s = settings(text)
+    return LeaseBook(docker.list, discover=no_nvml, now=lambda: T0,
+                     reserved=lambda inventory: assistant_leases(assistant_gpus(s), inventory)[0])
+
+
+def test_gpus_by_index_or_uuid_held_only_while_the_assistant_is_on():
+    assert assistant_gpus(settings(ON + f"  gpus: [1, {G0}]\n")) == (1, G0)
+    assert assistant_gpus(settings(ON + "  gpus: 0\n")) == (0,)
+    assert assistant_gpus(settings(ON)) == ()  # the CPU
+    assert assistant_gpus(settings("assistant:\n  gpus: [1]\n")) == ()  # off: holds none
+
+
+@pytest.mark.parametrize("gpus, says", [
+    ("[all]", "indexes (0, 1, ...) or UUIDs"), ("[-1]", "indexes"), ("[true]", "indexes"),
+    ("[gpu-0:1]", "indexes"), ("[1, 1]", "listed twice"), ("{a: 1}", "indexes"),
+])
+def test_a_bad_gpu_is_refused_with_file_and_line(gpus, says):
+    with pytest.raises(ConfigError) as e:
+        settings(ON + f"  gpus: {gpus}\n")
+    assert "gpulab.yaml:3" in str(e.value) and says in str(e.value)
+
+
+def test_leases_of_the_named_gpus_and_a_warning_for_one_the_hub_cannot_lease():
+    inventory, _ = resolve_inventory(TWO_GPUS, None)
+    leases, warnings = assistant_leases((1, "GPU-not-here", 7), inventory)
+    assert [(le.gpu_uuid, le.user, le.server) for le in leases] == [(G1, ASSISTANT, "assistant")]
+    assert len(warnings) == 2 and "'GPU-not-here'" in warnings[0] and "7" in warnings[1]
+    assert "not held for the lab assistant" in warnings[0]
+
+
+async def test_the_allocator_never_gives_a_member_the_assistants_gpu():
+    docker = FakeDocker()
+    b = book(docker, ON + "  gpus: [0]\n")
+    assert [g.uuid for g in await b.acquire(TWO_GPUS, Request("alice"))] == [G1]
+    with pytest.raises(NotEnoughGpus) as e:
+        await b.acquire(TWO_GPUS, Request("bob"))
+    assert e.value.free == 0
+    # two at once: only one GPU is not the assistant's
+    with pytest.raises(NotEnoughGpus):
+        await book(FakeDocker(), ON + "  gpus: [0]\n").acquire(TWO_GPUS, Request("carol", count=2))
+
+
+async def test_the_lease_table_shows_it_reserved_and_not_releasable():
+    docker = FakeDocker([container("alice", [G1])])
+    rows = await book(docker, ON + f"  gpus: [{G0}]\n").view(TWO_GPUS)
+    assert [(r.lease.user, r.state) for r in rows] == [(ASSISTANT, "reserved"),
+                                                      ("alice", "active")]
+    row = lease_row(rows[0], T0)
+    assert row["releasable"] is False and row["since"] is None and row["held_seconds"] is None
+    assert lease_row(rows[1], T0)["releasable"] is True
+
+
+async def test_the_spawn_form_says_whose_it_is_to_members_too():
+    b = book(FakeDocker(), ON + "  gpus: [1]\n")
+    holders = await b.holders([G0, G1], TWO_GPUS)
+    inventory = b.inventory(TWO_GPUS)
+    for is_admin in (False, True):
+        assert [r.status for r in gpu_rows(inventory, holders, is_admin)] == [
+            "free", "held for the lab assistant"]
+
+
+def test_the_reserver_reads_gpulab_yaml_at_each_call(tmp_path, caplog):
+    path = tmp_path / "gpulab.yaml"
+    path.write_text(ON + "  gpus: [1]\n")
+    reserved = reserver(path)
+    inventory, _ = resolve_inventory(TWO_GPUS, None)
+    assert [le.gpu_uuid for le in reserved(inventory)] == [G1]
+    path.write_text(ON + "  gpus: [5]\n")
+    assert reserved(inventory) == [] and reserved(inventory) == []
+    said = [r.message for r in caplog.records if "assistant.gpus" in r.message]
+    assert len(said) == 1 and "GPU 5" in said[0]  # once, not at every spawn
+    path.write_text("assistant: [broken\n")  # an invalid edit: the last good one holds
+    assert reserved(inventory) == []
+    path.write_text(ON + "  gpus: [0]\n")  # fixed (and no error left for other tests)
+    assert [le.gpu_uuid for le in reserved(inventory)] == [G0]
+
+
+def test_what_make_up_hands_the_container(tmp_path, capsys):
+    path = tmp_path / "gpulab.yaml"
+    for text, printed in [(ON + f"  gpus: [1, {G0}]\n", f"1,{G0}"), (ON, ""),
+                          ("assistant:\n  gpus: [1]\n", "")]:
+        path.write_text(text)
+        assert gpulab_cli(["assistant", "gpus", str(path)]) == 0
+        assert capsys.readouterr().out == printed + "\n"
+    path.write_text("assistant:\n  gpus: [x]\n")
+    assert gpulab_cli(["assistant", "gpus", str(path)]) == 1
+    assert "assistant.gpus" in capsys.readouterr().err
+
+
+def test_the_service_says_when_the_container_holds_other_gpus(tmp_path):
+    assert gpu_note((1, G0), ("1", G0)) == ""
+    note = gpu_note((2,), ("1",))
+    assert "names 2, this container holds 1" in note and "make up" in note
+    assert "holds none" in gpu_note((2,), ())
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    s = settings(ON + "  gpus: [1]\n")
+    assert wanted(s, tmp_path, ("1",))[0].on_gpus and not wanted(s, tmp_path)[0].on_gpus
