@@ -350,6 +350,19 @@ def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_conta
 
         wait_for(lambda: holders() == {GPU0: [member.name], GPU1: [ASSISTANT]}, 30,
                  what=lambda: f"the exporter to name the holders (it says {holders()})")
+        # and the operators' dashboard, as they watch it, says whose GPU 1 is
+        ops = new_page()
+        submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
+        held_by = ops.locator("div").filter(has_text=re.compile(r"^Held by: "))
+
+        def named():  # "Held by: NAME (memory)" for GPU 0, then GPU 1
+            said = held_by.all_inner_texts()
+            return len(said) == 2 and said[0].startswith(f"Held by: {member.name} (") \
+                and said[1].startswith(f"Held by: {ASSISTANT} (")
+
+        wait_for(named, 15, what=lambda: f"the dashboard to name GPU 0's and GPU 1's holders "
+                                         f"(it says {held_by.all_inner_texts()})")
+        screenshot(ops, "dashboard-assistant-gpu.png")
         log = container_logs("gpulab-assistant", 50)
         assert "GPU devices this llama.cpp build sees: none" in log, log
     finally:

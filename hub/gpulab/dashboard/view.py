@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpulab.assistant.gpus import ASSISTANT
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -342,7 +344,8 @@ def _mhz(hertz: float | None) -> str:
 def _holder(lease: dict[str, Any], now: float | None, per_user: dict[str, Any],
             culls: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
     user = str(lease.get("user") or "?")
-    server = str(lease.get("server") or "")
+    # the lab assistant's container has one "server": its name says it all
+    server = "" if user == ASSISTANT else str(lease.get("server") or "")
     since = _number(lease.get("since"))
     age = now - since if since is not None and now is not None else None
     memory = _number(per_user.get(user))
