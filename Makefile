@@ -186,7 +186,7 @@ up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPU
 	@# the hub for gpulab.yaml's login: section and the provider's client secret (the rest
 	@# of gpulab.yaml it reads again at every spawn).
 	@# The lab assistant's GPUs (gpulab.yaml's assistant.gpus; docker-compose.assistant-gpu.yml).
-	@gpus=$$(scripts/assistant-gpus.sh) || { echo "[gpulab] $$gpus" >&2; exit 1; }; \
+	@gpus=$$(scripts/assistant-gpus.sh) || { echo "$$gpus" | sed "s/^/[gpulab] /" >&2; exit 1; }; \
 	 [ -z "$$gpus" ] || echo "[gpulab] the lab assistant holds GPU(s) $$gpus (assistant.gpus)"; \
 	 GPULAB_ASSISTANT_GPUS=$$gpus \
 	 GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \

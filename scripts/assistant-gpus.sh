@@ -8,4 +8,19 @@ set -euo pipefail
 config=${GPULAB_CONFIG:-$(cd "$(dirname "$0")/.." && pwd)/config}
 # shellcheck source=scripts/hub-cli.sh
 source "$(dirname "$0")/hub-cli.sh"
-gpulab assistant gpus "${last_good[@]}" /srv/gpulab/config/gpulab.yaml
+gpus=$(gpulab assistant gpus "${last_good[@]}" /srv/gpulab/config/gpulab.yaml) || {
+  echo "$gpus"; exit 1; }
+[ -n "$gpus" ] || exit 0
+# Can this engine give a container those GPUs? Without NVIDIA's container toolkit it
+# cannot, and Compose would stop half-way through `make up` saying only "could not
+# select device driver".
+if ! probe=$(docker run --rm --network none --gpus "\"device=$gpus\"" gpulab/hub:latest true 2>&1)
+then
+  probe=${probe##*Error response from daemon: }
+  echo "config/gpulab.yaml's assistant.gpus names GPU(s) $gpus, but this Docker engine cannot"
+  echo "give a container GPUs: ${probe%%$'\n'*}"
+  echo "Install NVIDIA's container toolkit (docs/operations.md, GPU hosts), or set"
+  echo "assistant.gpus: [] to run the lab assistant on the CPU."
+  exit 1
+fi
+echo "$gpus"
