@@ -337,6 +337,10 @@ def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_conta
     assert (rows[GPU1]["user"], rows[GPU1]["state"], rows[GPU1]["releasable"]) == (
         ASSISTANT, "reserved", False), rows
     assert rows[GPU0]["user"] == member.name
+    r = requests.post(f"{HUB_URL}/services/gpus/api/leases/release", timeout=30,
+                      json={"gpu_uuid": GPU1, "user": ASSISTANT, "server": "assistant"},
+                      headers={"Authorization": f"token {hub_admin.token}"})
+    assert r.status_code == 409 and "assistant.gpus" in r.json()["error"], r.text
 
     try:
         # make up hands GPU 1 to the assistant's container, and only it

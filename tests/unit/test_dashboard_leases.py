@@ -412,6 +412,15 @@ async def test_release_of_a_stuck_lease_removes_its_container(dashboard, caplog)
     assert [le["user"] for le in json.loads(body)["leases"]] == [EVIL]  # GPU 0 is free
 
 
+async def test_the_lab_assistants_gpu_is_not_released_here_and_the_admin_is_told_where(
+        dashboard):
+    base, _, store, _ = dashboard
+    status, data = await release(base, "admin-token",
+                                 {"gpu_uuid": G1, "user": "(lab assistant)", "server": "assistant"})
+    assert status == 409 and "assistant.gpus" in data["error"], data
+    assert store.removed == []
+
+
 async def test_release_for_a_user_the_hub_does_not_know(dashboard):
     base, _, store, _ = dashboard  # servers is empty: 404 from the hub
     status, data = await release(base, "admin-token",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import live_config
-from gpulab.assistant.gpus import reserver
+from gpulab.assistant.gpus import ASSISTANT, reserver
 from gpulab.contract import label_claims
 from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
@@ -346,6 +346,11 @@ class LeaseAdmin:
         """Remove the containers holding *gpu_uuid* for *user*/*server* if the lease is
         stuck; the removed containers' names, or :class:`ReleaseRefused`."""
         who = f"{user}/{server}" if server else user
+        if user == ASSISTANT:
+            raise ReleaseRefused(409, (
+                f"Not released: GPU {gpu_uuid} is held for the lab assistant by gpulab.yaml's "
+                f"assistant.gpus. Take it out of that list: the hub lets it go within "
+                f"seconds, and the next `make up` takes it from the assistant's container."))
         found = server_containers(await self.store.list(), gpu_uuid, user, server)
         if not found:
             raise ReleaseRefused(404, f"No gpulab {self.holder} of {who} holds GPU {gpu_uuid}: "
