@@ -23,4 +23,17 @@ then
   echo "assistant.gpus: [] to run the lab assistant on the CPU."
   exit 1
 fi
+# A GPU a member's server holds now goes to the assistant's container only once that
+# server ends (the hub holds it for the assistant already, so no one else gets it): no
+# GPU is ever in two containers. Said on stderr; the others are handed over.
+if [ "$(docker inspect -f '{{.State.Running}}' gpulab-hub 2>/dev/null)" = true ]; then
+  in_use=$(docker exec gpulab-hub gpulab assistant in-use) || {
+    echo "cannot tell which of the assistant's GPUs members hold now: $in_use"; exit 1; }
+  while IFS=$'\t' read -r gpu holder; do
+    [ -n "$gpu" ] || continue
+    echo "[gpulab] GPU $gpu (assistant.gpus) is in use by $holder's server: the lab assistant's" \
+         "container gets it at the first make up after that server stops" >&2
+    gpus=$(tr , '\n' <<<"$gpus" | grep -vx -- "$gpu" | paste -sd, -) || true
+  done <<<"$in_use"
+fi
 echo "$gpus"

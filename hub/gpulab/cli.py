@@ -6,6 +6,7 @@
     gpulab config changes --from OLD    what changed since the version that printed OLD
                                         with describe (used by `make upgrade`)
     gpulab assistant gpus [FILE]        the GPUs the lab assistant holds (used by `make up`)
+    gpulab assistant in-use             those a member's server holds now (in the hub)
     gpulab token issue USER [--expires 90d] [--admin]
     gpulab token list USER
     gpulab token revoke USER TOKEN_ID [--stop-server]
@@ -29,7 +30,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpulab.assistant.gpus import assistant_gpus
+from gpulab.assistant.gpus import assistant_gpus, held_by_members
 from gpulab.gpus.config import load_gpus_config
 from gpulab.hubapi import HubApi, HubApiError, SyncHubApi
 from gpulab.live_config import file_kind
@@ -130,6 +131,34 @@ def _cmd_config_get(args) -> int:
               file=sys.stderr)
         return 2
     print(str(value).lower() if isinstance(value, bool) else value)
+    return 0
+
+
+def _cmd_assistant_in_use(args) -> int:
+    """In the hub's container: the GPUs assistant.gpus names that a member's server holds
+    now, one "GPU<TAB>member[/server]" line each (used by `make up`)."""
+    import asyncio
+
+    from gpulab import live_config
+    from gpulab.gpus.allocator import leases_from_labels
+    from gpulab.gpus.leases import LeaseBook, docker_lister
+
+    settings = _settings_in_force(args)
+    if settings is None:
+        return 1
+    refs = assistant_gpus(settings)
+    if not refs or settings["hub.swarm"]:  # a Swarm's members hold services, elsewhere
+        return 0
+    try:
+        config = live_config.gpus_file.load(args.gpus_file)
+        lister = docker_lister()
+        containers = asyncio.run(lister())
+    except Exception as e:  # a gpus.yaml never valid, Docker unreachable: said, not raised
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    inventory = LeaseBook(lister).inventory(config, quiet=True)
+    for ref, lease in held_by_members(refs, inventory, leases_from_labels(containers)):
+        print(f"{ref}\t{lease.user}{'/' + lease.server if lease.server else ''}")
     return 0
 
 
@@ -319,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("--last-good", metavar="DIR",
                       help="with an invalid file, its last good version kept in DIR")
     gpus.set_defaults(func=_cmd_assistant_gpus)
+    in_use = asub.add_parser("in-use", help="in the hub's container: those of its GPUs a "
+                                            "member's server holds now (used by `make up`)")
+    in_use.add_argument("file", nargs="?", default=DEFAULT_CONFIG)
+    in_use.add_argument("--gpus-file", default=DEFAULT_GPUS)
+    in_use.add_argument("--last-good", metavar="DIR",
+                        default=os.environ.get("GPULAB_LAST_GOOD_DIR"),
+                        help="with an invalid file, its last good version kept in DIR "
+                             "(default: GPULAB_LAST_GOOD_DIR, the hub's)")
+    in_use.set_defaults(func=_cmd_assistant_in_use)
 
     token = sub.add_parser("token", help="issue, list and revoke login tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)

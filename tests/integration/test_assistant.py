@@ -314,7 +314,8 @@ def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_conta
     """An admin gives the lab assistant GPU 1 (of the two stand-ins) in gpulab.yaml: the
     hub holds it for the assistant at once (spawn form, REST API, lease page), and `make
     up` hands it to the assistant's container, whose labels name the same holder to the
-    exporter."""
+    exporter and the dashboard. GPU 0, named too while a member's server holds it, stays
+    hers."""
     assistant(gpus=[1])
     member, other = lab_user("gpuasker"), lab_user("gpuother")
     page = new_page()
@@ -342,9 +343,15 @@ def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_conta
                       headers={"Authorization": f"token {hub_admin.token}"})
     assert r.status_code == 409 and "assistant.gpus" in r.json()["error"], r.text
 
+    # the admin gives it GPU 0 too, which she holds: the hub holds it for the assistant
+    # (it goes to no one else), but it stays hers until her server stops
+    assistant(gpus=[0, 1])
     try:
         # make up hands GPU 1 to the assistant's container, and only it
         out = make("up", exporter_flags())
+        assert (f"GPU 0 (assistant.gpus) is in use by {member.name}'s server: the lab "
+                f"assistant's container gets it at the first make up after that server "
+                f"stops") in out, out
         assert "the lab assistant holds GPU(s) 1 (assistant.gpus)" in out, out
         assert gpus_of("gpulab-assistant") == {"device_ids": ["1"], "env": "1", "label": "1"}
         # the exporter names its holder as the lease table does (and hers, hers)
@@ -369,6 +376,7 @@ def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_conta
         screenshot(ops, "dashboard-assistant-gpu.png")
         log = container_logs("gpulab-assistant", 50)
         assert "GPU devices this llama.cpp build sees: none" in log, log
+        assert "assistant.gpus names 0, 1, this container holds 1" in log, log
     finally:
         member.stop_server()
         assistant.off()

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.assistant.gpus import ASSISTANT, assistant_gpus, assistant_leases, reserver
+from gpulab.assistant.gpus import (
+    ASSISTANT,
+    assistant_gpus,
+    assistant_leases,
+    held_by_members,
+    reserver,
+)
 from gpulab.assistant.serve import gpu_note, wanted
 from gpulab.cli import main as gpulab_cli
 from gpulab.dashboard.leases import lease_row
-from gpulab.gpus.allocator import NotEnoughGpus, Request, resolve_inventory
+from gpulab.gpus.allocator import NotEnoughGpus, Request, leases_from_labels, resolve_inventory
 from gpulab.gpus.leases import LeaseBook
 from gpulab.settings import ConfigError, settings_from_yaml
 from gpulab.spawn.form import gpu_rows
@@ -122,3 +128,13 @@ def test_the_service_says_when_the_container_holds_other_gpus(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     s = settings(ON + "  gpus: [1]\n")
     assert wanted(s, tmp_path, ("1",))[0].on_gpus and not wanted(s, tmp_path)[0].on_gpus
+
+
+def test_a_gpu_a_members_server_holds_is_named_with_her_lease():
+    inventory, _ = resolve_inventory(TWO_GPUS, None)
+    b = book(FakeDocker(), ON + "  gpus: [0]\n")
+    leases = leases_from_labels([container("alice", [G0], server="train"),
+                                 container("bob", [G1])])
+    assert [(ref, le.user, le.server) for ref, le in held_by_members((0, G1), inventory, leases)
+            ] == [(0, "alice", "train"), (G1, "bob", "")]
+    assert held_by_members((0,), inventory, b.reserved(inventory)) == []  # its own: not a member

@@ -50,6 +50,19 @@ def assistant_leases(refs: Sequence[int | str], inventory: Sequence[Gpu]
     return leases, missing
 
 
+def held_by_members(refs: Sequence[int | str], inventory: Sequence[Gpu],
+                    leases: Sequence[Lease]) -> list[tuple[int | str, Lease]]:
+    """Of the GPUs *refs* names, those a member's server holds now (*leases*: its
+    container's labels), each with that lease. `make up` hands such a GPU to the
+    assistant's container only after that server ends (the hub already holds it for the
+    assistant, so it goes to no one else): no GPU is ever in two containers."""
+    out: list[tuple[int | str, Lease]] = []
+    for ref in refs:
+        uuids = pinned_gpus([Pin(ref)], inventory)
+        out += [(ref, le) for le in leases if le.gpu_uuid in uuids and le.user != ASSISTANT]
+    return out
+
+
 Reserved = Callable[[Sequence[Gpu]], list[Lease]]
 
 
