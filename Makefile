@@ -94,7 +94,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit test-idp lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up assistant up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit test-idp lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -103,6 +103,7 @@ help:
 	@echo "make swarm-node    on each GPU server of that Swarm: gpulab-netguard and its GPU exporter"
 	@echo "make down          stop the hub and every user server (volumes and users are kept)"
 	@echo "make logs          follow the hub's log"
+	@echo "make assistant     after editing assistant.gpus: hand the lab assistant its GPUs (only its container restarts)"
 	@echo "make backup        back up the running lab now (restic, into GPULAB_BACKUP_DIR=$(GPULAB_BACKUP_DIR))"
 	@echo "make backups       list the backups;  make restore [SNAPSHOT=id]: put one back, the lab stopped"
 	@echo "make upgrade       after git pull --autostash: back up, migrate and start this version; make upgrade-back: the one before"
@@ -174,6 +175,13 @@ LOCKS = images/hub/requirements.lock:images/hub/requirements.txt \
 lock:
 	@set -e; $(foreach l,$(LOCKS),$(PYTHON) scripts/lock.py $(subst $(comma), ,$(subst :, ,$(l))) -- $(PIP_ARGS);)
 
+# The lab assistant's GPUs (gpulab.yaml's assistant.gpus, those no member's server holds
+# now): sets $$gpus for the rest of the recipe's line, and says which; the Compose file
+# that hands them to its container goes with them.
+ASSISTANT_GPUS = gpus=$$(scripts/assistant-gpus.sh) || { echo "$$gpus" | sed "s/^/[gpulab] /" >&2; exit 1; }; \
+  [ -z "$$gpus" ] || echo "[gpulab] the lab assistant holds GPU(s) $$gpus (assistant.gpus)"
+ASSISTANT_GPU_FILE = -f docker-compose.assistant-gpu.yml
+
 up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPULAB_HOSTNAME),tls)
 	@scripts/preflight.sh $(if $(SWARM),swarm,single)
 	@docker volume create gpulab-datasets >/dev/null
@@ -185,9 +193,7 @@ up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPU
 	@# Alertmanager, with HTTPS the proxy (a renewed certificate, another host name), and
 	@# the hub for gpulab.yaml's login: section and the provider's client secret (the rest
 	@# of gpulab.yaml it reads again at every spawn).
-	@# The lab assistant's GPUs (gpulab.yaml's assistant.gpus; docker-compose.assistant-gpu.yml).
-	@gpus=$$(scripts/assistant-gpus.sh) || { echo "$$gpus" | sed "s/^/[gpulab] /" >&2; exit 1; }; \
-	 [ -z "$$gpus" ] || echo "[gpulab] the lab assistant holds GPU(s) $$gpus (assistant.gpus)"; \
+	@$(ASSISTANT_GPUS); \
 	 GPULAB_ASSISTANT_GPUS=$$gpus \
 	 GPULAB_PROMETHEUS_CONFIG=$$(cat monitoring/prometheus/*.yml | sha256sum | cut -c1-16) \
 	 GPULAB_HUB_START_CONFIG=$$({ awk '/^[^ #]/ {keep = ($$1 == "login:")} keep' \
@@ -195,7 +201,7 @@ up: $(if $(filter 1,$(GPULAB_DEMO)),demo-host) images secrets ssh-key $(if $(GPU
 	 GPULAB_ALERTMANAGER_CONFIG=$$(sha256sum "$(GPULAB_CONFIG)/alertmanager.yml" | cut -c1-16) \
 	 $(if $(GPULAB_HOSTNAME),GPULAB_TLS_FINGERPRINT=$$(sha256sum secrets/tls/server.crt | cut -c1-16)) \
 	 GPULAB_SSH_PUBLIC_URL=$(SSH_PUBLIC_URL) \
-	  $(COMPOSE) $${gpus:+-f docker-compose.assistant-gpu.yml} up -d --remove-orphans
+	  $(COMPOSE) $${gpus:+$(ASSISTANT_GPU_FILE)} up -d --remove-orphans
 	@scripts/wait-for-hub.sh $(HUB_URL) $(WAIT_CURL_ARGS)
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
 	@docker exec gpulab-hub gpulab bootstrap-admin --config /srv/gpulab/config/gpulab.yaml
@@ -234,6 +240,13 @@ swarm-node-up: docker
 	@$(COMPOSE_BIN) -f docker-compose.node.yml up -d --remove-orphans
 	@echo "[gpulab] this machine's GPU exporter is up on $(or $(GPULAB_NODE_ADDRESS),every address):9445"
 	@docker exec gpulab-netguard gpulab-netguard status | sed 's/^/[gpulab] /' || true
+
+# After an edit of gpulab.yaml's assistant.gpus, on a running lab: the lab assistant's
+# container gets its GPUs (the hub holds them for it within seconds of the edit anyway);
+# nothing else restarts. `make up` does the same, with everything else it checks.
+assistant: secrets
+	@$(ASSISTANT_GPUS); \
+	 GPULAB_ASSISTANT_GPUS=$$gpus $(COMPOSE) $${gpus:+$(ASSISTANT_GPU_FILE)} up -d --no-deps assistant
 
 # The hub stops first: its line service, seeing the GPUs of the servers removed here come
 # free, would start waiting members' servers as the lab goes down, and they would come

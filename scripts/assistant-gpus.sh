@@ -32,7 +32,7 @@ if [ "$(docker inspect -f '{{.State.Running}}' gpulab-hub 2>/dev/null)" = true ]
   while IFS=$'\t' read -r gpu holder; do
     [ -n "$gpu" ] || continue
     echo "[gpulab] GPU $gpu (assistant.gpus) is in use by $holder's server: the lab assistant's" \
-         "container gets it at the first make up after that server stops" >&2
+         "container gets it at the first make assistant (or make up) after that server stops" >&2
     gpus=$(tr , '\n' <<<"$gpus" | grep -vx -- "$gpu" | paste -sd, -) || true
   done <<<"$in_use"
 fi

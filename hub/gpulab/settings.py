@@ -445,9 +445,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("assistant.gpus", _gpu_refs, (),
             "The GPUs of the hub's machine the assistant holds while assistant.model is set, "
             "by index or UUID: the hub never gives them to a member (its lease table and "
-            "the dashboard show the lab assistant as their holder) and `make up` hands them "
-            "to the assistant's container. [] runs it on the CPU. Read by the hub within "
-            "seconds of an edit; the container gets them at the next `make up`. Example: [3]"),
+            "the dashboard show the lab assistant as their holder) and `make assistant` (or "
+            "make up) hands the assistant's container those no member's server holds. [] "
+            "runs it on the CPU. Read by the hub within seconds of an edit. Example: [3]"),
     Setting("assistant.threads", _positive_int, 2,
             "CPU threads llama.cpp computes with. Example: 8"),
     Setting("assistant.parallel", _positive_int, 4,

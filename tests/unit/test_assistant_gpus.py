@@ -123,7 +123,7 @@ def test_what_make_up_hands_the_container(tmp_path, capsys):
 def test_the_service_says_when_the_container_holds_other_gpus(tmp_path):
     assert gpu_note((1, G0), ("1", G0)) == ""
     note = gpu_note((2,), ("1",))
-    assert "names 2, this container holds 1" in note and "make up" in note
+    assert "names 2, this container holds 1" in note and "make assistant" in note
     assert "holds none" in gpu_note((2,), ())
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     s = settings(ON + "  gpus: [1]\n")

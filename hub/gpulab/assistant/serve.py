@@ -58,7 +58,8 @@ def gpu_note(named: tuple[int | str, ...], held: tuple[str, ...]) -> str:
     now = ", ".join(str(g) for g in named) or "none"
     return (f"gpulab.yaml's assistant.gpus names {now}, this container holds "
             f"{', '.join(held) or 'none'}: the hub holds the named ones for the assistant "
-            f"now, and `make up` gives them to this container")
+            f"now, and `make assistant` (or make up) gives this container those no member's "
+            f"server holds")
 
 
 def wanted(settings: Any, models: Path, held: tuple[str, ...] = ()
