@@ -209,6 +209,8 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     """The scope is defined, members hold it (JupyterHub's `user` role, kept whole),
     their servers' tokens carry it beside what the `server` role gives, and the gateway
     knows where the inference server is and its key."""
+    from jupyterhub.roles import get_default_roles
+
     from gpulab.assistant import gateway
     from gpulab.assistant.rules import ASSISTANT_SCOPE
 
@@ -216,8 +218,11 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     assert ASSISTANT_SCOPE in c.JupyterHub.custom_scopes
     user_role = next(r for r in c.JupyterHub.load_roles if r["name"] == "user")
     assert user_role["scopes"] == ["self", ASSISTANT_SCOPE]
-    assert c.GpulabSpawner.server_token_scopes == [
-        "users:activity!user", "access:servers!server", ASSISTANT_SCOPE]
+    # JupyterHub's own `server` and `user` roles, each with the scope added (so that a
+    # JupyterHub that changes them fails here rather than losing a scope silently)
+    default = {r["name"]: r["scopes"] for r in get_default_roles()}
+    assert c.GpulabSpawner.server_token_scopes == [*default["server"], ASSISTANT_SCOPE]
+    assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE]
     assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
     config = c.JupyterHub.tornado_settings["gpulab-assistant"]
     assert config["key_file"].endswith("/assistant-key")

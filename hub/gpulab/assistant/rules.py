@@ -26,7 +26,7 @@ WINDOW_SECONDS = 60.0
 CHAT_KEYS = frozenset({
     "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty", "seed", "n",
-    "response_format", "tools", "tool_choice", "logprobs", "top_logprobs", "user", "model"})
+    "response_format", "tools", "tool_choice", "logprobs", "top_logprobs", "user"})
 
 
 class Refused(Exception):
@@ -112,5 +112,4 @@ def chat_request(raw: bytes, max_tokens: int) -> Forward:
         if asked is not None:
             max_tokens = min(max_tokens, asked)
     body["max_tokens"] = max_tokens
-    body.pop("model", None)
     return Forward(json.dumps(body).encode(), stream)

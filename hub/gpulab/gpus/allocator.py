@@ -95,6 +95,12 @@ class Lease:
     server: str  # "" for the user's default server
     since: datetime | None  # None: held by configuration (gpulab.assistant.gpus)
 
+    @property
+    def by_configuration(self) -> bool:
+        """Held for a service of the lab's by its configuration (the lab assistant's
+        GPUs), not by a container or a spawn."""
+        return self.since is None
+
 
 @dataclass(frozen=True)
 class Request:

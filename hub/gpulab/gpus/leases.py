@@ -183,13 +183,12 @@ class LeaseBook:
             containers = await self._list_containers()
             leases = await self._table(inventory, containers)
             pending = {id(le) for group in self._pending.values() for le in group}
-        reserved = set(self.reserved(inventory))
         holding = lease_containers(containers)
         _, orphaned = reconcile(config, inventory, leases)
         orphan_ids = {id(le) for le in orphaned}
         rows = []
         for le in leases:
-            state = "pending" if id(le) in pending else "reserved" if le in reserved else (
+            state = "pending" if id(le) in pending else "reserved" if le.by_configuration else (
                 "orphaned" if id(le) in orphan_ids else "active")
             c = holding.get((le.gpu_uuid, le.user, le.server)) if state != "pending" else None
             rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
@@ -208,9 +207,9 @@ class LeaseBook:
         inventory = await self.current_inventory(config)
         async with self._lock:
             leases = await self._taken(config, inventory, holds)
-            reserved = set(self.reserved(inventory))  # named by the admin: never orphans
-            _, orphaned = reconcile(config, inventory, [le for le in leases
-                                                        if le not in reserved])
+            # the lab's services' leases are named by the admin: never orphans
+            _, orphaned = reconcile(config, inventory,
+                                    [le for le in leases if not le.by_configuration])
             for le in orphaned:
                 log.warning(
                     "Lease of %s by %s/%s is orphaned (GPU no longer available under %s); "
