@@ -77,6 +77,21 @@ class RecordingHub(HubApi):
         return True
 
 
+class HubThatReadsTheNotices(RecordingHub):
+    """A hub that, asked to stop a server, reads what the member's home page would show
+    at that moment; then stops it (True), finds it stopped already (False) or fails."""
+
+    def __init__(self, users, notices_file, answer):
+        super().__init__(users)
+        self.notices_file, self.answer, self.seen = notices_file, answer, []
+
+    async def stop_server(self, user, server="", *, token=None):
+        self.seen.append([(s.user, s.reason) for s in notes.read(self.notices_file).stopped])
+        if self.answer == "fails":
+            raise HubApiError("DELETE", f"/users/{user}/server", 503)
+        return self.answer
+
+
 class CannedPrometheus(Prometheus):
     """Prometheus answering the lease query and the utilization range query from data."""
 
@@ -161,6 +176,22 @@ def test_a_check_warns_then_stops_and_leaves_notices(culler_for):
     saved = notes.read(notices_file)
     assert saved.warnings == {}
     assert [(s.user, s.reason) for s in saved.stopped] == [("alice", IDLE)]
+
+
+@pytest.mark.parametrize("answer", [True, False, "fails"])
+def test_the_stop_notice_is_there_before_the_hub_lists_the_server_stopped(culler_for, answer):
+    """The hub lists a server stopped before the culler hears back; a member who finds it
+    gone finds why on her home page too (CI once saw the page without it). A server that
+    had stopped already, or could not be stopped, gets no notice."""
+    make, notices_file = culler_for
+    now = T0 + 2 * 3600
+    hub = HubThatReadsTheNotices(users(("alice", ())), notices_file, answer)
+    culler = make(hub, CannedPrometheus(LEASES[:1], {"GPU-a": flat(0.0, T0, now + 600)}))
+    asyncio.run(culler.check(now))  # warned
+    asyncio.run(culler.check(now + 600))  # due
+    assert hub.seen == [[("alice", IDLE)]]
+    after = notes.read(notices_file)
+    assert [s.user for s in after.stopped] == (["alice"] if answer is True else [])
 
 
 def test_no_prometheus_means_nothing_culled(culler_for, caplog):

@@ -17,7 +17,7 @@ import math
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,20 +140,28 @@ class GpuCuller:
                             w.user, notes.server_label(w.server), _clock(w.stop_at),
                             w.message)
             elif d.action == STOP:
+                # The stop notice is written before the hub is asked: the hub lists the
+                # server as gone before the culler hears back, and a member who finds it
+                # gone must find why on her home page too (CI once saw the page without
+                # it). Taken back if the server is not stopped after all.
+                notice = notes.Stopped(w.user, w.server, now, w.reason, w.message)
+                notes.write(self.notices_file, replace(before, stopped=[*stopped, notice]))
                 try:
                     stopped_now = await self.hub.stop_server(w.user, w.server)
+                    if not stopped_now:
+                        log.info("GPU culler: %s's %s had stopped already", w.user,
+                                 notes.server_label(w.server))
                 except HubApiError as e:
                     log.error("GPU culler: could not stop %s's %s: %s", w.user,
                               notes.server_label(w.server), e)
-                    continue
+                    stopped_now = False
                 if not stopped_now:
-                    log.info("GPU culler: %s's %s had stopped already", w.user,
-                             notes.server_label(w.server))
+                    notes.write(self.notices_file, replace(before, stopped=stopped))
                     continue
                 log.warning("GPU culler: stopped %s's %s, warned %s ago: %s", w.user,
                             notes.server_label(w.server), duration_text(now - w.warned_at),
                             w.message)
-                stopped.append(notes.Stopped(w.user, w.server, now, w.reason, w.message))
+                stopped.append(notice)
         for key, w in before.warnings.items():
             if key not in {d.server.key for d in decisions if d.action in (WARN, STOP)}:
                 log.info("GPU culler: %s's %s is no longer due to stop; warning withdrawn",

@@ -201,12 +201,12 @@ class LineService:
                     self.mailing.add(task)
                     task.add_done_callback(self.mailing.discard)
             return
+        if d.message:  # told first: whoever sees her place gone finds why beside it
+            self.notify(d, d.message)
         if d.action == EXPIRED:
             await self.hub.stop_server(d.user, d.server)
         await self.hub.leave_line(d.user, d.server)
         log.info("line: %s %s%s", who, d.action, f": {d.message}" if d.message else "")
-        if d.message:
-            self.notify(d, d.message)
 
     def notify(self, d: Decision, message: str) -> None:
         notes.record_stopped(self.notices_file, notes.Stopped(
