@@ -34,6 +34,13 @@ LAST_GOOD_DIR_ENV = "GPULAB_LAST_GOOD_DIR"
 # is empty, which is valid (all defaults). A file that held something and is empty now
 # is read again this long after, and only then taken as emptied.
 EMPTY_AGAIN_AFTER = 0.05
+# A file whose inode, size, mtime and ctime are what they were at its last good read is
+# not read and parsed again (gpus.yaml costs 7 ms to parse, and the culler, the line, the
+# hub's metrics and every spawn load it), but only once its last change (ctime) is this
+# many seconds older than that read: the kernel's file clock moves in ticks of a few ms,
+# so two writes of the same size within one tick have the same times, and the second
+# must still be seen. A change after that read has a later ctime (utime() cannot set it).
+SETTLED = 2.0
 
 
 class LastGood(Generic[T]):
@@ -52,10 +59,17 @@ class LastGood(Generic[T]):
         self._good: dict[str, T] = {}
         self._had_text: dict[str, bool] = {}  # path -> whether its last good text had any
         self.errors: dict[str, str] = {}  # path -> the error that is being ignored now
+        # path -> its (inode, size, mtime, ctime) when read and accepted after it settled
+        self._unchanged: dict[str, tuple[int, int, int, int]] = {}
 
     def load(self, path: str | Path) -> T:
         path = str(path)
         try:
+            seen = os.stat(path)
+            key = (seen.st_ino, seen.st_size, seen.st_mtime_ns, seen.st_ctime_ns)
+            if self._unchanged.get(path) == key and path in self._good \
+                    and path not in self.errors:
+                return self._good[path]
             text = Path(path).read_text(encoding="utf-8")
             if not text and self._had_text.get(path):  # being saved in place, or emptied?
                 time.sleep(EMPTY_AGAIN_AFTER)
@@ -73,6 +87,8 @@ class LastGood(Generic[T]):
         except ConfigError as e:
             return self._refused(path, e)
         self._accepted(path, value, text)
+        if time.time() - seen.st_ctime > SETTLED:  # read after it settled: key is its text's
+            self._unchanged[path] = key
         return value
 
     def saved(self, path: str | Path) -> Path | None:

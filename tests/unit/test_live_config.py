@@ -212,3 +212,76 @@ def test_an_emptied_file_is_read_again_only_once(tmp_path, monkeypatch):
     for _ in range(3):
         assert kind.load(path).default_max_gpus == GpusConfig().default_max_gpus
     assert len(slept) == 1
+
+
+class CountingReader(LastGood):
+    """The settings reader, counting how often it parses."""
+
+    def __init__(self):
+        self.parsed = 0
+
+        def parse(text, path):
+            self.parsed += 1
+            return _parse_settings(text, path)
+
+        super().__init__(parse)
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """settled(path, seconds): the reader's clock put *seconds* after *path*'s last change
+    (ctime cannot be set back; the cache trusts a file's times only once that change is
+    SETTLED seconds old)."""
+    import gpulab.live_config as live_config
+
+    def settle(path: Path, seconds: float = 10) -> None:
+        monkeypatch.setattr(live_config.time, "time", lambda: os.stat(path).st_ctime + seconds)
+
+    return settle
+
+
+def test_an_unchanged_settled_file_is_parsed_once_and_any_change_is_seen(tmp_path, settled):
+    path = tmp_path / "gpulab.yaml"
+    path.write_text(GOOD)
+    settled(path)
+    reader = CountingReader()
+    for _ in range(3):
+        assert reader.load(path)["spawn.mem_limit"] == 3 * 2**30
+    assert reader.parsed == 1
+    path.write_text(GOOD.replace("3g", "4g"))  # same size: seen by its times
+    assert reader.load(path)["spawn.mem_limit"] == 4 * 2**30
+    settled(path)
+    reader.load(path)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns))  # times "kept"
+    path.write_text(GOOD.replace("3g", "5g"))
+    assert reader.load(path)["spawn.mem_limit"] == 5 * 2**30
+    renamed = tmp_path / "new"
+    renamed.write_text(GOOD)
+    os.replace(renamed, path)  # an editor's save: another inode
+    assert reader.load(path)["spawn.mem_limit"] == 3 * 2**30
+
+
+def test_a_file_changed_within_the_last_seconds_is_read_at_every_load(tmp_path, settled):
+    """Two writes of the same size within one tick of the kernel's file clock leave the
+    same times: until its last change is SETTLED seconds old, a file is always read."""
+    path = tmp_path / "gpulab.yaml"
+    path.write_text(GOOD)
+    settled(path, seconds=0.5)
+    reader = CountingReader()
+    for _ in range(3):
+        reader.load(path)
+    assert reader.parsed == 3
+
+
+def test_an_invalid_edit_is_reported_at_every_load_not_cached(tmp_path, settled):
+    path = tmp_path / "gpulab.yaml"
+    path.write_text(GOOD)
+    settled(path)
+    reader = CountingReader()
+    reader.load(path)
+    path.write_text(BAD)
+    settled(path)
+    for _ in range(2):
+        assert reader.load(path)["spawn.mem_limit"] == 3 * 2**30
+        assert "gpulab.yaml:2" in reader.errors[str(path)]
+    assert reader.parsed == 3
