@@ -79,12 +79,32 @@ if [ -n "$base_pid" ] && ! wait "$base_pid"; then
   exit 1
 fi
 
+# What an image is built from, as a short hash: the base image's ID, the build arguments,
+# and each file of its context by path, size and modification time (not content: hashing
+# the single-user image's 370 MB of wheels costs what it saves). An image labelled with
+# the same hash is up to date and not built again: even from cache, `docker build` sends
+# the whole context to dockerd, which checksums every file of each COPY (2.3 CPU-s and
+# 1.9 s for the single-user image at every make up, its wheels unchanged).
+context_stamp() {  # context_stamp CONTEXT [BUILD ARGS...]
+  local context=$1; shift
+  { docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "$base"
+    printf '%s\n' "$@"
+    (cd "$context" && find . -type f -printf '%P %s %T@\n' | LC_ALL=C sort)
+  } | sha256sum | cut -c1-16
+}
 build() {  # build NAME TAG CONTEXT [BUILD ARGS...]
   local name=$1 tag=$2 context=$3; shift 3
+  local stamp start=$SECONDS
+  stamp=$(context_stamp "$context" "$@")
+  if [ "$(docker image inspect -f '{{index .Config.Labels "org.gpulab.context"}}' \
+          "gpulab/$name:$tag" 2>/dev/null)" = "$stamp" ]; then
+    [ "${TAG_LATEST:-yes}" = no ] || docker tag "gpulab/$name:$tag" "gpulab/$name:latest"
+    echo "[gpulab] gpulab/$name:$tag up to date (built from these very files)"
+    return
+  fi
   echo "[gpulab] building gpulab/$name:$tag (cached layers are reused) ..."
-  local start=$SECONDS
-  if ! docker build --quiet --build-arg "BASE_IMAGE=$base" "$@" -t "gpulab/$name:$tag" \
-       "$context" >/tmp/gpulab-build-$name.log 2>&1; then
+  if ! docker build --quiet --build-arg "BASE_IMAGE=$base" "$@" --label "org.gpulab.context=$stamp" \
+       -t "gpulab/$name:$tag" "$context" >/tmp/gpulab-build-$name.log 2>&1; then
     echo "[gpulab] building gpulab/$name failed; last lines of /tmp/gpulab-build-$name.log:" >&2
     tail -n 30 /tmp/gpulab-build-$name.log >&2
     exit 1
