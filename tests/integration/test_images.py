@@ -111,15 +111,41 @@ def test_the_stack_images_carry_bytecode(image, start):
     assert_compiled(json.loads(out.splitlines()[-1]), image)
 
 
-def test_no_rfc3987_syntax_and_validation_still_works(image):
-    out = run_as_member(image, """
+def without_rfc3987_events_checked(package: str, schema: str, schema_id: str,
+                                   good: dict, extra: str = "") -> str:
+    """A script printing whether rfc3987_syntax is installed, then (after *extra*)
+    whether *package*'s event *schema* (a path inside it) still emits *good* and refuses
+    it with an action no schema allows: what jsonschema checks without it."""
+    return textwrap.dedent("""
         import importlib.util, io, logging, pathlib
-        import jsonschema, nbformat
-        from nbformat.v4 import new_code_cell, new_notebook
-        import jupyter_server
+        import jsonschema, {package}
         from jupyter_events import EventLogger
 
         print("rfc3987_syntax", importlib.util.find_spec("rfc3987_syntax") is not None)
+        """).format(package=package) + textwrap.dedent(extra) + textwrap.dedent("""
+        logger, sink = EventLogger(), io.StringIO()
+        logger.register_handler(logging.StreamHandler(sink))
+        logger.register_event_schema(pathlib.Path({package}.__file__).parent / {schema!r})
+        logger.emit(schema_id={schema_id!r}, data={good!r})
+        print("event emitted", {action!r} in sink.getvalue())
+        try:
+            logger.emit(schema_id={schema_id!r}, data=dict({good!r}, action="explode"))
+            print("bad event: accepted")
+        except jsonschema.ValidationError:
+            print("bad event: refused")
+        """).format(package=package, schema=schema, schema_id=schema_id, good=good,
+                    action=f'"action": "{good["action"]}"')
+
+
+def test_no_rfc3987_syntax_and_validation_still_works(image):
+    # the notebook format, and the event the server emits when a member saves
+    # (jupyter_server contents_service)
+    out = run_as_member(image, without_rfc3987_events_checked(
+        "jupyter_server", "event_schemas/contents_service/v1.yaml",
+        "https://events.jupyter.org/jupyter_server/contents_service/v1",
+        {"action": "save", "path": "a.ipynb"}, extra="""
+        import nbformat
+        from nbformat.v4 import new_code_cell, new_notebook
 
         nb = new_notebook(cells=[new_code_cell("import torch")])
         nbformat.validate(nb)
@@ -129,26 +155,11 @@ def test_no_rfc3987_syntax_and_validation_still_works(image):
             print("notebook without source: accepted")
         except nbformat.ValidationError:
             print("notebook without source: refused")
-
-        # The event the server emits when a member saves (jupyter_server contents_service).
-        schema = (pathlib.Path(jupyter_server.__file__).parent
-                  / "event_schemas/contents_service/v1.yaml")
-        logger, sink = EventLogger(), io.StringIO()
-        logger.register_handler(logging.StreamHandler(sink))
-        logger.register_event_schema(schema)
-        schema_id = "https://events.jupyter.org/jupyter_server/contents_service/v1"
-        logger.emit(schema_id=schema_id, data={"action": "save", "path": "a.ipynb"})
-        print("save event emitted", '"action": "save"' in sink.getvalue())
-        try:
-            logger.emit(schema_id=schema_id, data={"action": "explode", "path": "a.ipynb"})
-            print("bad event: accepted")
-        except jsonschema.ValidationError:
-            print("bad event: refused")
-    """)
+        """))
     assert out.splitlines() == [
         "rfc3987_syntax False",
         "notebook without source: refused",
-        "save event emitted True",
+        "event emitted True",
         "bad event: refused",
     ], out
 
@@ -157,29 +168,11 @@ def test_the_hub_image_has_no_rfc3987_syntax_and_its_events_still_validate():
     """The hub image drops it too (0.8 s of every hub start): JupyterHub's own event
     (server-actions, logged at each start and stop) is still emitted and checked."""
     out = docker("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python3",
-                 "gpulab/hub:latest", "-c", textwrap.dedent("""
-        import importlib.util, io, logging, pathlib
-        import jsonschema, jupyterhub
-        from jupyter_events import EventLogger
-
-        print("rfc3987_syntax", importlib.util.find_spec("rfc3987_syntax") is not None)
-        schema = (pathlib.Path(jupyterhub.__file__).parent
-                  / "event-schemas/server-actions/v1.yaml")
-        logger, sink = EventLogger(), io.StringIO()
-        logger.register_handler(logging.StreamHandler(sink))
-        logger.register_event_schema(schema)
-        schema_id = "https://schema.jupyter.org/jupyterhub/events/server-action"
-        logger.emit(schema_id=schema_id,
-                    data={"action": "start", "username": "alice", "servername": ""})
-        print("start event emitted", '"action": "start"' in sink.getvalue())
-        try:
-            logger.emit(schema_id=schema_id,
-                        data={"action": "explode", "username": "alice", "servername": ""})
-            print("bad event: accepted")
-        except jsonschema.ValidationError:
-            print("bad event: refused")
-    """))
-    assert out.splitlines() == ["rfc3987_syntax False", "start event emitted True",
+                 "gpulab/hub:latest", "-c", without_rfc3987_events_checked(
+                     "jupyterhub", "event-schemas/server-actions/v1.yaml",
+                     "https://schema.jupyter.org/jupyterhub/events/server-action",
+                     {"action": "start", "username": "alice", "servername": ""}))
+    assert out.splitlines() == ["rfc3987_syntax False", "event emitted True",
                                 "bad event: refused"], out
 
 
