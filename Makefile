@@ -146,11 +146,15 @@ tls: images secrets
 
 # The SSH gateway's host key (gpulab.ssh.hostkey): made once in secrets/ssh/, then kept,
 # so that members' known_hosts stay valid; readable by the gateway's user (nobody) only.
+# Made (or its owner and mode put right) in the hub image; a key that is already the
+# gateway's and 0600, with its public half beside it, needs no container.
 ssh-key: images secrets
 	@install -d -m 755 secrets/ssh
-	@set -o pipefail; docker run --rm --network none -v "$(CURDIR)/secrets/ssh:$(CURDIR)/secrets/ssh" \
+	@key=secrets/ssh/ssh_host_ed25519_key; \
+	 [ "$$(stat -c '%u:%g %a' $$key 2>/dev/null)" = "65534:65534 600" ] && [ -s $$key.pub ] \
+	 || { set -o pipefail; docker run --rm --network none -v "$(CURDIR)/secrets/ssh:$(CURDIR)/secrets/ssh" \
 	  gpulab/hub:latest gpulab-ssh keygen --dir "$(CURDIR)/secrets/ssh" --owner 65534:65534 \
-	  | sed 's/^/[gpulab] /'
+	  | sed 's/^/[gpulab] /'; }
 
 # Compose pulls a service's image from Docker Hub when this engine lacks it, and gpulab/*
 # there is anyone's to push: every image is checked here first, never pulled.

@@ -11,8 +11,10 @@ log() { printf '[gpulab] %s\n' "$*" >&2; }
 # test venv), curl (readiness checks). A fresh Debian has none of python3-venv/pip.
 ensure_host_tools() {
   local need=()
-  python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
-  python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+  # imports, not `-m pip --version` (0.3 s at every make up): Debian's python3 has venv
+  # without ensurepip until python3-venv is installed
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3 python3-venv)
+  python3 -c 'import pip' >/dev/null 2>&1 || need+=(python3-pip)
   command -v curl >/dev/null 2>&1 || need+=(curl)
   [ ${#need[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ]; then
