@@ -86,7 +86,8 @@ class HubThatReadsTheNotices(RecordingHub):
         self.notices_file, self.answer, self.seen = notices_file, answer, []
 
     async def stop_server(self, user, server="", *, token=None):
-        self.seen.append([(s.user, s.reason) for s in notes.read(self.notices_file).stopped])
+        shown = notes.read(self.notices_file)
+        self.seen.append(([(s.user, s.reason) for s in shown.stopped], list(shown.warnings)))
         if self.answer == "fails":
             raise HubApiError("DELETE", f"/users/{user}/server", 503)
         return self.answer
@@ -189,7 +190,7 @@ def test_the_stop_notice_is_there_before_the_hub_lists_the_server_stopped(culler
     culler = make(hub, CannedPrometheus(LEASES[:1], {"GPU-a": flat(0.0, T0, now + 600)}))
     asyncio.run(culler.check(now))  # warned
     asyncio.run(culler.check(now + 600))  # due
-    assert hub.seen == [[("alice", IDLE)]]
+    assert hub.seen == [([("alice", IDLE)], [])]  # told she was stopped, not that she will be
     after = notes.read(notices_file)
     assert [s.user for s in after.stopped] == (["alice"] if answer is True else [])
 

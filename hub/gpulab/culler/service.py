@@ -143,9 +143,12 @@ class GpuCuller:
                 # The stop notice is written before the hub is asked: the hub lists the
                 # server as gone before the culler hears back, and a member who finds it
                 # gone must find why on her home page too (CI once saw the page without
-                # it). Taken back if the server is not stopped after all.
+                # it), in place of its warning. Taken back if the server is not stopped
+                # after all.
                 notice = notes.Stopped(w.user, w.server, now, w.reason, w.message)
-                notes.write(self.notices_file, replace(before, stopped=[*stopped, notice]))
+                warned = {k: v for k, v in before.warnings.items() if k != d.server.key}
+                notes.write(self.notices_file, replace(before, warnings=warned,
+                                                       stopped=[*stopped, notice]))
                 try:
                     stopped_now = await self.hub.stop_server(w.user, w.server)
                     if not stopped_now:
