@@ -252,8 +252,12 @@ def test_an_unchanged_settled_file_is_parsed_once_and_any_change_is_seen(tmp_pat
     assert reader.load(path)["spawn.mem_limit"] == 4 * 2**30
     settled(path)
     reader.load(path)
-    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns))  # times "kept"
+    # a copy that keeps the old file's times (cp -p, rsync -t): same inode, size and
+    # mtime; only its ctime tells
+    before = os.stat(path)
     path.write_text(GOOD.replace("3g", "5g"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
     assert reader.load(path)["spawn.mem_limit"] == 5 * 2**30
     renamed = tmp_path / "new"
     renamed.write_text(GOOD)
