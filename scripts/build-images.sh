@@ -22,7 +22,7 @@ for dir in images/hub images/singleuser; do
   rm -f "$dir/ca/"*.crt
   if [ -n "$ca" ]; then
     [ -f "$ca" ] || { echo "[gpulab] EXTRA_CA_BUNDLE=$ca: no such file" >&2; exit 2; }
-    cp "$ca" "$dir/ca/extra-ca.crt"
+    cp --preserve=timestamps "$ca" "$dir/ca/extra-ca.crt"  # unchanged: no rebuild
   fi
 done
 
