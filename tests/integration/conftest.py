@@ -108,11 +108,12 @@ def lab_user(hub, request):
 
     yield make
     failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
-    for user in created:
-        if failed:
+    if failed:
+        for user in created:
             print(f"\n----- log of {user.container} -----\n{container_logs(user.container)}")
-        hub.delete_user(user.name)
-        docker("volume", "rm", "-f", user.home_volume, check=False)
+    if created:
+        hub.delete_users([user.name for user in created])
+        docker("volume", "rm", "-f", *(user.home_volume for user in created), check=False)
     if failed:
         print("\n----- hub log -----\n" + container_logs("gpulab-hub", 80))
 

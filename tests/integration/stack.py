@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,29 +114,38 @@ class Hub:
         return LabUser(self, name, r.json()["token"])
 
     def delete_user(self, name: str) -> None:
-        """Stop her server, then delete her. The stop is asked again while a server is
-        there: one may have been starting when asked (the hub then refuses to stop it),
-        and the line may start one at any moment (seen in CI: the line started carol's
-        server as the teardown deleted bob, who held the GPU, and the one stop asked
-        before it was ready left it running). The delete is asked again until she is
-        gone: the line can also start her server between the last look and the delete,
-        which the hub then refuses with a 500 ("Spawner ... is active", seen in CI: her
-        server kept the GPU for the next module)."""
-        said = {}
+        self.delete_users([name])
 
-        def gone() -> bool:
+    def delete_users(self, names: Sequence[str]) -> None:
+        """Stop their servers, all at once, then delete them. A stop is asked again while
+        a server is there and not stopping: one may have been starting when asked (the
+        hub then refuses to stop it), and the line may start one at any moment (seen in
+        CI: the line started carol's server as the teardown deleted bob, who held the
+        GPU, and the one stop asked before it was ready left it running). The delete is
+        asked again until she is gone: the line can also start her server between the
+        last look and the delete, which the hub then refuses with a 500 ("Spawner ... is
+        active", seen in CI: her server kept the GPU for the next module)."""
+        left, said = list(names), {}
+
+        def gone(name: str) -> bool:
             r = self.request("GET", f"/users/{name}")
             if r.status_code == 404:
                 return True
-            if r.json()["servers"].get(""):
-                self.request("DELETE", f"/users/{name}/server")
+            server = r.json()["servers"].get("")
+            if server:
+                if server.get("pending") != "stop":
+                    self.request("DELETE", f"/users/{name}/server")
                 return False
             r = self.request("DELETE", f"/users/{name}")
-            said["delete"] = f"{r.status_code} {r.text[:200]}"
+            said[name] = f"{r.status_code} {r.text[:200]}"
             return r.status_code in (204, 404)
 
-        wait_for(gone, 60, interval=1,
-                 what=lambda: f"{name} to be stopped and deleted (last: {said})")
+        def all_gone() -> bool:
+            left[:] = [name for name in left if not gone(name)]
+            return not left
+
+        wait_for(all_gone, 60, interval=0.25,
+                 what=lambda: f"{', '.join(left)} to be stopped and deleted (last: {said})")
 
     def user_model(self, name: str) -> dict:
         r = self.request("GET", f"/users/{name}")
