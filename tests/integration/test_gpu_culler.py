@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
@@ -27,12 +27,18 @@ pytestmark = pytest.mark.integration
 def timings(scrape: int) -> tuple[int, int, int, int]:
     """(idle timeout, warning; then a longer idle timeout and warning) in seconds, from
     the stack's scrape interval: a few scrapes of history, so that the culler judges from
-    samples (45, 20, 70, 60 at a lab's 15 s; 20, 10, 70, 60 on the test stack's 2 s). The
-    longer pair leaves the next member time to be warned, make her GPU work, and have
-    Prometheus and the culler see it before her server's stop time: 30 s of warning were
-    too few on a busy CI machine (her server was stopped with its GPU at 80 %)."""
-    return (max(20, 3 * scrape), max(10, 4 * scrape // 3), max(70, 3 * scrape),
-            max(60, 4 * scrape))
+    samples (45, 20, 75, 60 at a lab's 15 s; 20, 10, 40, 30 on the test stack's 2 s). The
+    longer warning leaves the next member time to see it (a reload every 2 s), make her
+    GPU work, and have the exporter, Prometheus and the culler see that (a second, a
+    scrape, a check) before her server's stop time: about 10 s on the test stack under
+    load, so 30 s. (Once her server was stopped with its GPU at 80 % in CI: her idle
+    clock had started at her start, not at her part of the test; it no longer does.)"""
+    warning = max(30, 4 * scrape)
+    return (max(20, 3 * scrape), max(10, 4 * scrape // 3), warning + max(10, scrape),
+            warning)
+
+
+CHECK_EVERY = 2  # seconds (culling.check_every)
 
 
 def culling(idle_timeout: int, warn_before: int) -> str:
@@ -40,7 +46,7 @@ def culling(idle_timeout: int, warn_before: int) -> str:
 culling:
   idle_below: 5%
   warn_before: {warn_before}s
-  check_every: 2s
+  check_every: {CHECK_EVERY}s
 """
 
 
@@ -152,10 +158,18 @@ def test_an_idle_gpu_is_warned_then_taken_back_and_a_busy_one_is_kept(
 
     wait_for(warned_next, 90, interval=2, what="the next member's warning")
     fake_control({"utilization": {"0": 80, "1": 80}})
-    busy_again = time.monotonic()
     wait_for(lambda: not warned_next(), 60, interval=2,
              what="the warning to be withdrawn once the GPU works")
-    time.sleep(max(0.0, busy_again + LONG_WARNING + 10 - time.monotonic()))  # past any stop
+
+    def withdrawal_logged() -> str:
+        log = container_logs("gpulab-hub", 1000)
+        return log if f"GPU culler: {after.name}'s server is no longer due to stop" in log else ""
+
+    log = wait_for(withdrawal_logged, 10, what="the culler's log of the withdrawal")
+    # and it is not stopped at the time the warning gave, nor at the two checks after
+    due = re.search(rf"GPU culler: warned {re.escape(after.name)} that their server stops at "
+                    rf"(\S+ \S+) UTC", log)
+    assert due, log[-3000:]
+    due_at = datetime.fromisoformat(due.group(1)).replace(tzinfo=UTC).timestamp()
+    time.sleep(max(0.0, due_at + 2 * CHECK_EVERY - time.time()))
     assert hub.server_model(after.name) is not None
-    assert re.search(rf"GPU culler: {re.escape(after.name)}'s server is no longer due to "
-                     rf"stop; warning withdrawn", container_logs("gpulab-hub", 1000))
