@@ -11,7 +11,9 @@
 #                 Docker engine and a stack of their own, in a network namespace
 #                 (tests/lane_engine.py), the stack restarts last;
 #     swarm       the simulated-Swarm modules: engines, a Swarm and a stack of their own in
-#                 network namespaces (they copy the main engine's images).
+#                 network namespaces (they copy the main engine's images);
+#     backups     after the swarm lane, in its spare time: the backup tests, disruptive
+#                 too, on a second engine and stack of their own (GPULAB_LANE_ENGINE).
 #
 # Each lane's output is printed whole when it ends, with its slowest tests (--durations);
 # the run fails if any lane failed. GPULAB_LANES=main runs the disruptive lane on the
@@ -23,6 +25,8 @@ cd "$(dirname "$0")/.."
 swarm=(tests/integration/test_swarm_harness.py tests/integration/test_docker_proxy_swarm.py
        tests/integration/test_swarm_hub.py)
 not_swarm=(); for m in "${swarm[@]}"; do not_swarm+=(--ignore "$m"); done
+backups=(tests/integration/test_backup_restore.py)
+not_backups=(); for m in "${backups[@]}"; do not_backups+=(--ignore "$m"); done
 # shellcheck source=scripts/lanes.sh
 . scripts/lanes.sh
 
@@ -48,7 +52,8 @@ if [ "${GPULAB_LANES:-own-engine}" = main ]; then
 fi
 
 echo "[gpulab] integration tests in four lanes side by side: gpus, members, disruptive (on" \
-     "an engine of its own) and swarm (each lane's output follows when it ends)"
+     "an engine of its own) and swarm, then backups (on another) (each lane's output" \
+     "follows when it ends)"
 lane swarm -m integration "$@" "${swarm[@]}"
 swarm_pid=$!
 lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
@@ -58,11 +63,16 @@ lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/in
 members_pid=$!
 pytest_main=$pytest
 pytest=scripts/own-engine-pytest
-lane disruptive "${disruptive[@]}"
+lane disruptive "${disruptive[@]}" "${not_backups[@]}"
 disruptive_pid=$!
+export GPULAB_LANE_ENGINE=gpulab-lane-backups
+lane_after swarm backups -m "integration and disruptive" "$@" "${backups[@]}"
+backups_pid=$!
+unset GPULAB_LANE_ENGINE
 pytest=$pytest_main
 wait "$gpus_pid"; show gpus
 wait "$members_pid"; show members
 wait "$disruptive_pid"; show disruptive
 wait "$swarm_pid"; show swarm
+wait "$backups_pid"; show backups
 finish "integration tests"

@@ -15,6 +15,8 @@ unchanged, beside the other lanes.
 
 Everything it makes is under ROOT (/tmp/gpulab-lane) and the namespace gpulab-lane; a
 run left behind by a killed one is taken down first. Processes are stopped by PID.
+GPULAB_LANE_ENGINE names another such engine, beside it (/tmp/NAME, namespace NAME): a
+second lane of disruptive tests (scripts/test-integration.sh).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,8 +33,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path("/tmp/gpulab-lane")
-NETNS = "gpulab-lane"
+NAME = os.environ.get("GPULAB_LANE_ENGINE", "gpulab-lane")
+if not re.fullmatch(r"gpulab-lane[a-z0-9-]*", NAME):
+    raise SystemExit(f"[lane-engine] GPULAB_LANE_ENGINE={NAME!r}: not gpulab-lane[a-z0-9-]*")
+ROOT = Path("/tmp") / NAME
+NETNS = NAME  # and the cgroup parent of its containers
 DATA, EXEC, COPY = ROOT / "data", ROOT / "exec", ROOT / "repo"
 SOCKET, PIDFILE, LOG = ROOT / "docker.sock", ROOT / "dockerd.pid", ROOT / "dockerd.log"
 SYSTEM_CONTAINERD = Path("/run/containerd/containerd.sock")
@@ -42,6 +48,8 @@ STACK_VARIABLES = ("GPULAB_EXPORTER_FLAGS", "GPULAB_SCRAPE_SECONDS")
 # ... and what the tests read that is not about a stack: bench/suite_cpu's output file
 # (without it, measuring this lane alone, as docs/testing.md says, wrote nothing)
 TEST_VARIABLES = ("GPULAB_SUITE_CPU",)
+# ... and which engine this is, for the tests' dockerd restarts (GPULAB_DOCKERD_START)
+LANE_VARIABLES = ("GPULAB_LANE_ENGINE",)
 
 
 def say(message: str) -> None:
@@ -56,7 +64,7 @@ def environment() -> dict[str, str]:
     """The environment of everything run against this engine: none of the main stack's
     GPULAB_* (the outer `make test` exports its config folder, socket and backups)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("GPULAB_") or k in STACK_VARIABLES + TEST_VARIABLES}
+           if not k.startswith("GPULAB_") or k in STACK_VARIABLES + TEST_VARIABLES + LANE_VARIABLES}
     env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
                GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
                GPULAB_MODELS_DIR=str(COPY / ".test-models"),
@@ -93,7 +101,7 @@ def start_dockerd() -> None:
     argv = in_netns(["dockerd", "--config-file", str(ROOT / "daemon.json"),
                      "--host", f"unix://{SOCKET}", "--data-root", str(DATA),
                      "--exec-root", str(EXEC), "--pidfile", str(PIDFILE), "--live-restore",
-                     "--cgroup-parent", "gpulab-lane"])
+                     "--cgroup-parent", NETNS])
     # started by a shell that exits at once, so that dockerd is nobody's child here: the
     # tests wait for a stopped dockerd's /proc entry to go, which a zombie would keep
     subprocess.run(["setsid", "sh", "-c", 'exec "$@" >>"$0" 2>&1 </dev/null &', str(LOG),

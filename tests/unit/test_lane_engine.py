@@ -3,6 +3,10 @@ given. The lane itself runs in `make test` (scripts/test-integration.sh)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from tests import lane_engine
 
 
@@ -30,6 +34,29 @@ def test_everything_it_runs_is_inside_its_namespace():
     assert lane_engine.in_netns(["make", "up"]) == [
         "nsenter", f"--net=/run/netns/{lane_engine.NETNS}", "--", "make", "up"]
     assert lane_engine.ROOT not in lane_engine.REPO.parents  # never inside the checkout
+
+
+def lane_engine_named(name: str | None) -> subprocess.CompletedProcess:
+    """What tests.lane_engine takes for its engine, imported with GPULAB_LANE_ENGINE=*name*
+    (its names are set at import, as each lane's process imports it)."""
+    env = {k: v for k, v in os.environ.items() if k != "GPULAB_LANE_ENGINE"}
+    if name is not None:
+        env["GPULAB_LANE_ENGINE"] = name
+    code = ("from tests import lane_engine as e; "
+            "print(e.ROOT, e.NETNS, e.environment().get('GPULAB_LANE_ENGINE'))")
+    return subprocess.run([sys.executable, "-c", code], cwd=lane_engine.REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_second_engine_beside_the_first_has_names_of_its_own():
+    assert lane_engine_named(None).stdout.split() == ["/tmp/gpulab-lane", "gpulab-lane", "None"]
+    # the backups lane's (scripts/test-integration.sh); its tests' dockerd restarts start
+    # the same engine again (GPULAB_DOCKERD_START runs this module with that environment)
+    assert lane_engine_named("gpulab-lane-backups").stdout.split() == [
+        "/tmp/gpulab-lane-backups", "gpulab-lane-backups", "gpulab-lane-backups"]
+    for bad in ("../etc", "docker", "gpulab-lane/../x", ""):
+        out = lane_engine_named(bad)
+        assert out.returncode != 0 and "not gpulab-lane[a-z0-9-]*" in out.stderr, (bad, out)
 
 
 def lab_config(directory):
