@@ -54,10 +54,11 @@ def new_page(browser, request):
         context = browser.new_context(viewport={"width": 1280, "height": 860})
         context.set_default_timeout(30_000)
         page = context.new_page()
-        # every page.goto of a test outlives a network change on this host, as a member's
-        # reload would (seen in CI: ERR_NETWORK_CHANGED at /services/gpus/leases when
-        # another lane's container started)
-        page.goto = functools.partial(_goto_retrying, page, page.goto)
+        # every page.goto and page.reload of a test outlives a network change on this
+        # host, as a member's reload would (seen in CI: ERR_NETWORK_CHANGED at
+        # /services/gpus/leases when another lane's container started)
+        page.goto = functools.partial(_retrying, page, page.goto)
+        page.reload = functools.partial(_retrying, page, page.reload)
         contexts.append(context)
         pages.append(page)
         return page
@@ -163,20 +164,23 @@ def goto_through_network_changes(page, url: str, tries: int = 3):
     Chromium aborted it with net::ERR_NETWORK_CHANGED: it drops navigations in flight
     when this host's interfaces change, and the other lanes of make test start and stop
     containers (veths) all the time. Any other error, a refused certificate included,
-    is raised at once. Pages from the ``new_page`` fixture navigate this way already."""
-    return _goto_retrying(page, page.goto, url, tries)
+    is raised at once. Pages from the ``new_page`` fixture navigate (and reload) this way
+    already."""
+    return _retrying(page, page.goto, url, tries=tries)
 
 
-def _goto_retrying(page, goto, url: str, tries: int = 3, **kw):
+def _retrying(page, navigate, *args, tries: int = 3, **kw):
+    """*navigate* (a page's goto or reload) as goto_through_network_changes says."""
     from playwright.sync_api import Error
 
     for attempt in range(tries):
         try:
-            return goto(url, **kw)
+            return navigate(*args, **kw)
         except Error as e:
             if NETWORK_CHANGED not in str(e) or attempt == tries - 1:
                 raise
-            warnings.warn(f"{url}: {NETWORK_CHANGED}; opened it again", stacklevel=3)
+            what = args[0] if args else f"reload of {page.url}"
+            warnings.warn(f"{what}: {NETWORK_CHANGED}; once more", stacklevel=3)
             page.wait_for_timeout(1000)  # let the error page commit
 
 
