@@ -195,6 +195,28 @@ def test_the_stop_notice_is_there_before_the_hub_lists_the_server_stopped(culler
     assert [s.user for s in after.stopped] == (["alice"] if answer is True else [])
 
 
+@pytest.mark.parametrize("answer", [True, "fails"])
+def test_two_servers_stopped_in_one_round_each_shows_its_own_state(culler_for, answer):
+    """alice's and pat's servers are due in the same round: when the hub is asked to stop
+    pat's, alice's page says she was stopped (if she was) and no longer that she will be;
+    pat's says he was stopped. While the round goes on, a server that could not be
+    stopped shows its warning again."""
+    make, notices_file = culler_for
+    now = T0 + 2 * 3600
+    hub = HubThatReadsTheNotices(users(("alice", ()), ("pat", ())), notices_file, answer)
+    idle = flat(0.0, T0, now + 600)
+    culler = make(hub, CannedPrometheus(LEASES[:2], {"GPU-a": idle, "GPU-p": idle}))
+    asyncio.run(culler.check(now))  # both warned
+    assert set(notes.read(notices_file).warnings) == {("alice", ""), ("pat", "")}
+    asyncio.run(culler.check(now + 600))  # both due
+    if answer is True:
+        assert hub.seen == [([("alice", IDLE)], [("pat", "")]),
+                            ([("alice", IDLE), ("pat", IDLE)], [])]
+    else:
+        assert hub.seen == [([("alice", IDLE)], [("pat", "")]),
+                            ([("pat", IDLE)], [("alice", "")])]
+
+
 def test_no_prometheus_means_nothing_culled(culler_for, caplog):
     make, notices_file = culler_for
     hub = RecordingHub(users(("alice", ())))

@@ -133,6 +133,7 @@ class GpuCuller:
         decisions = plan(servers, policies, config.culling, idle, before.warnings, now,
                          self.bookings())
         stopped = list(before.stopped)
+        warned = dict(before.warnings)  # what members' pages say while this round stops
         for d in decisions:
             w = d.warning
             if d.action == WARN and d.server.key not in before.warnings:
@@ -146,7 +147,7 @@ class GpuCuller:
                 # it), in place of its warning. Taken back if the server is not stopped
                 # after all.
                 notice = notes.Stopped(w.user, w.server, now, w.reason, w.message)
-                warned = {k: v for k, v in before.warnings.items() if k != d.server.key}
+                warning = warned.pop(d.server.key, None)
                 notes.write(self.notices_file, replace(before, warnings=warned,
                                                        stopped=[*stopped, notice]))
                 try:
@@ -159,7 +160,10 @@ class GpuCuller:
                               notes.server_label(w.server), e)
                     stopped_now = False
                 if not stopped_now:
-                    notes.write(self.notices_file, replace(before, stopped=stopped))
+                    if warning is not None:
+                        warned[d.server.key] = warning
+                    notes.write(self.notices_file, replace(before, warnings=warned,
+                                                           stopped=stopped))
                     continue
                 log.warning("GPU culler: stopped %s's %s, warned %s ago: %s", w.user,
                             notes.server_label(w.server), duration_text(now - w.warned_at),
