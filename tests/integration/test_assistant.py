@@ -295,7 +295,8 @@ def no_outside_endpoint(member) -> str:
 def test_servers_start_without_jupyterlabs_assistant_while_the_lab_has_none(lab_user, hub):
     """gpulab.yaml names no model (the stack's default): her server neither loads
     jupyter-ai's server part (its API is not there) nor offers its JupyterLab part (no
-    chat panel to fail), so it pays nothing for it."""
+    chat panel to fail, and no scripts for her browser to fetch: JupyterLab loads every
+    federated extension it finds, disabled or not), so it pays nothing for it."""
     gus = lab_user("askgus")
     gus.start_server()
     assert gus.api("GET", "/ai/config").status_code == 404
@@ -303,6 +304,8 @@ def test_servers_start_without_jupyterlabs_assistant_while_the_lab_has_none(lab_
     config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">'
                                   r"(.*?)</script>", page.text, re.S).group(1))
     assert "@jupyter-ai/core" in config["disabledExtensions"], config["disabledExtensions"]
+    offered = [e["name"] for e in config["federated_extensions"]]
+    assert "@jupyter-ai/core" not in offered and offered, offered
 
 
 ASSISTANT = "(lab assistant)"  # gpulab.assistant.gpus.ASSISTANT

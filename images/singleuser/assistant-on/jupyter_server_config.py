@@ -12,6 +12,10 @@
 # endpoint, no inline completion (it would ask at every pause in typing).
 import os
 
+# jupyter-ai's JupyterLab part lives beside this file, out of JupyterLab's default path
+# (the image's Dockerfile): elsewhere no browser fetches its scripts.
+c.LabApp.extra_labextensions_path = [os.path.join(os.path.dirname(__file__), "labextensions")]  # noqa: F821
+
 if os.environ.get("JUPYTERHUB_API_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
     MODEL = "openai-chat-custom:lab-assistant"
     c.AiExtension.allowed_providers = ["openai-chat-custom"]  # noqa: F821
