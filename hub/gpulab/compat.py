@@ -25,6 +25,16 @@ checks them from ``tests/unit``:
   when its SSH client goes away. Checked against CPython 3.11. Upstream:
   python/cpython#130929 (gh-130925: ``StreamReader.close()``) would do it publicly.
 
+And two in JupyterLab's built scripts, guarded where they are made (JupyterLab is not
+installed where the unit tests run): ``images/singleuser/patch_jupyterlab_load.py`` edits
+the image's ``jlab_core`` bundle so that ``@jupyterlab/apputils-extension``'s
+``loadState`` command does not wait for the workspace's save, and
+``RecentsManager._loadRecents`` (``@jupyterlab/docmanager``) does not save what it has
+just read: together they held up every JupyterLab load by ~1 s. Checked against
+jupyterlab 4.6.6; the image's build refuses another version or any change to the texts,
+and ``tests/unit/test_patch_jupyterlab_load.py`` runs both versions of each in Node.
+Upstream: not reported from here.
+
 No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
 ``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,
 ``jupyterhub.utils.iterate_until``) and tornado's ``RequestHandler._reason`` (the

@@ -16,10 +16,12 @@ import re
 import textwrap
 
 import pytest
+import requests
 
 from gpulab.settings import load_settings
 
-from .stack import REPO, LabConfig, container_logs, docker
+from .browser import screenshot, sign_in_to_lab
+from .stack import REPO, LabConfig, container_logs, docker, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -196,6 +198,48 @@ def test_a_member_saves_and_reopens_a_notebook_on_the_lean_image(lab_user):
     assert "execution_count" in r.json()["message"], r.text
     log = container_logs(user.container, 200)
     assert "Traceback" not in log and "rfc3987" not in log, log
+
+
+def recents(user) -> list[str]:
+    """The paths JupyterLab keeps as her recently opened documents and folders (in her
+    workspace)."""
+    r = requests.get(f"{user.server_url}/lab/api/workspaces/default", headers=user._headers(),
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return [d["path"] for d in r.json()["data"].get("docmanager:recents", {}).get("opened", [])]
+
+
+def test_her_workspace_and_recent_documents_are_kept_when_jupyterlab_loads(lab_user, new_page):
+    """The image's JupyterLab neither waits for its workspace's save as it loads nor saves
+    the recent documents it has just read (images/singleuser/patch_jupyterlab_load.py:
+    ~1 s of every load). Opening a document still saves it in her workspace; after she
+    opens JupyterLab again, twice, "Open Recent" lists it and her workspace holds it."""
+    user = lab_user("recents")
+    user.start_server()
+    r = user.api("PUT", "/contents/notes.txt",
+                 json={"type": "file", "format": "text", "content": "kept\n"})
+    assert r.status_code == 201, r.text
+    page = new_page()
+    sign_in_to_lab(page, user.name, user.token)
+    page.goto(f"{user.server_url}/lab/tree/notes.txt")
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="notes.txt").wait_for()
+    wait_for(lambda: "notes.txt" in recents(user), 30, interval=0.5,
+             what="JupyterLab to save notes.txt among her recent documents")
+    for _ in range(2):
+        page.goto(f"{user.server_url}/lab")
+        page.locator(".jp-LabShell").wait_for(state="attached")
+        page.locator(".lm-MenuBar-itemLabel", has_text="File").click()
+        page.locator(".lm-Menu-itemLabel", has_text="Open Recent").hover()
+        item = page.locator(".lm-Menu-itemLabel", has_text="notes.txt")
+        item.wait_for()
+        page.keyboard.press("Escape")
+        page.keyboard.press("Escape")
+    screenshot(page, "jupyterlab-recents.png")
+    assert "notes.txt" in recents(user)
+    bundle = docker("exec", user.container, "sh", "-c",
+                    "cat /opt/venv/share/jupyter/lab/static/jlab_core.*.js")
+    assert "/*gpulab: loading the workspace does not wait for its save*/" in bundle
+    assert "/*gpulab: loading the recent documents saves nothing*/" in bundle
 
 
 # -- every package as its lock says (issue 24 §1; docs/operations.md) ---------------------
