@@ -200,20 +200,26 @@ def test_a_member_saves_and_reopens_a_notebook_on_the_lean_image(lab_user):
     assert "Traceback" not in log and "rfc3987" not in log, log
 
 
-def recents(user) -> list[str]:
-    """The paths JupyterLab keeps as her recently opened documents and folders (in her
-    workspace)."""
+def workspace(user) -> dict:
+    """What JupyterLab keeps of her default workspace on her server."""
     r = requests.get(f"{user.server_url}/lab/api/workspaces/default", headers=user._headers(),
                      timeout=30)
     assert r.status_code == 200, r.text
-    return [d["path"] for d in r.json()["data"].get("docmanager:recents", {}).get("opened", [])]
+    return r.json()["data"]
+
+
+def recents(user) -> list[str]:
+    """The paths her workspace keeps as recently opened documents and folders."""
+    return [d["path"] for d in workspace(user).get("docmanager:recents", {}).get("opened", [])]
 
 
 def test_her_workspace_and_recent_documents_are_kept_when_jupyterlab_loads(lab_user, new_page):
     """The image's JupyterLab neither waits for its workspace's save as it loads nor saves
     the recent documents it has just read (images/singleuser/patch_jupyterlab_load.py:
-    ~1 s of every load). Opening a document still saves it in her workspace; after she
-    opens JupyterLab again, twice, "Open Recent" lists it and her workspace holds it."""
+    ~1 s of every load). Opening a document still saves it in her workspace, and closing
+    it too; when she opens JupyterLab again, twice, nothing reopens it (which would add it
+    to the list again), "Open Recent" still lists it (read from her workspace, which still
+    holds it) and still offers to reopen it."""
     user = lab_user("recents")
     user.start_server()
     r = user.api("PUT", "/contents/notes.txt",
@@ -222,19 +228,25 @@ def test_her_workspace_and_recent_documents_are_kept_when_jupyterlab_loads(lab_u
     page = new_page()
     sign_in_to_lab(page, user.name, user.token)
     page.goto(f"{user.server_url}/lab/tree/notes.txt")
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="notes.txt").wait_for()
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="notes.txt")
+    tab.wait_for()
     wait_for(lambda: "notes.txt" in recents(user), 30, interval=0.5,
              what="JupyterLab to save notes.txt among her recent documents")
+    tab.locator(".lm-TabBar-tabCloseIcon").click()
+    wait_for(lambda: "editor:notes.txt" not in workspace(user), 30, interval=0.5,
+             what="her workspace to be saved without the closed notes.txt")
     for _ in range(2):
         page.goto(f"{user.server_url}/lab")
-        page.locator(".jp-LabShell").wait_for(state="attached")
+        page.locator(".jp-Launcher").first.wait_for()  # nothing reopened: the launcher
+        assert tab.count() == 0
         page.locator(".lm-MenuBar-itemLabel", has_text="File").click()
         page.locator(".lm-Menu-itemLabel", has_text="Open Recent").hover()
-        item = page.locator(".lm-Menu-itemLabel", has_text="notes.txt")
-        item.wait_for()
+        page.locator(".lm-Menu-itemLabel", has_text="/notes.txt").wait_for()
+        # The closed documents are kept too: the menu offers to reopen it.
+        page.locator(".lm-Menu-itemLabel", has_text="Reopen notes.txt").wait_for()
+        screenshot(page, "jupyterlab-open-recent.png")
         page.keyboard.press("Escape")
         page.keyboard.press("Escape")
-    screenshot(page, "jupyterlab-recents.png")
     assert "notes.txt" in recents(user)
     bundle = docker("exec", user.container, "sh", "-c",
                     "cat /opt/venv/share/jupyter/lab/static/jlab_core.*.js")
