@@ -55,6 +55,10 @@ if os.environ.get("JUPYTERHUB_PUBLIC_URL", "").startswith("https://"):
 # image carries"). jupyter-server-proxy starts each one when it is first opened and
 # proxies it under the server's URL, behind the hub's sign-in like the rest of it:
 # /user/NAME/tensorboard/ (a browser tab) and /user/NAME/gpus/ (a JupyterLab tab).
+# Both are in the launcher's first row ("Notebook", jupyter-server-proxy's default): its
+# icons reach JupyterLab as kernel icons, which JupyterLab's launcher draws only in the
+# Notebook and Console rows (jupyter-server-proxy 4.6.0; upstream PR #606 is open). Under
+# "Other" the cards were blank squares.
 ICONS = "/opt/venv/share/gpulab/icons"
 
 
@@ -71,14 +75,14 @@ c.ServerProxy.servers = {  # noqa: F821
     "tensorboard": {
         "command": _tensorboard_command,
         "timeout": 60,  # its first start imports a lot (seconds on a busy 2-core host)
-        "launcher_entry": {"title": "TensorBoard", "category": "Other",
+        "launcher_entry": {"title": "TensorBoard", "category": "Notebook",
                            "icon_path": f"{ICONS}/tensorboard.svg"},
         "new_browser_tab": True,
     },
     "gpus": {
         "command": [sys.executable, "-m", "gpulab_gpus", "--port", "{port}"],
         "timeout": 20,
-        "launcher_entry": {"title": "GPUs", "category": "Other",
+        "launcher_entry": {"title": "GPUs", "category": "Notebook",
                            "icon_path": f"{ICONS}/gpus.svg"},
         "new_browser_tab": False,
     },

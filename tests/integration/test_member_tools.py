@@ -26,7 +26,14 @@ NO_GPU_ASSIGNED = "No GPU assigned to this server."
 
 
 def launcher_card(page, title: str):
-    return page.locator(".jp-LauncherCard", has_text=title).first
+    """Her launcher's card for *title*, checked to show its icon, an image her browser
+    loaded (in the launcher's "Other" row JupyterLab drew none: blank squares)."""
+    card = page.locator(".jp-LauncherCard", has_text=title).first
+    icon = card.locator("img.jp-Launcher-kernelIcon")
+    icon.wait_for()
+    page.wait_for_function("i => i.complete && i.naturalWidth > 0", arg=icon.element_handle(),
+                           timeout=10_000)
+    return card
 
 
 def test_the_gpu_panel_says_that_no_gpu_is_assigned(lab_user, new_page):
