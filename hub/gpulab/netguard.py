@@ -16,7 +16,18 @@ and drop:
 * every other packet between two containers on the bridge;
 * every packet from the bridge to the host itself (its gateway address and any other
   address it owns: services a host runs are not the users' business);
-* link-local destinations (169.254.0.0/16: cloud metadata services) from the bridge.
+* every packet from a member's server to the private, shared and link-local ranges
+  (:data:`gpulab.settings.CLOSED_RANGES`: 10/8, 172.16/12, 192.168/16, 100.64/10,
+  169.254/16, fc00::/7, fe80::/10), where the lab's own machines are (its NAS, consoles,
+  printers, directory) and cloud metadata services answer, except DNS (port 53, for the
+  lab's resolvers, which are usually there) and what gpulab.yaml's ``network.allow``
+  opens (:func:`openings`; host names there are looked up again at every check).
+
+The hub and the proxy are trusted on the bridge: their own connections (to the lab's
+directory, its SMTP server, an identity provider) leave through it as well. The users'
+network carries no IPv6 of gpulab's; IPv6 from the bridge is held to the same rules
+(:func:`v6_rules`), so that a link-local ``fe80::`` address does not open between members
+what IPv4 closes.
 
 Traffic to the internet stays open (``pip install`` works). :func:`rules` is the pure
 decision; :func:`status` says whether the kernel filters bridged traffic at all (with
@@ -43,6 +54,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,12 +63,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.contract import EXPORTER_PORT, HUB_IP, PROXY_IP, USERS_SUBNET
+from gpulab.live_config import LastGood
+from gpulab.settings import CLOSED_RANGES, Destination, Settings, defaults, settings_from_yaml
+from gpulab.yamlfile import ConfigError, parse_yaml
 
 log = logging.getLogger("gpulab.netguard")
 
 TAG = "gpulab-netguard"  # the iptables comment that marks our rules (and only ours)
 HUB_API_PORT = 8081
-LINK_LOCAL = "169.254.0.0/16"
+DNS_PORT = 53
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 GATEWAY_BRIDGE = "docker_gwbridge"
 # Swarm management (2377/tcp), gossip (7946), VXLAN (4789/udp); the GPU exporter's port
@@ -93,21 +108,94 @@ def between_members(bridge: str, hub_ip: str, proxy_ip: str, chain: str,
 
 
 def to_host(bridge: str) -> list[Rule]:
-    """Nothing from *bridge* to the machine itself (replies aside), nor to link-local
-    addresses through it."""
+    """Nothing from *bridge* to the machine itself (replies aside)."""
     return [
-        Rule("DOCKER-USER", ("-i", bridge, "-d", LINK_LOCAL, *DROP)),
         Rule("INPUT", ("-i", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
                        *ACCEPT)),
         Rule("INPUT", ("-i", bridge, *DROP)),
     ]
 
 
-def rules(bridge: str, hub_ip: str, proxy_ip: str, hub_port: int = HUB_API_PORT) -> list[Rule]:
-    """One host: the rules for the users' bridge, in the order they must stand at the top
-    of their chains."""
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Opening = tuple[Network, int | None]  # a destination network and port (None: every port)
+
+
+def _to(network: Network, port: int | None) -> list[tuple[str, ...]]:
+    """The match arguments for *network* (and *port*, over TCP and UDP)."""
+    if port is None:
+        return [("-d", str(network))]
+    return [("-d", str(network), "-p", proto, "-m", proto, "--dport", str(port))
+            for proto in ("tcp", "udp")]
+
+
+def to_private(bridge: str, chain: str, version: int, openings: Sequence[Opening] = (),
+               trusted: Sequence[str] = ()) -> list[Rule]:
+    """Traffic from *bridge* out to the closed ranges of IP *version*, in *chain*: the
+    *trusted* sources' (the hub's, the proxy's) and the *openings* accepted, DNS accepted,
+    the rest dropped."""
+    closed = [n for n in CLOSED_RANGES if n.version == version]
+    out = [Rule(chain, ("-i", bridge, "-s", f"{ip}/32", *ACCEPT)) for ip in trusted]
+    for network, port in openings:
+        if network.version == version:
+            out += [Rule(chain, ("-i", bridge, *match, *ACCEPT)) for match in _to(network, port)]
+    for network in closed:
+        out += [Rule(chain, ("-i", bridge, *match, *ACCEPT)) for match in _to(network, DNS_PORT)]
+    return out + [Rule(chain, ("-i", bridge, "-d", str(n), *DROP)) for n in closed]
+
+
+def rules(bridge: str, hub_ip: str, proxy_ip: str, hub_port: int = HUB_API_PORT,
+          openings: Sequence[Opening] = ()) -> list[Rule]:
+    """One host: the IPv4 rules for the users' bridge, in the order they must stand at the
+    top of their chains."""
     return [*between_members(bridge, hub_ip, proxy_ip, "DOCKER-USER", hub_port),
+            *to_private(bridge, "DOCKER-USER", 4, openings, trusted=(hub_ip, proxy_ip)),
             *to_host(bridge)]
+
+
+def v6_rules(bridge: str, openings: Sequence[Opening] = ()) -> list[Rule]:
+    """One host: the IPv6 rules for the users' bridge (``ip6tables``, whose FORWARD chain
+    Docker leaves alone). gpulab gives the bridge no IPv6 addresses, but each container
+    still has a link-local one: nothing between members, nothing to the host, nothing to
+    the closed ranges; the internet stays open should a lab turn IPv6 on."""
+    return [Rule("FORWARD", ("-i", bridge, "-o", bridge, *DROP)),
+            *to_private(bridge, "FORWARD", 6, openings),
+            Rule("INPUT", ("-i", bridge, *DROP))]
+
+
+def openings(settings: Settings, resolve: Callable[[str], list[str]],
+             users_subnet: str = USERS_SUBNET) -> tuple[list[Opening], list[str]]:
+    """What ``network.allow`` opens now, and what it asks that cannot be (host names that
+    do not resolve, anything on the users' own network) as messages for the log. Names
+    are looked up with *resolve* (addresses as text)."""
+    subnet = ipaddress.ip_network(users_subnet)
+    out: list[Opening] = []
+    problems = []
+    for entry in settings["network.allow"]:
+        entry: Destination
+        networks = [entry.network] if entry.network else []
+        if not networks:
+            try:
+                networks = sorted({ipaddress.ip_network(a) for a in resolve(entry.host)},
+                                  key=lambda n: (n.version, n))
+            except OSError as e:
+                problems.append(f"network.allow: {entry} stays closed: {entry.host} does not "
+                                f"resolve ({e})")
+                continue
+        for network in networks:
+            if network.overlaps(subnet):
+                problems.append(f"network.allow: {entry} stays closed: {network} is on the "
+                                f"users' own network ({subnet}), where members never reach "
+                                f"each other")
+            elif not any(network.version == r.version and network.subnet_of(r)
+                         for r in CLOSED_RANGES):
+                continue  # a name that resolves outside the closed ranges: open already
+            elif (network, entry.port) not in out:
+                out.append((network, entry.port))
+    return out, problems
+
+
+def resolve(host: str) -> list[str]:
+    return [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 
 
 def overlay_rules(hub_ip: str, proxy_ip: str, hub_port: int = HUB_API_PORT) -> list[Rule]:
@@ -125,13 +213,15 @@ def overlay_rules(hub_ip: str, proxy_ip: str, hub_port: int = HUB_API_PORT) -> l
             Rule("INPUT", ("-i", "br0", *DROP))]
 
 
-def gateway_rules(bridge: str = GATEWAY_BRIDGE) -> list[Rule]:
+def gateway_rules(bridge: str = GATEWAY_BRIDGE, openings: Sequence[Opening] = ()) -> list[Rule]:
     """A Swarm: the rules for ``docker_gwbridge``, which gives every container on an
     overlay its way out (NAT) on each machine. As on one host, nothing from it reaches the
-    machine itself or a link-local address; and, since the Swarm's own machines are just
-    "outside" to a container, nothing from it reaches any machine's Swarm ports (the
-    unencrypted VXLAN port would let a container inject packets into the overlay as any
-    address) or a GPU exporter (its metrics name every member's GPUs)."""
+    machine itself or the closed ranges (but *openings* and DNS); and, since the Swarm's
+    own machines are just "outside" to a container, nothing from it reaches any machine's
+    Swarm ports (the unencrypted VXLAN port would let a container inject packets into the
+    overlay as any address) or a GPU exporter (its metrics name every member's GPUs),
+    whatever ``network.allow`` opens. The hub is not on it: docker-compose.swarm.yml gives
+    the hub a way out of its own."""
     from_gateway = ("-i", bridge)
     return [
         *to_host(bridge),
@@ -141,6 +231,7 @@ def gateway_rules(bridge: str = GATEWAY_BRIDGE) -> list[Rule]:
         *(Rule("DOCKER-USER", (*from_gateway, "-p", proto, "-m", "multiport", "--dports",
                                ",".join(map(str, ports)), *DROP))
           for proto, ports in SWARM_PORTS),
+        *to_private(bridge, "DOCKER-USER", 4, openings),
     ]
 
 
@@ -252,6 +343,12 @@ def _iptables() -> str:
                      "dockerd running with its iptables integration (the default)?")
 
 
+def _ip6tables(iptables: str) -> str | None:
+    """The ip6tables of the same backend as *iptables*, if there is one."""
+    name = Path(iptables).name.replace("iptables", "ip6tables", 1)
+    return shutil.which(name)
+
+
 def _run(argv: Sequence[str]) -> int:
     out = subprocess.run(list(argv), capture_output=True, text=True)
     if out.returncode not in (0, 1):
@@ -259,11 +356,37 @@ def _run(argv: Sequence[str]) -> int:
     return out.returncode
 
 
+def _output(argv: Sequence[str]) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True).stdout
+
+
 class Guard:
-    def __init__(self, wanted: list[Rule], iptables: str, run: Run = _run):
+    def __init__(self, wanted: list[Rule], iptables: str, run: Run = _run,
+                 output: Callable[[Sequence[str]], str] = _output):
         self.wanted = wanted
         self.iptables = iptables
         self.run = run
+        self.output = output
+
+    def renew(self, wanted: list[Rule] | None = None) -> int:
+        """Put *wanted* (by default the rules it has) in place at the top of each of its
+        chains, in order, then delete every other rule of gpulab-netguard's below them in
+        those chains (an earlier version's, an opening taken out of ``network.allow``): at
+        no moment is a rule of either set missing, so nothing opens in between. Returns
+        how many stale rules were deleted."""
+        self.wanted = list(self.wanted if wanted is None else wanted)
+        deleted = 0
+        for chain in dict.fromkeys(r.chain for r in self.wanted):
+            ours = [r for r in self.wanted if r.chain == chain]
+            for rule in reversed(ours):
+                self.run([self.iptables, "-I", chain, "1", *rule.args()[1:]])
+            listed = [ln for ln in self.output([self.iptables, "-S", chain]).splitlines()
+                      if ln.startswith("-A ")]
+            stale = [i + 1 for i, ln in enumerate(listed) if i >= len(ours) and TAG in ln]
+            for number in reversed(stale):
+                self.run([self.iptables, "-D", chain, str(number)])
+            deleted += len(stale)
+        return deleted
 
     def missing(self) -> list[Rule]:
         return [r for r in self.wanted if self.run([self.iptables, "-C", *r.args()]) != 0]
@@ -387,23 +510,44 @@ class Overlays:
 
 
 class OneHost:
-    """The users' bridge on a single host."""
+    """The users' bridge on a single host: its IPv4 rules and, where this host has
+    ip6tables, its IPv6 ones."""
 
-    def __init__(self, guard: Guard, bridge: str):
-        self.guard = guard
+    def __init__(self, bridge: str, hub_ip: str, proxy_ip: str, iptables: str,
+                 ip6tables: str | None = None, run: Run = _run,
+                 output: Callable[[Sequence[str]], str] = _output):
         self.what = bridge
+        exes = [exe for exe in (iptables, ip6tables) if exe]
+        self._rules = lambda opened: [rules(bridge, hub_ip, proxy_ip, openings=opened),
+                                      v6_rules(bridge, opened)][:len(exes)]
+        self.guards = [Guard(wanted, exe, run, output)
+                       for wanted, exe in zip(self._rules(()), exes, strict=True)]
+
+    def open(self, opened: Sequence[Opening]) -> bool:
+        """Hold the rules for *opened* (``network.allow``) from now on, renewing those
+        that change; whether any did."""
+        changed = False
+        for guard, wanted in zip(self.guards, self._rules(opened), strict=True):
+            if wanted != guard.wanted:
+                guard.renew(wanted)
+                changed = True
+        return changed
 
     def scan(self, apply: bool = True) -> list[str]:
         return []
 
+    def renew(self) -> int:
+        return sum(guard.renew() for guard in self.guards)
+
     def apply(self) -> int:
-        return self.guard.apply()
+        return sum(guard.apply() for guard in self.guards)
 
     def status(self) -> Status:
-        return self.guard.status()
+        return Status(sum(len(guard.missing()) for guard in self.guards), bridge_filtering())
 
     def remove(self) -> None:
-        self.guard.remove()
+        for guard in self.guards:
+            guard.remove()
 
 
 class SwarmMachine:
@@ -415,8 +559,18 @@ class SwarmMachine:
         self.overlays = overlays
         self.what = f"{GATEWAY_BRIDGE} and the overlay {overlays.subnet}"
 
+    def open(self, opened: Sequence[Opening]) -> bool:
+        wanted = gateway_rules(openings=opened)
+        if wanted == self.gateway.wanted:
+            return False
+        self.gateway.renew(wanted)
+        return True
+
     def scan(self, apply: bool = True) -> list[str]:
         return self.overlays.scan(apply)
+
+    def renew(self) -> int:
+        return self.gateway.renew() + self.overlays.apply()
 
     def apply(self) -> int:
         return self.gateway.apply() + self.overlays.apply()
@@ -428,6 +582,43 @@ class SwarmMachine:
     def remove(self) -> None:
         self.gateway.remove()
         self.overlays.remove()
+
+
+class Allowed:
+    """What gpulab.yaml's ``network.allow`` opens, read again at every :meth:`now`. An
+    absent file opens nothing; an invalid edit keeps the last good version (and with none,
+    nothing is opened); what cannot be opened is logged when it changes."""
+
+    def __init__(self, path: str | None, subnet: str,
+                 resolve: Callable[[str], list[str]] = resolve):
+        self.path = path
+        self.subnet = subnet
+        self.resolve = resolve
+        self.reader = LastGood(lambda text, where: settings_from_yaml(parse_yaml(text, where)),
+                               missing=lambda _: defaults())
+        self._said: tuple[str, ...] = ()
+
+    def now(self) -> list[Opening]:
+        if not self.path:
+            return []
+        try:
+            settings = self.reader.load(self.path)
+        except ConfigError as e:
+            self._say((f"nothing of network.allow is open until {self.path} is valid: {e}",))
+            return []
+        opened, problems = openings(settings, self.resolve, self.subnet)
+        self._say(tuple(problems))
+        return opened
+
+    def _say(self, problems: tuple[str, ...]) -> None:
+        if problems != self._said:
+            for problem in problems:
+                log.error("%s", problem)
+            self._said = problems
+
+
+def describe(opened: Sequence[Opening]) -> str:
+    return ", ".join(f"{n}:{p}" if p else str(n) for n, p in opened) or "nothing"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,18 +649,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="how often every rule is checked (and put back if gone)")
     ap.add_argument("--scan-every", type=float, default=0.5, metavar="SECONDS",
                     help="how often --netns-dir is looked at for a new overlay namespace")
+    ap.add_argument("--settings", default=env("GPULAB_SETTINGS"), metavar="GPULAB_YAML",
+                    help="gpulab.yaml, for network.allow: read again at every check "
+                         "($GPULAB_SETTINGS; none: nothing private is opened)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     iptables = _iptables()
+    allowed = Allowed(args.settings, args.subnet)
     if args.swarm:
         ipaddress.IPv4Network(args.subnet)  # ValueError for anything else
         overlay = overlay_rules(args.hub_ip, args.proxy_ip)
         machine = SwarmMachine(Guard(gateway_rules(), iptables),
                                Overlays(args.netns_dir, args.subnet, overlay, iptables))
     else:
-        machine = OneHost(Guard(rules(args.bridge, args.hub_ip, args.proxy_ip), iptables),
-                          args.bridge)
+        machine = OneHost(args.bridge, args.hub_ip, args.proxy_ip, iptables,
+                          _ip6tables(iptables))
+    opened = allowed.now()
+    machine.open(opened) if args.action == "run" else _want(machine, opened)
 
     if args.action == "remove":
         machine.scan()
@@ -480,16 +677,18 @@ def main(argv: list[str] | None = None) -> int:
         machine.scan(apply=False)  # look only: a missing rule must show
         status = machine.status()
         print(status.message())
+        print(f"open on the lab's private networks: DNS (port 53) and {describe(opened)}")
         return 0 if status.isolated else 1
 
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
-    added = machine.apply()
+    stale = machine.renew()  # in place whole, an earlier run's leftovers swept
     for name in machine.scan():
         log.info("closed the users' overlay namespace %s", name)
-    log.info("installed %d rule(s) for %s (hub %s, proxy %s); %s", added, machine.what,
-             args.hub_ip, args.proxy_ip, machine.status().message())
+    log.info("rules in place for %s (hub %s, proxy %s; %d stale rule(s) removed); the lab's "
+             "private networks are closed but DNS and network.allow: %s; %s", machine.what,
+             args.hub_ip, args.proxy_ip, stale, describe(opened), machine.status().message())
     last = None
     next_check = time.monotonic() + args.check_every
     while not stop:
@@ -501,6 +700,11 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() < next_check:
             continue
         next_check = time.monotonic() + args.check_every
+        now_open = allowed.now()
+        if machine.open(now_open):
+            log.info("network.allow opens now: %s (was: %s)", describe(now_open),
+                     describe(opened))
+            opened = now_open
         added = machine.apply()
         status = machine.status()
         if added:
@@ -516,6 +720,15 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopped; the rules for %s stay in place (gpulab-netguard remove takes them "
              "out)", machine.what)
     return 0
+
+
+def _want(machine: OneHost | SwarmMachine, opened: Sequence[Opening]) -> None:
+    """Set what *machine* checks for (``status``, ``remove``) without touching a rule."""
+    if isinstance(machine, OneHost):
+        for guard, wanted in zip(machine.guards, machine._rules(opened), strict=True):
+            guard.wanted = wanted
+    else:
+        machine.gateway.wanted = gateway_rules(openings=opened)
 
 
 if __name__ == "__main__":

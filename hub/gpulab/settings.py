@@ -21,8 +21,9 @@ from gpulab.email_address import is_address
 from gpulab.environments import EnvironmentError_, parse_environments
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
-__all__ = ["SETTINGS", "Setting", "Settings", "bytes_text", "duration_text", "load_settings",
-           "parse_bytes", "parse_duration"]
+__all__ = ["CLOSED_RANGES", "SETTINGS", "Destination", "Setting", "Settings", "bytes_text",
+           "duration_text", "load_settings", "parse_bytes", "parse_destination",
+           "parse_duration"]
 
 
 # ---------------------------------------------------------------- value parsers
@@ -156,6 +157,93 @@ def _network_list(value: Any) -> tuple[str, ...]:
         except ValueError:
             raise ValueError(f"{item!r} is not an IP address or network (e.g. 10.0.0.5 "
                              f"or 10.0.0.0/24)") from None
+    return tuple(out)
+
+
+# The destinations gpulab-netguard closes to members' servers (gpulab.netguard): private,
+# shared (carrier-grade NAT) and link-local ranges, where a lab's own machines are.
+CLOSED_RANGES = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+    "fc00::/7", "fe80::/10"))
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One entry of ``network.allow``: a network (``10.0.5.20/32``) or a host name
+    (``nas.lab.example``, looked up by gpulab-netguard), and a port (None: every port)."""
+
+    host: str
+    port: int | None = None
+
+    @property
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+        try:
+            return ipaddress.ip_network(self.host)
+        except ValueError:
+            return None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}" if self.port else host
+
+
+def parse_destination(item: Any) -> Destination:
+    """``10.0.5.20/32:2049``, ``10.0.5.0/24``, ``ldap.lab.example:636``, ``[fd00::5]:2049``
+    or ``fd00::/8`` -> a :class:`Destination`; ValueError saying what is allowed."""
+    example = ("expected ADDRESS[/BITS][:PORT] or HOST:PORT, e.g. 10.0.5.20/32:2049, "
+               "10.0.5.0/24 or ldap.lab.example:636")
+    if not isinstance(item, str) or not item.strip():
+        raise ValueError(f"{example}, got {item!r}")
+    text = item.strip()
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+(?:/\d+)?)\](?::(\w+))?", text)  # [IPv6]:PORT
+    if m:
+        host, port = m.group(1), m.group(2)
+    elif text.count(":") > 1:  # IPv6 without a port
+        host, port = text, None
+    else:
+        host, _, port = text.partition(":")
+        port = port if _ else None
+    if port is not None:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r}: the port must be a number from 1 to 65535 "
+                             f"({example})")
+        port = int(port)
+    try:
+        network = ipaddress.ip_network(host)
+    except ValueError as e:
+        if "host bits set" in str(e):
+            address, bits = host.split("/")
+            wide = ipaddress.ip_network(host, strict=False)
+            raise ValueError(f"{item!r} has bits set past /{bits}: write {address} for the "
+                             f"one machine, or {wide} for the network") from None
+        name = host.rstrip(".").lower()
+        if not _HOST_NAME.fullmatch(name) or name.replace(".", "").isdigit():
+            raise ValueError(f"{item!r} is not an address, network or host name "
+                             f"({example})") from None
+        return Destination(name, port)
+    if not any(network.version == r.version and network.subnet_of(r)
+               for r in CLOSED_RANGES):
+        closed = ", ".join(map(str, CLOSED_RANGES))
+        raise ValueError(f"{item!r} is not inside the ranges gpulab closes to members "
+                         f"({closed}): members' servers reach it already, or it spans "
+                         f"more than one of them; open a network inside one")
+    return Destination(str(network), port)
+
+
+def _destinations(value: Any) -> tuple[Destination, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list such as [10.0.5.20/32:2049, "
+                         f"ldap.lab.example:636], got {value!r}")
+    out: list[Destination] = []
+    for item in value:
+        d = parse_destination(item)
+        if d in out:
+            raise ValueError(f"{item!r} is listed twice")
+        out.append(d)
     return tuple(out)
 
 
@@ -384,6 +472,17 @@ SETTINGS: tuple[Setting, ...] = (
             "GPU servers, shared homes); servers go wherever GPUs are free."),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),
+    Setting("network.allow", _destinations, (),
+            "What members' servers (and jobs) may reach on the lab's private networks. "
+            "gpulab-netguard drops their traffic to private, shared and link-local "
+            "ranges (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, "
+            "169.254.0.0/16, fc00::/7, fe80::/10): the lab's NAS, consoles, printers and "
+            "directory are not members' business unless listed here, as ADDRESS[/BITS]"
+            "[:PORT] (no port: every port) or HOST:PORT (looked up again every few "
+            "seconds). DNS (port 53) to those ranges stays open, for the lab's resolvers. "
+            "Read again within seconds of an edit; on a Swarm, by each machine's "
+            "netguard from its own copy of this file. Example: [10.0.5.20/32:2049, "
+            "ldap.lab.example:636]"),
     Setting("backup.every", parse_duration, 86400,
             "How often gpulab-backup backs up the lab (homes, the hub's databases, "
             "config/, secrets/, Prometheus' data) into its restic repository "

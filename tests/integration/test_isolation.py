@@ -20,9 +20,11 @@ import time
 import uuid
 
 import pytest
+import yaml
 
+from .lan import StandInLan, connects
 from .probes import TCP, probe
-from .stack import docker, wait_for
+from .stack import container_logs, docker, wait_for
 
 
 def probe_from_default_bridge(host: str, port: int) -> str:
@@ -68,49 +70,34 @@ def host_listener():
     listener.close()
 
 
+# The lab's network, stood in by a namespace of the test's (tests/integration/lan.py): a
+# machine on each closed range, one the admin opens, and a public-range stand-in
+# (TEST-NET-2) for the internet, which stays open. Not TEST-NET-3: the machines this was
+# written on answer every outside name with an address there.
+LAB_NAS, OPENED, CGNAT, PRINTER, OTHER_LAB = ("10.99.0.2", "10.99.1.2", "100.64.99.2",
+                                              "192.168.250.2", "172.16.99.2")
+METADATA, PUBLIC = "169.254.77.2", "198.51.100.2"
+PORT, OTHER_PORT, DNS = 18080, 18081, 53
+
+
+@pytest.fixture(scope="module")
+def lan():
+    with StandInLan([LAB_NAS, OPENED, CGNAT, PRINTER, OTHER_LAB, METADATA, PUBLIC],
+                    [PORT, OTHER_PORT, DNS]) as lan:
+        yield lan
+
+
 @pytest.fixture
-def link_local_listener():
-    """A listener at 169.254.77.2 inside a network namespace made here, routed from the
-    host through a veth pair (169.254.77.1 on the host's side)."""
-    tag = uuid.uuid4().hex[:6]
-    ns, veth, peer = f"gpulab-test-{tag}", f"gl{tag}h", f"gl{tag}n"
-    port = 18080
+def network_allow(lab_config):
+    """Set gpulab.yaml's network.allow (on top of the admin's own file), as an admin does."""
 
-    def sh(*cmd):
-        subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+    def set_(entries: list[str]):
+        doc = yaml.safe_load(lab_config.original("gpulab.yaml")) or {}
+        doc.setdefault("network", {})["allow"] = entries
+        lab_config.write("gpulab.yaml", yaml.safe_dump(doc))
 
-    sh("ip", "netns", "add", ns)
-    server = None
-    try:
-        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
-        sh("ip", "link", "set", peer, "netns", ns)
-        sh("ip", "addr", "add", "169.254.77.1/30", "dev", veth)
-        sh("ip", "link", "set", veth, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", "169.254.77.2/30", "dev", peer)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        sh("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", "169.254.77.1")
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "python3", "-c",
-             "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
-             f"socket.SO_REUSEADDR, 1); s.bind(('169.254.77.2', {port})); s.listen(16)\n"
-             "while True: s.accept()[0].close()"])
-        wait_for(lambda: _connects("169.254.77.2", port), 10, what="the netns listener")
-        yield "169.254.77.2", port
-    finally:
-        if server:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-        return True
-    except OSError:
-        return False
+    yield set_
+    lab_config.restore()
 
 
 def test_users_reach_the_hub_api_and_nothing_else_of_the_stack(hub, lab_user):
@@ -168,7 +155,7 @@ def test_users_cannot_reach_the_host(hub, lab_user, host_listener):
     user = lab_user("prober")
     user.start_server()
     users_gateway = gateway("gpulab")
-    assert _connects("127.0.0.1", host_listener.port)  # control: it listens
+    assert connects("127.0.0.1", host_listener.port)  # control: it listens
     default_bridge = gateway("bridge")
     assert probe_from_default_bridge(default_bridge, host_listener.port) == "open"  # control
     seen = probe(user, {"gateway": (users_gateway, host_listener.port),
@@ -176,12 +163,73 @@ def test_users_cannot_reach_the_host(hub, lab_user, host_listener):
     assert seen == {"gateway": "unreachable", "docker0": "unreachable"}
 
 
-def test_users_cannot_reach_link_local_addresses(hub, lab_user, link_local_listener):
-    host, port = link_local_listener
-    user = lab_user("metadata")
+def test_members_reach_nothing_on_the_labs_private_networks_but_dns(hub, lab_user, lan):
+    """A member's code tries the lab's NAS, its printers, another lab's machine, a
+    carrier-grade NAT address and a metadata service, on the service port and on DNS's:
+    only DNS answers. The same hosts answer a container on Docker's default bridge (the
+    control: routed and listening), and the public-range stand-in answers her too."""
+    user = lab_user("lanprober")
     user.start_server()
-    assert probe_from_default_bridge(host, port) == "open"  # control: routed and answering
-    assert probe(user, {"link_local": (host, port)}) == {"link_local": "unreachable"}
+    closed = {f"{name}": (host, PORT) for name, host in [
+        ("nas", LAB_NAS), ("cgnat", CGNAT), ("printer", PRINTER), ("other_lab", OTHER_LAB),
+        ("metadata", METADATA)]}
+    targets = {**closed, "nas_dns": (LAB_NAS, DNS), "public": (PUBLIC, PORT)}
+    for name, (host, port) in targets.items():  # controls
+        assert probe_from_default_bridge(host, port) == "open", name
+    seen = probe(user, targets)
+    assert seen == {**dict.fromkeys(closed, "unreachable"), "nas_dns": "open",
+                    "public": "open"}
+
+
+def test_members_have_no_ipv6_on_the_users_network(hub, lab_user):
+    """Docker gives the users' network no IPv6 and takes it off the containers' ports:
+    no link-local fe80:: address between members either. netguard's ip6tables rules hold
+    the same closures should a lab turn IPv6 on (checked by `status`)."""
+    user = lab_user("sixer")
+    user.start_server()
+    assert user.run_code("print(open('/proc/net/if_inet6').read().split())").strip() in (
+        "[]", str(["00000000000000000000000000000001", "01", "80", "10", "80", "lo"]))
+    # no IPv6 address to send from at all
+    assert probe(user, {"ula": ("fd00:99::2", PORT)}) == {
+        "ula": "OSError(99, 'Cannot assign requested address')"}
+    rules = subprocess.run(["ip6tables", "-S", "FORWARD"], capture_output=True,
+                           text=True).stdout
+    assert "-A FORWARD -i gpulab0 -o gpulab0 -m comment --comment gpulab-netguard -j DROP" \
+        in rules, rules
+
+
+def test_an_admin_opens_one_destination_and_closes_it_again(hub, lab_user, lan,
+                                                            network_allow):
+    """network.allow opens the lab's NAS on one port to members, within seconds of the
+    edit and without a restart; its other ports and the lab's other machines stay closed;
+    taking the line out closes it again."""
+    user = lab_user("nasuser")
+    user.start_server()
+    targets = {"opened": (OPENED, PORT), "other_port": (OPENED, OTHER_PORT),
+               "nas": (LAB_NAS, PORT)}
+    assert probe(user, targets) == dict.fromkeys(targets, "unreachable")
+    network_allow([f"{OPENED}:{PORT}"])
+    wait_for(lambda: probe(user, {"opened": (OPENED, PORT)})["opened"] == "open", 30,
+             what=f"netguard to open {OPENED}:{PORT}")
+    assert probe(user, targets) == {"opened": "open", "other_port": "unreachable",
+                                    "nas": "unreachable"}
+    status = docker("exec", "gpulab-netguard", "gpulab-netguard", "status")
+    assert f"DNS (port 53) and {OPENED}/32:{PORT}" in status, status
+
+    network_allow([])
+    wait_for(lambda: probe(user, {"opened": (OPENED, PORT)})["opened"] == "unreachable",
+             30, what=f"netguard to close {OPENED}:{PORT} again")
+    logs = container_logs("gpulab-netguard", 40)
+    assert f"network.allow opens now: {OPENED}/32:{PORT}" in logs, logs
+    assert f"network.allow opens now: nothing (was: {OPENED}/32:{PORT})" in logs, logs
+
+
+def test_the_hub_still_reaches_the_labs_network(hub, lan):
+    """The hub's own connections (the lab's directory, SMTP, an identity provider) leave
+    through the users' bridge too: they are not members' and stay open."""
+    hub_side = docker("exec", "gpulab-hub", "python3", "-c",
+                      TCP + f"print(tcp({LAB_NAS!r}, {PORT}), tcp({PRINTER!r}, {PORT}))")
+    assert hub_side == "open open"
 
 
 def test_the_network_refuses_container_to_container_traffic_at_the_docker_level(hub):

@@ -11,17 +11,31 @@ import pytest
 
 from gpulab.netguard import (
     TAG,
+    Allowed,
     Guard,
+    OneHost,
     Overlays,
     Status,
     SwarmStatus,
     bridge_filtering,
     gateway_rules,
     is_users_overlay,
+    openings,
     overlay_rules,
     route_subnets,
     rules,
+    v6_rules,
 )
+
+
+PRIVATE_DROPS = ["-i gpulab0 -d 10.0.0.0/8 -j DROP", "-i gpulab0 -d 172.16.0.0/12 -j DROP",
+                 "-i gpulab0 -d 192.168.0.0/16 -j DROP", "-i gpulab0 -d 100.64.0.0/10 -j DROP",
+                 "-i gpulab0 -d 169.254.0.0/16 -j DROP"]
+
+
+def dns(bridge: str, *networks: str) -> list[str]:
+    return [f"-i {bridge} -d {n} -p {p} -m {p} --dport 53 -j ACCEPT"
+            for n in networks for p in ("tcp", "udp")]
 
 
 def test_rules_accept_only_hub_and_proxy_traffic_then_drop():
@@ -33,12 +47,87 @@ def test_rules_accept_only_hub_and_proxy_traffic_then_drop():
         "-i gpulab0 -o gpulab0 -s 172.30.0.3/32 -j ACCEPT",
         "-i gpulab0 -o gpulab0 -d 172.30.0.2/32 -p tcp -m tcp --dport 8081 -j ACCEPT",
         "-i gpulab0 -o gpulab0 -j DROP",
-        "-i gpulab0 -d 169.254.0.0/16 -j DROP",
+        # the lab's private networks: the hub's and the proxy's own connections, DNS, the
+        # rest dropped
+        "-i gpulab0 -s 172.30.0.2/32 -j ACCEPT",
+        "-i gpulab0 -s 172.30.0.3/32 -j ACCEPT",
+        *dns("gpulab0", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+             "169.254.0.0/16"),
+        *PRIVATE_DROPS,
     ]
     host = [" ".join(r.spec) for r in rs if r.chain == "INPUT"]
     assert host == ["-i gpulab0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
                     "-i gpulab0 -j DROP"]
     assert all(r.args()[-2:] == ["--comment", TAG] for r in rs)
+
+
+def test_openings_come_before_the_drops_by_port_or_whole():
+    nas, ldap = ipaddress.ip_network("10.0.5.20/32"), ipaddress.ip_network("10.0.6.0/24")
+    rs = rules("gpulab0", "172.30.0.2", "172.30.0.3", openings=[(nas, 2049), (ldap, None)])
+    forward = [" ".join(r.spec) for r in rs if r.chain == "DOCKER-USER"]
+    first_drop = forward.index(PRIVATE_DROPS[0])
+    assert forward[7:10] == ["-i gpulab0 -d 10.0.5.20/32 -p tcp -m tcp --dport 2049 -j ACCEPT",
+                             "-i gpulab0 -d 10.0.5.20/32 -p udp -m udp --dport 2049 -j ACCEPT",
+                             "-i gpulab0 -d 10.0.6.0/24 -j ACCEPT"]
+    assert forward[first_drop:] == PRIVATE_DROPS
+
+
+def test_ipv6_is_held_to_the_same_closures():
+    ula = ipaddress.ip_network("fd00:5::/64")
+    assert [(r.chain, " ".join(r.spec)) for r in v6_rules("gpulab0", [(ula, 22)])] == [
+        ("FORWARD", "-i gpulab0 -o gpulab0 -j DROP"),
+        ("FORWARD", "-i gpulab0 -d fd00:5::/64 -p tcp -m tcp --dport 22 -j ACCEPT"),
+        ("FORWARD", "-i gpulab0 -d fd00:5::/64 -p udp -m udp --dport 22 -j ACCEPT"),
+        *[("FORWARD", r) for r in dns("gpulab0", "fc00::/7", "fe80::/10")],
+        ("FORWARD", "-i gpulab0 -d fc00::/7 -j DROP"),
+        ("FORWARD", "-i gpulab0 -d fe80::/10 -j DROP"),
+        ("INPUT", "-i gpulab0 -j DROP"),
+    ]
+
+
+def allow(*entries: str):
+    from gpulab.settings import defaults, parse_destination
+    return defaults().with_values({"network.allow": tuple(map(parse_destination, entries))})
+
+
+def test_openings_resolve_names_and_refuse_the_users_own_network():
+    names = {"nas.lab.example": ["10.0.5.20", "fd00::20"], "public.example": ["203.0.113.9"],
+             "users.lab.example": ["172.30.0.7"]}
+
+    def resolve(host):
+        if host not in names:
+            raise OSError("Name or service not known")
+        return names[host]
+
+    opened, problems = openings(allow("nas.lab.example:2049", "10.9.0.0/16",
+                                      "public.example:443", "users.lab.example:22",
+                                      "gone.lab.example:636", "172.30.0.0/28"), resolve)
+    assert opened == [(ipaddress.ip_network("10.0.5.20/32"), 2049),
+                      (ipaddress.ip_network("fd00::20/128"), 2049),
+                      (ipaddress.ip_network("10.9.0.0/16"), None)]
+    assert problems == [
+        "network.allow: users.lab.example:22 stays closed: 172.30.0.7/32 is on the users' "
+        "own network (172.30.0.0/24), where members never reach each other",
+        "network.allow: gone.lab.example:636 stays closed: gone.lab.example does not "
+        "resolve (Name or service not known)",
+        "network.allow: 172.30.0.0/28 stays closed: 172.30.0.0/28 is on the users' own "
+        "network (172.30.0.0/24), where members never reach each other",
+    ]
+
+
+def test_allowed_reads_the_file_again_and_keeps_the_last_good_edit(tmp_path, caplog):
+    f = tmp_path / "gpulab.yaml"
+    allowed = Allowed(str(f), "172.30.0.0/24", resolve=lambda host: [])
+    assert allowed.now() == []  # no file: nothing opened
+    f.write_text("network:\n  allow: [10.0.5.20:2049]\n")
+    assert allowed.now() == [(ipaddress.ip_network("10.0.5.20/32"), 2049)]
+    f.write_text("network:\n  allow: [10.0.5.20:99999]\n")  # a typo: the last good stays
+    assert allowed.now() == [(ipaddress.ip_network("10.0.5.20/32"), 2049)]
+    assert "gpulab.yaml:2: network.allow: '10.0.5.20:99999': the port must be a number " \
+           "from 1 to 65535" in caplog.text
+    f.write_text("network:\n  allow: []\n")
+    assert allowed.now() == []
+    assert Allowed(None, "172.30.0.0/24").now() == []
 
 
 @pytest.mark.parametrize("bad", ["", "hub", "172.30.0.300", "172.30.0.2; rm -rf /"])
@@ -86,11 +175,20 @@ class FakeIptables:
             table.insert(int(pos) - 1, tuple(spec))
             return 0
         if op == "-D":
+            if len(rest) == 1 and rest[0].isdigit():  # by number
+                del table[int(rest[0]) - 1]
+                return 0
             if tuple(rest) in table:
                 table.remove(tuple(rest))
                 return 0
             return 1
         raise AssertionError(argv)
+
+    def output(self, argv):
+        _, op, chain = argv
+        assert op == "-S"
+        return "\n".join([f"-P {chain} ACCEPT", *(f"-A {chain} " + " ".join(spec)
+                                                  for spec in self.chains[chain])])
 
 
 def test_guard_installs_in_order_repairs_and_removes_only_its_own():
@@ -112,6 +210,54 @@ def test_guard_installs_in_order_repairs_and_removes_only_its_own():
 
 
 
+class Recording(FakeIptables):
+    """Keeps each chain as it stood after every command."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def __call__(self, argv):
+        code = super().__call__(argv)
+        self.states.append({k: list(v) for k, v in self.chains.items()})
+        return code
+
+
+def test_an_edit_of_network_allow_changes_the_openings_and_nothing_opens_meanwhile():
+    fake = Recording()
+    host = OneHost("gpulab0", "172.30.0.2", "172.30.0.3", "iptables", "ip6tables",
+                   run=fake, output=fake.output)
+    nas = (ipaddress.ip_network("10.0.5.20/32"), 2049)
+    ldap = (ipaddress.ip_network("10.0.6.0/24"), None)
+    assert host.open([nas]) is True
+    assert host.open([nas]) is False  # unchanged: nothing done
+    v4 = [tuple(r.args()[1:]) for r in host.guards[0].wanted if r.chain == "DOCKER-USER"]
+    assert fake.chains["DOCKER-USER"] == [*v4, ("-j", "RETURN")]
+    fake.states.clear()
+
+    assert host.open([ldap]) is True
+    after = [tuple(r.args()[1:]) for r in host.guards[0].wanted if r.chain == "DOCKER-USER"]
+    assert fake.chains["DOCKER-USER"] == [*after, ("-j", "RETURN")]  # the NAS's swept
+    drops = [spec for spec in after if spec[-1] == "DROP"]
+    assert fake.states and all(set(drops) <= set(state["DOCKER-USER"])
+                               for state in fake.states)
+
+
+def test_a_start_sweeps_what_an_earlier_run_left_and_keeps_others_rules():
+    fake = FakeIptables()
+    old = OneHost("gpulab0", "172.30.0.2", "172.30.0.3", "iptables", run=fake,
+                  output=fake.output)
+    old.open([(ipaddress.ip_network("10.0.5.20/32"), None)])
+    fake.chains["DOCKER-USER"].insert(0, ("-s", "192.0.2.1", "-j", "ACCEPT"))  # an admin's
+    new = OneHost("gpulab0", "172.30.0.2", "172.30.0.3", "iptables", run=fake,
+                  output=fake.output)
+    before = len(fake.chains["DOCKER-USER"]) - 2 + len(fake.chains["INPUT"]) - 1
+    assert new.renew() == before  # each of the earlier run's, once the new ones stand
+    wanted = [tuple(r.args()[1:]) for r in new.guards[0].wanted if r.chain == "DOCKER-USER"]
+    assert fake.chains["DOCKER-USER"] == [*wanted, ("-s", "192.0.2.1", "-j", "ACCEPT"),
+                                          ("-j", "RETURN")]
+
+
 # ------------------------------------------------------------------ a Swarm machine
 
 def test_overlay_rules_close_br0_inside_the_overlay_namespace():
@@ -130,13 +276,16 @@ def test_overlay_rules_close_br0_inside_the_overlay_namespace():
 def test_gateway_rules_keep_overlay_containers_off_the_machines_and_swarm_ports():
     rs = gateway_rules()
     assert [(r.chain, " ".join(r.spec)) for r in rs] == [
-        ("DOCKER-USER", "-i docker_gwbridge -d 169.254.0.0/16 -j DROP"),
         ("INPUT", "-i docker_gwbridge -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"),
         ("INPUT", "-i docker_gwbridge -j DROP"),
         ("DOCKER-USER", "-i docker_gwbridge -o docker_gwbridge -j DROP"),
         ("DOCKER-USER", "-i docker_gwbridge -p tcp -m multiport --dports 2377,7946,9445 "
                         "-j DROP"),
         ("DOCKER-USER", "-i docker_gwbridge -p udp -m multiport --dports 4789,7946 -j DROP"),
+        *[("DOCKER-USER", r) for r in dns("docker_gwbridge", "10.0.0.0/8", "172.16.0.0/12",
+                                          "192.168.0.0/16", "100.64.0.0/10",
+                                          "169.254.0.0/16")],
+        *[("DOCKER-USER", r.replace("gpulab0", "docker_gwbridge")) for r in PRIVATE_DROPS],
     ]
 
 

@@ -44,6 +44,20 @@ def test_empty_file_gives_defaults():
          "a user could get the volume gpulab-hub-data (gpulab's own)"),
         ("hub:\n  trusted_proxies: [10.0.0.300]\n", "gpulab.yaml:2: hub.trusted_proxies",
          "not an IP address or network"),
+        ("network:\n  allow: [10.0.5.20:99999]\n", "gpulab.yaml:2: network.allow",
+         "'10.0.5.20:99999': the port must be a number from 1 to 65535"),
+        ("network:\n  allow: [8.8.8.8:53]\n", "gpulab.yaml:2: network.allow",
+         "'8.8.8.8:53' is not inside the ranges gpulab closes to members"),
+        ("network:\n  allow: [0.0.0.0/0]\n", "gpulab.yaml:2: network.allow",
+         "spans more than one of them"),
+        ("network:\n  allow: [10.0.5.20/16]\n", "gpulab.yaml:2: network.allow",
+         "write 10.0.5.20 for the one machine, or 10.0.0.0/16 for the network"),
+        ("network:\n  allow: [nas_1.lab:22]\n", "gpulab.yaml:2: network.allow",
+         "is not an address, network or host name"),
+        ("network:\n  allow: 10.0.5.20\n", "gpulab.yaml:2: network.allow",
+         "expected a list such as"),
+        ("network:\n  allow: [10.0.5.20, 10.0.5.20/32]\n", "gpulab.yaml:2: network.allow",
+         "listed twice"),
         ("hub:\n  trusted_proxies: 10.0.0.1\n", "gpulab.yaml:2: hub.trusted_proxies",
          "expected a list"),
         ("spawn:\n  home_size: plenty\n", "gpulab.yaml:2: spawn.home_size", "expected a size"),
@@ -78,6 +92,17 @@ def test_home_size_is_a_size_or_no_limit(value, expected):
 def test_bytes_text_is_the_largest_whole_unit(size, text):
     assert bytes_text(size) == text
     assert parse_bytes(text) == size
+
+
+@pytest.mark.parametrize("entry, host, port", [
+    ("10.0.5.20/32:2049", "10.0.5.20/32", 2049), ("10.0.5.20:2049", "10.0.5.20/32", 2049),
+    ("10.0.5.0/24", "10.0.5.0/24", None), ("LDAP.Lab.Example.:636", "ldap.lab.example", 636),
+    ("nas.lab.example", "nas.lab.example", None), ("[fd00::5]:2049", "fd00::5/128", 2049),
+    ("fd00::/8", "fd00::/8", None), ("169.254.169.254:80", "169.254.169.254/32", 80),
+])
+def test_network_allow_takes_networks_and_names_with_or_without_a_port(entry, host, port):
+    [d] = load_text(f"network:\n  allow: ['{entry}']\n")["network.allow"]
+    assert (d.host, d.port) == (host, port)
 
 
 def test_missing_file_says_where_it_looked(tmp_path):
