@@ -146,6 +146,7 @@ METRIC_UTILIZATION = "gpulab_gpu_utilization_ratio"
 METRIC_MEMORY_USED = "gpulab_gpu_memory_used_bytes"
 METRIC_MEMORY_TOTAL = "gpulab_gpu_memory_total_bytes"
 METRIC_LEASE = "gpulab_gpu_lease_info"  # one series per (GPU, holder), value 1
+METRIC_USER_MEMORY = "gpulab_gpu_user_memory_used_bytes"  # per (GPU, hub user)
 METRIC_MIG_DEVICE = "gpulab_gpu_mig_device_info"  # per MIG device: its GPU's parent_uuid
 
 

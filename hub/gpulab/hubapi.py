@@ -276,6 +276,15 @@ class HubApi:
                                        ok=(400,))
         return status != 400
 
+    async def report_activity(self, user: str, server: str, when: float, *,
+                              token: str | None = None) -> None:
+        """Tell the hub that *user*'s *server* was active at *when* (epoch seconds), as the
+        server itself does (``POST /users/{name}/activity``): the idle culler goes by it."""
+        at = datetime.fromtimestamp(when, UTC).isoformat().replace("+00:00", "Z")
+        await self.request("POST", f"{user_path(user)}/activity",
+                           {"last_activity": at, "servers": {server: {"last_activity": at}}},
+                           token=token)
+
     async def new_token(self, user: str, scopes: Sequence[str], note: str, *,
                         token: str | None = None) -> dict[str, Any]:
         """A new API token of *user*'s with *scopes*; its model, with ``token``."""

@@ -78,9 +78,11 @@ DASHBOARD_ENV = ("DOCKER_HOST", "GPULAB_CONFIG_DIR", "GPULAB_EXPORTER_URL",
                  DEMO_ENV)
 # jupyterhub-idle-culler's documented least-privilege scopes (it culls servers, not users).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
-# The GPU culler (gpulab.culler) judges by GPU use, not activity, and by the member's
-# groups (gpus.yaml): no activity, but groups. It reaches Prometheus, never Docker.
-GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers"]
+# The GPU culler (gpulab.culler) judges by GPU use and by the member's groups (gpus.yaml);
+# it reports servers whose GPUs work as active (users:activity), for the idle culler, and
+# reads their activity to warn ahead of that culler. It reaches Prometheus, never Docker.
+GPU_CULLER_SCOPES = ["list:users", "read:users:groups", "read:servers", "delete:servers",
+                     "users:activity"]
 # The line service (gpulab.line) starts, looks at and stops members' servers, and reads
 # and changes the line (whose API asks for unfiltered admin:servers); it reads the groups'
 # members for the budgets' metrics.
@@ -96,6 +98,14 @@ def cull_every(idle_timeout: int) -> int:
     timeout when that is shorter, so that a server is stopped at most 1.5 timeouts after
     its last activity."""
     return max(1, min(60, idle_timeout // 2))
+
+
+def activity_every(idle_timeout: int) -> int:
+    """Seconds between a member's server's reports of its activity to the hub
+    (``JUPYTERHUB_ACTIVITY_INTERVAL``) for *idle_timeout*: JupyterHub's 300, or a quarter of
+    the timeout when that is shorter, so that work seen in the server (the image's
+    gpulab_work, every 10 s) reaches the hub well before the idle culler would stop it."""
+    return max(5, min(300, idle_timeout // 4))
 
 
 def tornado_settings(public_url: str) -> dict:
@@ -292,6 +302,9 @@ def configure(c) -> None:
     c.GpulabSpawner.http_timeout = 60
     # Tokens never travel in URLs to user servers (JupyterHub's default since 5.0; pinned).
     c.GpulabSpawner.environment = {"JUPYTERHUB_ALLOW_TOKEN_IN_URL": "0"}
+    if settings["hub.idle_timeout"]:
+        c.GpulabSpawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(
+            activity_every(settings["hub.idle_timeout"]))
     # A member's server asks the hub again about a token after 5 s, not JupyterHub's 300:
     # once an admin ends her access, her server refuses her within seconds (the access
     # guard in the image closes her open websockets on the same schedule). On the command
@@ -369,7 +382,8 @@ def configure(c) -> None:
     services.append({
         "name": CULLER_SERVICE,
         "command": [sys.executable, "-m", "gpulab.culler", "--gpus-file", str(gpus_path),
-                    "--notices", str(notices_path), "--bookings-file", str(bookings_path)],
+                    "--notices", str(notices_path), "--bookings-file", str(bookings_path),
+                    f"--idle-timeout={settings['hub.idle_timeout']}"],
         "environment": gpu_services_env,
     })
     load_roles.append({

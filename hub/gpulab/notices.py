@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 STOPPED_KEPT = 3 * 86400
 MACHINE = "machine"  # Stopped.reason of a server whose Swarm machine went down or drained
 LINE = "line"  # Stopped.reason of a member's place in line that ended (gpulab.line.service)
+# CullWarning/Stopped.reason of a server in which nothing happened for hub.idle_timeout
+# (the hub's idle culler stops it; the GPU culler warns and tells: gpulab.culler.decide)
+INACTIVE = "inactive"
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
                             f"{w.message}. "
                             + ("Use its GPU, or stop the server yourself to give the GPU "
                                "back now." if w.reason == "idle" else
+                               "Open it, or keep a cell or a program working in it, and "
+                               "it stays." if w.reason == INACTIVE else
                                "Save your work; you can start it again afterwards.")})
     for s in notices.stopped:
         if s.user != user:
@@ -168,6 +173,8 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
         if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.spawn.swarm_spawner)
             after = ("Your files are kept. Start it again when you need it; if they are on "
                      "that machine, it can start once the machine is back.")
+        elif s.reason == INACTIVE:
+            after = "The files in your home are kept. Start it again when you need it."
         else:
             after = ("Its GPU went back to the lab; the files in your home are kept. Start "
                      "it again when you need it.")

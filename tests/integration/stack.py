@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -44,6 +45,23 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what="condition")
             said = what() if callable(what) else what
             raise StackError(f"timed out after {timeout:.0f} s waiting for {said}")
         time.sleep(interval)
+
+
+def form_login(username: str, token: str, headers: dict | None = None) -> requests.Response:
+    """The login form through the published port, as a browser submits it."""
+    s = requests.Session()
+    nav = {"Sec-Fetch-Mode": "navigate", **(headers or {})}
+    page = s.get(f"{HUB_URL}/hub/login", headers=nav, timeout=30)
+    m = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    assert m and "_xsrf" in s.cookies, (page.status_code, page.text[:300])
+    r = s.post(f"{HUB_URL}/hub/login",
+               data={"_xsrf": m.group(1), "username": username, "password": token},
+               headers={**nav, "Sec-Fetch-Site": "same-origin",
+                        "Referer": f"{HUB_URL}/hub/login"},
+               allow_redirects=False, timeout=30)
+    r.session_cookies = set(s.cookies.keys())
+    r.session = s  # signed in, when the form accepted her (302)
+    return r
 
 
 def docker(*args: str, check: bool = True) -> str:

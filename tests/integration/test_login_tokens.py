@@ -30,7 +30,7 @@ import requests
 from gpulab.settings import load_settings
 
 from .browser import session_cookies, submit_login
-from .stack import HUB_URL, docker
+from .stack import HUB_URL, docker, form_login
 from .test_browser import HUB_CONTAINER, INVALID_LOGIN
 from .throttle_rows import failures_undone, throttle
 
@@ -48,22 +48,6 @@ def throttle_hygiene(hub):
 
 
 # ------------------------------------------------------------------------- helpers
-
-
-def form_login(username: str, token: str, headers: dict | None = None) -> requests.Response:
-    """The login form through the published port, as a browser submits it."""
-    s = requests.Session()
-    nav = {"Sec-Fetch-Mode": "navigate", **(headers or {})}
-    page = s.get(f"{HUB_URL}/hub/login", headers=nav, timeout=30)
-    m = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
-    assert m and "_xsrf" in s.cookies, (page.status_code, page.text[:300])
-    r = s.post(f"{HUB_URL}/hub/login",
-               data={"_xsrf": m.group(1), "username": username, "password": token},
-               headers={**nav, "Sec-Fetch-Site": "same-origin",
-                        "Referer": f"{HUB_URL}/hub/login"},
-               allow_redirects=False, timeout=30)
-    r.session_cookies = set(s.cookies.keys())
-    return r
 
 
 def login_error_text(html: str) -> str:

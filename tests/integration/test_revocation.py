@@ -123,7 +123,7 @@ def test_a_user_made_through_the_rest_api_uses_an_admins_token_for_it(hub):
             assert json.loads(r.text)["name"] == name
             time.sleep(1.2)
         # It is not a login token: the sign-in form refuses it.
-        from .test_login_tokens import form_login
+        from .stack import form_login
         assert form_login(name, made["token"]).status_code == 403
         assert hub.request("DELETE", f"/users/{name}/tokens/{made['id']}").status_code == 204
         r = requests.get(f"{HUB_URL}/hub/api/user", timeout=30,

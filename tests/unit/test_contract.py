@@ -48,7 +48,8 @@ def test_the_assistants_container_names_its_gpus_holder_as_the_lease_table_does(
 
 def test_the_metrics_the_hub_queries_are_the_ones_the_exporter_produces(produced):
     assert {contract.METRIC_UTILIZATION, contract.METRIC_MEMORY_USED,
-            contract.METRIC_MEMORY_TOTAL, contract.METRIC_LEASE} <= produced
+            contract.METRIC_MEMORY_TOTAL, contract.METRIC_LEASE,
+            contract.METRIC_USER_MEMORY} <= produced
 
 
 def produced_by_the_hub() -> set[str]:
@@ -89,7 +90,7 @@ def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produ
 
 
 # gpulab_* words in the hub's code that are not metrics: modules and packages.
-MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access"}
+MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access", "gpulab_work"}
 
 
 # The addresses' variables, and the contract's value for each.

@@ -13,7 +13,9 @@ from gpulab.culler.decide import (
     WARN,
     Server,
     cull_decision,
+    gpu_working,
     idle_since,
+    inactivity_warning,
     longest_idle_window,
     plan,
     query_step,
@@ -203,3 +205,55 @@ def test_when_each_gpu_is_expected_back(pol, idle, standing, expected):
 
     standing = {ALICE.key: standing} if standing else {}
     assert releases([ALICE], {ALICE.key: pol}, CULL, idle, standing, NOW) == expected
+
+
+# ------------------------------------------------------------ work and the idle culler
+
+def test_servers_whose_gpus_work_are_told_apart_from_sharers_who_only_hold_them():
+    alone = Server("ann", "", 0.0, ("GPU-a",))
+    idle = Server("bob", "", 0.0, ("GPU-b",))
+    two = Server("cat", "big", 0.0, ("GPU-b", "GPU-c"))  # works if one of hers does
+    sharer_working = Server("dan", "", 0.0, ("GPU-s",))
+    sharer_holding = Server("eve", "", 0.0, ("GPU-s",))
+    servers = [alone, idle, two, sharer_working, sharer_holding]
+    assert gpu_working(servers, {"GPU-a", "GPU-c", "GPU-s"}, {"GPU-s": {"dan"}}) == [
+        alone, two, sharer_working]
+    # nobody's memory known on the shared GPU: unknown is not idle
+    assert gpu_working(servers, {"GPU-s"}, {}) == [sharer_working, sharer_holding]
+    assert gpu_working(servers, set(), {}) == []
+
+
+HOUR = 3600
+
+
+@pytest.mark.parametrize("last, timeout, warn_before, stop_at", [
+    (NOW - 40 * 60, HOUR, 15 * 60, None),          # 20 min before the stop: not yet
+    (NOW - 50 * 60, HOUR, 15 * 60, NOW + 10 * 60),  # within 15 min of it: warned
+    (NOW - 70 * 60, HOUR, 15 * 60, NOW - 10 * 60),  # late: the culler is due now
+    (NOW - 50 * 60, 0, 15 * 60, None),             # no idle culler
+    # a short timeout: warned only in its last third, so that work reported every
+    # quarter of it never brings a warning
+    (NOW - 10, 24, 15 * 60, None),
+    (NOW - 17, 24, 15 * 60, NOW + 7),
+])
+def test_the_warning_ahead_of_the_idle_culler(last, timeout, warn_before, stop_at):
+    server = Server("ann", "", NOW - 2 * HOUR, ())
+    w = inactivity_warning(server, last, timeout, warn_before, None, NOW)
+    assert (w and w.stop_at) == stop_at
+    if w:
+        assert w.reason == "inactive" and w.warned_at == NOW
+        assert "no browser on it, no cell executing, no process working and no GPU busy" \
+            in w.message
+
+
+def test_a_standing_warning_keeps_its_time_until_the_stop_moves():
+    server = Server("ann", "", NOW - 2 * HOUR, ())
+    first = inactivity_warning(server, NOW - 50 * 60, HOUR, 15 * 60, None, NOW)
+    again = inactivity_warning(server, NOW - 50 * 60, HOUR, 15 * 60, first, NOW + 60)
+    assert again.warned_at == NOW
+    # she opened it meanwhile, and left again: a new stop time, a new warning
+    moved = inactivity_warning(server, NOW + 10, HOUR, 15 * 60, first, NOW + 50 * 60)
+    assert moved.warned_at == NOW + 50 * 60 and moved.stop_at == NOW + 10 + HOUR
+    # a server started after its last activity counts from its start
+    fresh = Server("ann", "", NOW - 50 * 60, ())
+    assert inactivity_warning(fresh, 0.0, HOUR, 15 * 60, None, NOW).stop_at == NOW + 10 * 60

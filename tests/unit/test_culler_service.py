@@ -64,7 +64,7 @@ class RecordingHub(HubApi):
 
     def __init__(self, users, fail=False):
         super().__init__("http://hub.invalid/hub/api", "token")
-        self.listed, self.fail, self.stopped = users, fail, []
+        self.listed, self.fail, self.stopped, self.active = users, fail, [], []
 
     async def users(self, state="", *, token=None):
         assert state == "ready"  # servers that start or stop are left alone
@@ -75,6 +75,9 @@ class RecordingHub(HubApi):
     async def stop_server(self, user, server="", *, token=None):
         self.stopped.append((user, server))
         return True
+
+    async def report_activity(self, user, server, when, *, token=None):
+        self.active.append((user, server, when))
 
 
 class HubThatReadsTheNotices(RecordingHub):
@@ -94,18 +97,28 @@ class HubThatReadsTheNotices(RecordingHub):
 
 
 class CannedPrometheus(Prometheus):
-    """Prometheus answering the lease query and the utilization range query from data."""
+    """Prometheus answering the lease query, the utilization range query, the recent
+    utilization and the users' memory per GPU from data (each GPU's utilization now: its
+    last sample before the check's time, *now*)."""
 
-    def __init__(self, leases, utilization, down=False):
+    def __init__(self, leases, utilization, down=False, memory=()):
         super().__init__("http://prometheus.invalid")
         self.leases, self.utilization, self.down = leases, utilization, down
-        self.ranges = []
+        self.memory = list(memory)  # (uuid, user) with memory there
+        self.ranges, self.now = [], T0
 
     async def query(self, expr, at=None):
         if self.down:
             raise PrometheusUnavailable("Prometheus at http://prometheus.invalid did not answer")
-        assert expr == "gpulab_gpu_lease_info"
-        return self.leases
+        if expr == "gpulab_gpu_lease_info":
+            return self.leases
+        if expr.startswith("max by (uuid) (max_over_time(gpulab_gpu_utilization_ratio["):
+            return [{"metric": {"uuid": u}, "value": [self.now, str(max(
+                [v for t, v in samples if self.now - 30 <= t <= self.now] or [0.0]))]}
+                for u, samples in self.utilization.items()]
+        assert expr == "max by (uuid, user) (gpulab_gpu_user_memory_used_bytes) > 0", expr
+        return [{"metric": {"uuid": u, "user": user}, "value": [self.now, "1e9"]}
+                for u, user in self.memory]
 
     async def query_range(self, expr, start, end, step):
         self.ranges.append((expr, end - start, step))
@@ -132,8 +145,8 @@ def culler_for(tmp_path):
     gpus.write_text(GPUS_YAML)
     notices = tmp_path / "notices.json"
 
-    def make(hub, prometheus):
-        return GpuCuller(hub, prometheus, gpus, notices)
+    def make(hub, prometheus, idle_timeout=0):
+        return GpuCuller(hub, prometheus, gpus, notices, idle_timeout=idle_timeout)
 
     return make, notices
 
@@ -215,6 +228,77 @@ def test_two_servers_stopped_in_one_round_each_shows_its_own_state(culler_for, a
     else:
         assert hub.seen == [([("alice", IDLE)], [("pat", "")]),
                             ([("pat", IDLE)], [("alice", "")])]
+
+
+def check(culler, prometheus, now):
+    prometheus.now = now
+    return asyncio.run(culler.check(now))
+
+
+def test_servers_whose_gpus_work_are_reported_active_to_the_hub(culler_for):
+    """The idle culler stops by the hub's last activity: the GPU culler, which sees the
+    GPUs, reports a server whose GPU works as active. On a shared GPU (two servers hold
+    GPU-s), only the sharer whose processes hold memory there works."""
+    make, _ = culler_for
+    now = T0 + 600
+    leases = [*LEASES, {"metric": {"user": "ann", "server": "", "uuid": "GPU-s"}},
+              {"metric": {"user": "ben", "server": "", "uuid": "GPU-s"}}]
+    util = {"GPU-a": flat(0.0, T0, now), "GPU-p": flat(0.0, T0, now),
+            "GPU-b": flat(0.9, T0, now), "GPU-s": flat(0.5, T0, now)}
+    hub = RecordingHub(users(("alice", ()), ("pat", ()), ("busy", ()), ("ann", ()),
+                             ("ben", ())))
+    prometheus = CannedPrometheus(leases, util, memory=[("GPU-s", "ben")])
+    check(make(hub, prometheus), prometheus, now)
+    assert sorted(hub.active) == [("ben", "", now), ("busy", "", now)]
+
+    hub.active.clear()  # the memory cannot be attributed (MIG): unknown is not idle
+    prometheus.memory = []
+    check(make(hub, prometheus), prometheus, now)
+    assert sorted(hub.active) == [("ann", "", now), ("ben", "", now), ("busy", "", now)]
+
+
+def test_members_are_warned_ahead_of_the_idle_cullers_stop_and_told_after(culler_for):
+    """hub.idle_timeout 1 h, warn_before 10 min: a server the hub last saw active 55 min
+    ago is warned (the idle culler stops it at 60); one whose GPU works is not, whatever
+    its Jupyter activity; once the idle culler stopped it, her page says why."""
+    make, notices_file = culler_for
+    now = T0 + 3 * 3600
+    listed = [{"name": n, "groups": ["patient"], "servers": {"": {  # no GPU idle clock
+        "ready": True, "started": ISO0, "last_activity": iso(now - 55 * 60)}}}
+        for n in ("alice", "busy", "nogpu")]
+    hub = RecordingHub(listed)
+    util = {"GPU-a": flat(0.0, T0, now + 900), "GPU-b": flat(0.9, T0, now + 900)}
+    prometheus = CannedPrometheus([LEASES[0], LEASES[2]], util)
+    culler = make(hub, prometheus, idle_timeout=3600)
+    check(culler, prometheus, now)
+    warned = notes.read(notices_file).warnings
+    assert sorted(warned) == [("alice", ""), ("nogpu", "")]
+    assert warned["nogpu", ""].stop_at == now + 300
+    assert warned["nogpu", ""].reason == notes.INACTIVE
+    text = notes.notices_for(notes.read(notices_file), "nogpu", now)[0]["text"]
+    assert text == ("Your server will be stopped in about 5 min: nothing has happened in it "
+                    "for 55 min (no browser on it, no cell executing, no process working and "
+                    "no GPU busy), and servers stop after 1 h of that. Open it, or keep a "
+                    "cell or a program working in it, and it stays.")
+
+    # the idle culler stops nogpu's server at 60 min; alice opened hers meanwhile
+    hub.listed = [{**listed[0], "servers": {"": {**listed[0]["servers"][""],
+                                                 "last_activity": iso(now + 200)}}},
+                  listed[1]]
+    check(culler, prometheus, now + 320)
+    after = notes.read(notices_file)
+    assert after.warnings == {}
+    [gone] = after.stopped
+    assert (gone.user, gone.reason) == ("nogpu", notes.INACTIVE)
+    assert notes.notices_for(after, "nogpu", now + 400)[0]["text"] == (
+        "Your server was stopped: nothing had happened in it for 1 h (no browser on it, no "
+        "cell executing, no process working and no GPU busy). The files in your home are "
+        "kept. Start it again when you need it.")
+
+
+def iso(t: float) -> str:
+    from datetime import UTC, datetime
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def test_no_prometheus_means_nothing_culled(culler_for, caplog):

@@ -110,6 +110,13 @@ def test_the_culler_checks_every_minute_or_every_half_timeout(idle_timeout, ever
     assert hubconfig.cull_every(idle_timeout) == every
 
 
+@pytest.mark.parametrize("idle_timeout, every", [
+    (3600, 300), (1200, 300), (600, 150), (60, 15), (30, 7), (12, 5),
+])
+def test_servers_report_their_activity_well_within_the_idle_timeout(idle_timeout, every):
+    assert hubconfig.activity_every(idle_timeout) == every
+
+
 def test_https_at_the_edge_adds_hsts_and_secure_xsrf_cookies():
     from gpulab.hubconfig import tornado_settings
 
@@ -127,7 +134,10 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     assert service["command"][1:] == ["-m", "gpulab.culler", "--gpus-file",
                                       str(tmp_path / "config" / "gpus.yaml"),
                                       "--notices", notices, "--bookings-file",
-                                      str(tmp_path / "data" / "gpulab-bookings.sqlite")]
+                                      str(tmp_path / "data" / "gpulab-bookings.sqlite"),
+                                      "--idle-timeout=3600"]  # hub.idle_timeout's default
+    # and a member's server reports its activity (gpulab_work's too) every 5 min then
+    assert configured.GpulabSpawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
     assert service["environment"] == {"GPULAB_PROMETHEUS_URL": "http://prometheus:9090",
                                       "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good"),
                                       "GPULAB_SCRAPE_SECONDS": "15"}
@@ -135,7 +145,7 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     role = next(r for r in configured.JupyterHub.load_roles if r["name"] == "gpu-culler")
     assert role["services"] == ["gpu-culler"]
     assert sorted(role["scopes"]) == ["delete:servers", "list:users", "read:servers",
-                                      "read:users:groups"]
+                                      "read:users:groups", "users:activity"]
     gpu_notices = configured.JupyterHub.template_vars["gpu_notices"]
     assert gpu_notices(None) == []
 

@@ -15,22 +15,33 @@ Nobody is stopped without warning: a server is warned ``warn_before`` ahead, and
 stopped only once a warning has stood that long, so a lowered timeout or a culler that
 was down gives the member their warning time all the same. A warned server whose GPU
 works again is kept, and its warning withdrawn.
+
+The hub's idle culler (jupyterhub-idle-culler, ``hub.idle_timeout``) stops any server in
+which nothing happened for that long, by the hub's ``last_activity``. Two things here
+feed and explain it:
+
+* :func:`gpu_working`: a server whose GPUs work is active (the culler reports it to the
+  hub as the server's activity); work inside the server (a cell executing, a process
+  working) is reported by the server itself (the single-user image's work watcher).
+* :func:`inactivity_warning`: the member is warned ``warn_before`` ahead of that stop too,
+  told what would have counted; after it, the notice says why it was stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulab.bookings.book import Booking, first_booked, when
 from gpulab.contract import DEFAULT_SCRAPE_SECONDS
 from gpulab.gpus.config import Culling
 from gpulab.gpus.policy import Policy
-from gpulab.notices import CullWarning
+from gpulab.notices import INACTIVE, CullWarning
 from gpulab.settings import duration_text
 
 KEEP, WARN, STOP = "keep", "warn", "stop"
 IDLE, AGE, BOOKING = "idle", "age", "booking"
+NOTHING_RAN = ("no browser on it, no cell executing, no process working and no GPU busy")
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,47 @@ def _due(server: Server, policy: Policy, culling: Culling,
                        f"servers holding GPUs may run for "
                        f"{duration_text(policy.max_server_age)}"))
     return min(clocks) if clocks else None
+
+
+def gpu_working(servers: Sequence[Server], busy: Iterable[str],
+                users_on: Mapping[str, set[str]]) -> list[Server]:
+    """The *servers* whose GPUs work now: one of its GPUs is *busy* (at or over
+    ``culling.idle_below`` since the last check) and, where several servers share that
+    GPU, her processes hold memory on it (*users_on*: GPU UUID -> the users with memory
+    there). A shared GPU whose memory nobody can attribute (no *users_on* entry) counts
+    for every sharer: unknown is not idle."""
+    busy = set(busy)
+    holders: dict[str, int] = {}
+    for s in servers:
+        for uuid in s.gpus:
+            holders[uuid] = holders.get(uuid, 0) + 1
+    return [s for s in servers
+            if any(uuid in busy and (holders[uuid] == 1 or uuid not in users_on
+                                     or s.user in users_on[uuid]) for uuid in s.gpus)]
+
+
+def inactivity_warning(server: Server, last_activity: float, idle_timeout: int,
+                       warn_before: int, standing: CullWarning | None,
+                       now: float) -> CullWarning | None:
+    """The warning *server* gets ahead of the hub's idle culler, which stops it once
+    nothing has happened in it for *idle_timeout* after *last_activity* (hub time); None
+    while that is further off than *warn_before* (at most a third of the timeout: a
+    server whose work is reported every little while is never warned), or with no
+    timeout. A warning already standing for the same run and the same stop keeps its
+    time."""
+    if not idle_timeout:
+        return None
+    stop_at = max(last_activity, server.started) + idle_timeout
+    if now < stop_at - min(warn_before, idle_timeout / 3):
+        return None
+    kept = (standing is not None and standing.reason == INACTIVE
+            and standing.started == server.started and standing.stop_at == stop_at)
+    return CullWarning(server.user, server.name, server.started, INACTIVE,
+                       standing.warned_at if kept else now, stop_at,
+                       f"nothing has happened in it for "
+                       f"{duration_text(max(0.0, now - max(last_activity, server.started)))}"
+                       f" ({NOTHING_RAN}), and servers stop after "
+                       f"{duration_text(idle_timeout)} of that")
 
 
 def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],

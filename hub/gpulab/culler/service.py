@@ -26,12 +26,15 @@ from gpulab import live_config
 from gpulab import notices as notes
 from gpulab.bookings.book import Booking
 from gpulab.bookings.store import booking_store
-from gpulab.contract import METRIC_LEASE, METRIC_UTILIZATION, scrape_seconds
+from gpulab.contract import METRIC_LEASE, METRIC_USER_MEMORY, METRIC_UTILIZATION, scrape_seconds
 from gpulab.culler.decide import (
+    NOTHING_RAN,
     STOP,
     WARN,
     Server,
+    gpu_working,
     idle_since,
+    inactivity_warning,
     longest_idle_window,
     plan,
     query_step,
@@ -59,6 +62,7 @@ class HubServer:
     name: str
     started: float
     groups: tuple[str, ...]
+    last_activity: float = 0.0  # the hub's, for the idle culler (0: none reported)
 
 
 # ---------------------------------------------------------------- pure conversions
@@ -72,7 +76,8 @@ def hub_servers(users: Iterable[Mapping[str, Any]]) -> list[HubServer]:
         for name, s in (u.get("servers") or {}).items():
             if s.get("ready") and not s.get("pending") and s.get("started"):
                 out.append(HubServer(u["name"], name, hub_time(s["started"]),
-                                     tuple(u.get("groups") or ())))
+                                     tuple(u.get("groups") or ()),
+                                     hub_time(s.get("last_activity"))))
     return out
 
 
@@ -89,6 +94,17 @@ def servers_holding_gpus(servers: Sequence[HubServer],
             for s in servers if held.get((s.user, s.name))]
 
 
+def users_by_uuid(series: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """GPU UUID -> the hub users whose processes hold memory there, from the
+    ``gpulab_gpu_user_memory_used_bytes > 0`` series."""
+    out: dict[str, set[str]] = {}
+    for s in series:
+        m = s.get("metric") or {}
+        if m.get("uuid") and m.get("user"):
+            out.setdefault(m["uuid"], set()).add(m["user"])
+    return out
+
+
 def samples_by_uuid(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
     return {series["metric"].get("uuid", ""): [(float(t), float(v))
                                                for t, v in series.get("values", [])]
@@ -100,12 +116,15 @@ def samples_by_uuid(matrix: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple
 
 class GpuCuller:
     def __init__(self, hub: HubApi, prometheus: Prometheus, gpus_file: str | Path,
-                 notices_file: str | Path, bookings_file: str | Path | None = None):
+                 notices_file: str | Path, bookings_file: str | Path | None = None,
+                 idle_timeout: int = 0):
         self.hub = hub
         self.prometheus = prometheus
         self.gpus_file = str(gpus_file)
         self.notices_file = Path(notices_file)
         self.bookings_file = bookings_file  # members' bookings (gpulab.bookings); None: none
+        # the hub's idle culler's timeout (hub.idle_timeout, as the hub started it); 0: off
+        self.idle_timeout = idle_timeout
 
     def config(self):
         return live_config.gpus_file.load(self.gpus_file)
@@ -125,10 +144,12 @@ class GpuCuller:
             policies = {s.key: policy_for(config, s.user, s.groups) for s in servers}
             idle = await self.idle_since(now, longest_idle_window(list(policies.values())),
                                          config.culling.idle_below)
+            working = await self.gpu_working(servers, config.culling)
         except PrometheusUnavailable as e:
             log.warning("GPU culler: %s; nothing culled this round (which GPUs are held "
                         "and how busy they are comes from Prometheus)", e)
             return []
+        active = await self.report_activity(working, now)
         before = notes.read(self.notices_file)
         decisions = plan(servers, policies, config.culling, idle, before.warnings, now,
                          self.bookings())
@@ -169,16 +190,82 @@ class GpuCuller:
                             notes.server_label(w.server), duration_text(now - w.warned_at),
                             w.message)
                 stopped.append(notice)
+        warnings = {d.server.key: d.warning for d in decisions if d.action == WARN}
+        inactive = self.inactivity_warnings(ready, active, before.warnings,
+                                            config.culling.warn_before, now)
+        for key, w in inactive.items():
+            if key not in warnings and key not in {d.server.key for d in decisions
+                                                   if d.action == STOP}:
+                if key not in before.warnings:
+                    log.info("GPU culler: warned %s that their %s stops at %s UTC (the idle "
+                             "culler's): %s", w.user, notes.server_label(w.server),
+                             _clock(w.stop_at), w.message)
+                warnings[key] = w
+        running = {(s.user, s.name): s.started for s in ready}
         for key, w in before.warnings.items():
-            if key not in {d.server.key for d in decisions if d.action in (WARN, STOP)}:
+            if key in warnings or key in {d.server.key for d in decisions if d.action == STOP}:
+                continue
+            if w.reason == notes.INACTIVE and key not in running and now >= w.stop_at:
+                log.info("GPU culler: %s's %s was stopped by the idle culler, as warned",
+                         w.user, notes.server_label(w.server))
+                stopped.append(notes.Stopped(
+                    w.user, w.server, now, notes.INACTIVE,
+                    f"nothing had happened in it for {duration_text(self.idle_timeout)} "
+                    f"({NOTHING_RAN})"))
+            else:
                 log.info("GPU culler: %s's %s is no longer due to stop; warning withdrawn",
                          w.user, notes.server_label(w.server))
-        warnings = {d.server.key: d.warning for d in decisions if d.action == WARN}
-        running = {(s.user, s.name): s.started for s in ready}
         notes.write(self.notices_file, notes.Notices(
             warnings, notes.keep_stopped(stopped, running, now),
             releases(servers, policies, config.culling, idle, warnings, now)))
         return decisions
+
+    async def gpu_working(self, servers: Sequence[Server], culling) -> list[Server]:
+        """The servers whose GPUs worked since the last check (:func:`.decide.gpu_working`)."""
+        if not servers:
+            return []
+        window = max(culling.check_every, 2 * scrape_seconds())
+        utilization = await self.prometheus.query(
+            f"max by (uuid) (max_over_time({METRIC_UTILIZATION}[{window}s]))")
+        busy = [s["metric"].get("uuid", "") for s in utilization
+                if float(s["value"][1]) >= culling.idle_below]
+        if not busy:
+            return []
+        users_on = users_by_uuid(await self.prometheus.query(
+            f"max by (uuid, user) ({METRIC_USER_MEMORY}) > 0"))
+        return gpu_working(servers, busy, users_on)
+
+    async def report_activity(self, working: Sequence[Server],
+                              now: float) -> set[tuple[str, str]]:
+        """Report each of *working* to the hub as active now (the idle culler then keeps
+        it); the keys of those the hub took."""
+        done = set()
+        for s in working:
+            try:
+                await self.hub.report_activity(s.user, s.name, now)
+                done.add(s.key)
+            except HubApiError as e:
+                log.error("GPU culler: could not report %s's %s as active (its GPUs work): "
+                          "%s", s.user, notes.server_label(s.name), e)
+        if done:
+            log.debug("GPU culler: GPUs at work in %s", sorted(done))
+        return done
+
+    def inactivity_warnings(self, ready: Sequence[HubServer], active: set[tuple[str, str]],
+                            standing: Mapping[tuple[str, str], notes.CullWarning],
+                            warn_before: int, now: float
+                            ) -> dict[tuple[str, str], notes.CullWarning]:
+        """The warnings ahead of the idle culler's stops (:func:`.decide.inactivity_warning`),
+        by server; none with the idle culler off."""
+        out = {}
+        for h in ready:
+            key = (h.user, h.name)
+            last = now if key in active else h.last_activity
+            w = inactivity_warning(Server(h.user, h.name, h.started, ()), last,
+                                   self.idle_timeout, warn_before, standing.get(key), now)
+            if w is not None:
+                out[key] = w
+        return out
 
     def bookings(self) -> list[Booking]:
         """Members' bookings; none (and the log says why) when the store cannot be read:
