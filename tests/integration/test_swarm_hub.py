@@ -25,6 +25,7 @@ import requests
 
 from .autograd_cell import AUTOGRAD_CELL, check_result
 from .browser import answer_shown, submit_login
+from .lan import StandInLan
 from .probes import probe
 from .stack import REPO, LabUser, StackError, wait_for
 from .swarm_lab import IMAGES, SwarmLab
@@ -288,6 +289,26 @@ def test_a_member_reaches_the_hub_api_and_nothing_else_on_any_machine(lab, membe
         status = lab.swarm.docker(workers[name], "exec", "gpulab-netguard", "gpulab-netguard",
                                "status")
         assert status.startswith("users' network isolated on this machine"), status
+
+
+def test_the_labs_private_networks_are_closed_on_every_machine(lab, members, running):
+    """The lab's network (a machine of its at 10.99.0.2, a public-range stand-in beyond),
+    routed from her GPU server and from the manager: her server reaches the stand-in and
+    DNS there, not the lab's machine; the hub, on the manager, reaches the lab's machine
+    (its directory, its SMTP server) through a way out of its own."""
+    attacker, here, *_ = _neighbours(lab, members)
+    workers = {w.hostname: w for w in lab.swarm.workers}
+    nas, public, port = "10.99.0.2", "198.51.100.2", 18080
+    with StandInLan([nas, public], [port, 53], netns=workers[here].plan.netns):
+        seen = probe(attacker, {"nas": (nas, port), "nas_dns": (nas, 53),
+                                "public": (public, port)})
+    assert seen == {"nas": "unreachable", "nas_dns": "open", "public": "open"}
+    with StandInLan([nas], [port], netns=lab.manager.plan.netns):
+        assert lab.probe_from_container("gpulab-hub", {"nas": (nas, port)}) == {
+            "nas": "open"}
+    status = lab.swarm.docker(workers[here], "exec", "gpulab-netguard", "gpulab-netguard",
+                              "status")
+    assert "open on the lab's private networks: DNS (port 53) and nothing" in status, status
 
 
 def test_a_flushed_overlay_firewall_is_put_back(lab, members, running):

@@ -27,7 +27,6 @@ from gpulab.netguard import (
     v6_rules,
 )
 
-
 PRIVATE_DROPS = ["-i gpulab0 -d 10.0.0.0/8 -j DROP", "-i gpulab0 -d 172.16.0.0/12 -j DROP",
                  "-i gpulab0 -d 192.168.0.0/16 -j DROP", "-i gpulab0 -d 100.64.0.0/10 -j DROP",
                  "-i gpulab0 -d 169.254.0.0/16 -j DROP"]
