@@ -75,6 +75,21 @@ USER_CONTAINER_PREFIX = "gpulab-user-"
 # (images/singleuser/assistant-on/). An image without it starts without the assistant.
 ASSISTANT_ON_CONFIG = "/opt/venv/share/gpulab/assistant-on"
 
+# How much log every container gpulab starts may keep on the Docker host: the stack's
+# (docker-compose.yml's x-hardened logging) and members' servers, containers and Swarm
+# services (gpulab.spawn). Docker's json-file driver rotates it: LOG_MAX_FILES files of
+# at most LOG_MAX_SIZE, the oldest dropped. Without it a log grows until the disk that
+# homes and the hub's database share is full. The Docker proxy refuses any other.
+LOG_DRIVER = "json-file"
+LOG_MAX_SIZE = "10m"
+LOG_MAX_FILES = 3
+
+
+def log_options() -> dict[str, str]:
+    """The json-file driver's options for :data:`LOG_MAX_SIZE` and :data:`LOG_MAX_FILES`."""
+    return {"max-size": LOG_MAX_SIZE, "max-file": str(LOG_MAX_FILES)}
+
+
 # The containers of the stack itself (docker-compose.yml's container_name values).
 HUB_CONTAINER = "gpulab-hub"
 PROXY_CONTAINER = "gpulab-proxy"

@@ -41,6 +41,7 @@ from gpulab.line import api as line_api
 from gpulab.line import metrics as line_metrics
 from gpulab.line.store import line_store
 from gpulab.line.view import home_page_line
+from gpulab.login import logscrub
 from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
 from gpulab.login.sshkeys import SSH_SERVICE
@@ -186,6 +187,7 @@ def route_logs_to_hub() -> None:
 
 def configure(c) -> None:
     route_logs_to_hub()
+    logscrub.install()  # tornado's own lines about failed requests carry raw URLs
     settings_path = CONFIG_DIR / "gpulab.yaml"
     gpus_path = CONFIG_DIR / "gpus.yaml"
     try:  # refuse to start on a bad file, saying file:line, not with a traceback

@@ -222,6 +222,7 @@ def legit_body(user: str = "difftest", gpus: tuple[str, ...] = (GPU,)) -> dict:
             "Binds": [f"{HOME_VOLUME}-{user}:/home/jovyan:rw", f"{DATASETS_VOLUME}:/datasets:ro"],
             "Links": [], "CpuQuota": 200000, "CpuPeriod": 100000, "PidsLimit": 1024,
             "Init": True, "Mounts": [],
+            "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
             "DeviceRequests": [{"Driver": "nvidia", "Count": 0, "DeviceIDs": list(gpus),
                                 "Capabilities": [["gpu"]], "Options": {}}],
         },
@@ -655,7 +656,8 @@ def test_the_calls_the_hub_makes_pass_through_docker_py(proxy):
                DATASETS_VOLUME: {"bind": "/datasets", "mode": "ro"}},
         mem_limit=8589934592, shm_size=2147483648, network_mode=NETWORK, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], links={}, cpu_quota=200000, cpu_period=100000,
-        pids_limit=1024, init=True, mounts=[], auto_remove=False)
+        pids_limit=1024, init=True, mounts=[], auto_remove=False,
+        log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "3"}})
     name = f"{PREFIX}docker-py"
     created = api.create_container(
         IMAGE, command=["sleep", "30"], name=name, user="1000:1000", ports=[8888],

@@ -155,6 +155,8 @@ class Lab:
                 "RestartPolicy": {"Condition": "none"},
                 "Placement": {"Constraints": [f"node.id=={self.worker_id}"]},
                 "Networks": [{"Target": NETWORK}],
+                "LogDriver": {"Name": "json-file",
+                              "Options": {"max-size": "10m", "max-file": "3"}},
             },
             "Mode": {"Replicated": {"Replicas": 1}},
             "EndpointSpec": {"Mode": "dnsrr"},
@@ -376,7 +378,8 @@ def test_the_calls_pass_through_docker_py(lab):
                                     for m in cs["Mounts"]]),
         resources=resources, restart_policy=types.RestartPolicy("none"),
         placement=types.Placement(constraints=[f"node.id=={lab.worker_id}"]),
-        networks=[NETWORK])
+        networks=[NETWORK],
+        log_driver=types.DriverConfig("json-file", {"max-size": "10m", "max-file": "3"}))
     created = api.create_service(tt, name=spec["Name"], labels=spec["Labels"],
                                  mode=types.ServiceMode("replicated", 1),
                                  endpoint_spec=types.EndpointSpec(mode="dnsrr"))

@@ -45,6 +45,9 @@ def test_user_container_is_hardened(hub, lab_user):
     assert hc["ShmSize"] == 2 * 1024**3
     assert hc["IpcMode"] != "host" and hc["PidMode"] == "" and hc["NetworkMode"] == "gpulab"
     assert not hc["PortBindings"]  # publishes nothing on the host
+    # its log rotates: 3 files of 10 MB at most (test_logs_are_bounded writes past it)
+    assert hc["LogConfig"] == {"Type": "json-file",
+                               "Config": {"max-size": "10m", "max-file": "3"}}
     assert all("docker.sock" not in m["Source"] for m in info["Mounts"])
 
     # What the member's own code sees inside it.
@@ -98,6 +101,8 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     assert hc["SecurityOpt"] == expected, name
     assert hc["PidMode"] == ("host" if name == "gpulab-exporter" else ""), name
     assert hc["Privileged"] is False and not hc["Devices"], name
+    assert hc["LogConfig"] == {"Type": "json-file",  # its log rotates (test_logs.py)
+                               "Config": {"max-size": "10m", "max-file": "3"}}, name
     user = info["Config"]["User"]
     if name in ("gpulab-hub", "gpulab-netguard", "gpulab-backup"):
         # root without capabilities (the hub owns its volume and secrets) / with the one

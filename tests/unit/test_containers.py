@@ -18,6 +18,7 @@ def test_cpu_only_container_matches_expected_structure():
         "security_opt": ["no-new-privileges"],
         "init": True,
         "auto_remove": False,
+        "log_config": {"type": "json-file", "config": {"max-size": "10m", "max-file": "3"}},
     }
     assert opts.create_kwargs == {
         "user": "1000:1000",

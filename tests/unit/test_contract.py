@@ -30,6 +30,13 @@ def test_compose_runs_exactly_the_reserved_infrastructure_containers():
     assert not any(n.startswith(contract.USER_CONTAINER_PREFIX) for n in names)
 
 
+def test_every_container_of_the_stack_keeps_a_bounded_log_like_members_servers():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        assert service.get("logging") == {"driver": contract.LOG_DRIVER,
+                                          "options": contract.log_options()}, name
+
+
 def test_the_assistants_container_names_its_gpus_holder_as_the_lease_table_does():
     """The exporter attributes the assistant's GPUs to the holder the hub's lease table
     and spawn form name (gpulab.assistant.gpus), through the container's labels."""

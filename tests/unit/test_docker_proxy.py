@@ -38,6 +38,7 @@ def legit(gpus=(GPU,), **host_config) -> dict:
         "PidsLimit": 1024,
         "Init": True,
         "Mounts": [],
+        "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
         "DeviceRequests": [{"Driver": "nvidia", "Count": 0, "DeviceIDs": list(gpus),
                             "Capabilities": [["gpu"]], "Options": {}}],
     }
@@ -233,13 +234,19 @@ def test_what_is_forwarded_is_the_checked_object_re_serialized():
     ({"CpuQuota": -1}, "out of range"),
     ({"NanoCpus": 1.5}, "expected an integer"),
     ({"Init": 1}, "expected a boolean, got an integer"),
+    # a log without a bound (it fills the host's disk), or sent off the host
+    ({"LogConfig": {"Type": "json-file", "Config": {}}}, "log rotates"),
+    ({"LogConfig": {"Type": "json-file", "Config": {"max-size": "10g", "max-file": "3"}}},
+     "log rotates"),
+    ({"LogConfig": {"Type": "syslog", "Config": {"syslog-address": "udp://10.0.0.9:514"}}},
+     "log rotates"),
 ])
 def test_unsafe_creates_are_refused(change, why):
     assert why in refused_for(legit(**change))
 
 
-@pytest.mark.parametrize("required", ["Memory", "PidsLimit", "CapDrop", "SecurityOpt",
-                                      "NetworkMode"])
+@pytest.mark.parametrize("required", ["Memory", "PidsLimit", "LogConfig", "CapDrop",
+                                      "SecurityOpt", "NetworkMode"])
 def test_limits_and_hardening_are_required(required):
     body = legit()
     del body["HostConfig"][required]

@@ -53,6 +53,7 @@ def legit(gpus=(GPU,), node=NODE) -> dict:
             "RestartPolicy": {"Condition": "none", "Delay": 0, "MaxAttempts": 0, "Window": 0},
             "Placement": {"Constraints": [f"node.id=={node}"]},
             "Networks": [{"Target": "gpulab"}],
+            "LogDriver": {"Name": "json-file", "Options": {"max-size": "10m", "max-file": "3"}},
         },
         "Mode": {"replicated": {"Replicas": 1}},
         "EndpointSpec": {"Mode": "dnsrr"},
@@ -347,7 +348,11 @@ def test_what_is_forwarded_is_the_checked_object_re_serialized():
     (changed(("TaskTemplate",), Runtime="plugin"), "key 'Runtime' is not allowed"),
     (changed(("TaskTemplate",), PluginSpec={}), "key 'PluginSpec' is not allowed"),
     (changed(("TaskTemplate",), NetworkAttachmentSpec={}), "key 'NetworkAttachmentSpec'"),
-    (changed(("TaskTemplate",), LogDriver={"Name": "syslog"}), "key 'LogDriver'"),
+    # logs sent elsewhere, or kept without a bound
+    (changed(("TaskTemplate",), LogDriver={"Name": "syslog"}), "TaskTemplate.LogDriver: a "
+     "member's server's log rotates"),
+    (changed(("TaskTemplate",), LogDriver={"Name": "json-file", "Options": {}}),
+     "or it could fill a machine's disk"),
     (changed(("TaskTemplate",), ForceUpdate=1), "key 'ForceUpdate'"),
     # resources
     (changed(("TaskTemplate", "Resources"), Limits={"MemoryBytes": 1 << 30}),

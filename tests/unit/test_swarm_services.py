@@ -72,6 +72,8 @@ def test_the_spec_says_what_the_container_says():
     assert spec["TaskTemplate"]["Resources"] == {"Limits": {
         "MemoryBytes": 8 * 1024**3, "NanoCPUs": 4_000_000_000, "Pids": 1024}}
     assert spec["TaskTemplate"]["RestartPolicy"] == {"Condition": "none"}
+    assert spec["TaskTemplate"]["LogDriver"] == {  # its log rotates on the machine
+        "Name": "json-file", "Options": {"max-size": "10m", "max-file": "3"}}
     assert spec["EndpointSpec"] == {"Mode": "dnsrr"}
 
 

@@ -55,7 +55,9 @@ from gpulab.contract import (
     LABEL_GPUS,
     LABEL_MANAGED,
     LABEL_USER,
+    LOG_DRIVER,
     USER_CONTAINER_PREFIX,
+    log_options,
 )
 from gpulab.dockerapi import swarm_policy
 from gpulab.dockerapi.schema import (
@@ -178,7 +180,10 @@ HOST_CONFIG = obj({
     "Init": boolean,
     "AutoRemove": boolean,
     "DeviceRequests": array(DEVICE_REQUEST, max_items=1),
-}, required=("CapDrop", "SecurityOpt", "NetworkMode", "Memory", "PidsLimit"))
+    "LogConfig": exactly({"Type": LOG_DRIVER, "Config": log_options()},
+                         why="a member's server's log rotates (gpulab.contract.LOG_MAX_SIZE), "
+                             "or it could fill the host's disk"),
+}, required=("CapDrop", "SecurityOpt", "NetworkMode", "Memory", "PidsLimit", "LogConfig"))
 # The top level is container.Config; dockerd also reads a deprecated HostConfig there,
 # so no HostConfig key may appear at the top level.
 CREATE_BODY = obj({

@@ -59,7 +59,9 @@ from gpulab.contract import (
     LABEL_MANAGED,
     LABEL_NODE,
     LABEL_USER,
+    LOG_DRIVER,
     USER_CONTAINER_PREFIX,
+    log_options,
 )
 from gpulab.dockerapi.schema import (
     COUNT,
@@ -142,7 +144,11 @@ TASK_TEMPLATE = obj({
     "Networks": array(obj({"Target": text(REF, "a network name")}, required=("Target",),
                           unknown="it could take another server's or the hub's name"),
                       1, 1),
-}, required=("ContainerSpec", "Resources", "RestartPolicy", "Placement", "Networks"),
+    "LogDriver": exactly({"Name": LOG_DRIVER, "Options": log_options()},
+                         why="a member's server's log rotates (gpulab.contract.LOG_MAX_SIZE), "
+                             "or it could fill a machine's disk"),
+}, required=("ContainerSpec", "Resources", "RestartPolicy", "Placement", "Networks",
+             "LogDriver"),
    unknown="gpulab's member servers never need it")
 SERVICE_SPEC = obj({
     "Name": text(re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+"), "a service name", 63),

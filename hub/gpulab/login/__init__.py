@@ -10,4 +10,5 @@
     usernames.py   what a valid username is, and how a typed one is normalised
     roles.py       admins and operators from gpulab.yaml, as JupyterHub roles
     tls.py         the certificates HTTPS serves (`gpulab tls`)
+    logscrub.py    no credential in the hub's log, whichever logger writes the line
 """

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulab.contract import ASSISTANT_ON_CONFIG, lease_labels
+from gpulab.contract import ASSISTANT_ON_CONFIG, LOG_DRIVER, lease_labels, log_options
 from gpulab.gpus.sharing import alloc_conf
 from gpulab.spawn.naming import volume_name
 
@@ -79,6 +79,8 @@ def container_options(
         # Keep a container that exits while starting until the spawner has read its
         # log for the user; the spawner removes it on stop (DockerSpawner.remove).
         "auto_remove": False,
+        # Her server's log rotates: it cannot fill the host's disk (docker-py's LogConfig).
+        "log_config": {"type": LOG_DRIVER, "config": log_options()},
     }
     if gpu_uuids:
         host_config["device_requests"] = [

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpulab.contract import LABEL_NODE
+from gpulab.contract import LABEL_NODE, LOG_DRIVER, log_options
 from gpulab.gpus.sharing import merged_env
 from gpulab.gpus.swarm_nodes import node_name, node_usable
 from gpulab.spawn.containers import CONTAINER_UID, container_options
@@ -88,6 +88,7 @@ def service_spec(
             "RestartPolicy": {"Condition": "none"},
             "Placement": {"Constraints": [f"node.id=={node_id}"]},
             "Networks": [{"Target": settings["spawn.network"]}],
+            "LogDriver": {"Name": LOG_DRIVER, "Options": log_options()},
         },
         "Mode": {"Replicated": {"Replicas": 1}},
         "EndpointSpec": {"Mode": "dnsrr"},
