@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # make restore: put a gpulab backup back (gpulab.backup.restore), the lab stopped.
-#   scripts/restore.sh SNAPSHOT [CONFIRM]   SNAPSHOT: latest or an ID; CONFIRM=yes replaces
-#                                           volumes that hold data
+#   scripts/restore.sh SNAPSHOT [CONFIRM] [stack]
+#                                           SNAPSHOT: latest or an ID; CONFIRM=yes replaces
+#                                           volumes that hold data; stack: only the stack's
+#                                           own state, not members' homes, the datasets or
+#                                           Prometheus' history (make upgrade-back)
 #   scripts/restore.sh --list               the repository's backups
 # The repository: GPULAB_BACKUP_DIR (/var/backups/gpulab); its password:
 # GPULAB_BACKUP_PASSWORD_FILE (secrets/backup-password of the lab that was backed up).
@@ -44,6 +47,7 @@ volumes=$(in_hub_image volumes --snapshot "$snapshot")
 for volume in $volumes gpulab-restore-scratch; do docker volume create "$volume" >/dev/null; done
 replace=()
 if [ "$confirm" = yes ]; then replace=(--replace); fi
+if [ "${3:-}" = stack ]; then replace+=(--stack-only); fi
 status=0
 in_hub_image restore --snapshot "$snapshot" "${replace[@]}" | sed 's/^/[gpulab] /' || status=$?
 docker volume rm gpulab-restore-scratch >/dev/null || true

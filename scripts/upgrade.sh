@@ -6,9 +6,11 @@
 # starts the new version. Every step that fails says so and how to go back
 # (scripts/upgrade.sh --back, docs/operations.md#upgrading).
 #   scripts/upgrade.sh          upgrade (make upgrade)
-#   scripts/upgrade.sh --back   the lab as it was before the last upgrade, and the older
-#                               version's images (make upgrade-back); then git checkout it
-#                               and make up BUILD_IMAGES=no
+#   scripts/upgrade.sh --back   the older version's images, and the lab's state as it was
+#                               before the last upgrade (the hub's database, config/,
+#                               secrets/); members' homes, the datasets and Prometheus'
+#                               history stay as they are now (make upgrade-back); then
+#                               git checkout it and make up BUILD_IMAGES=no
 # Needs from make: COMPOSE (the compose command with its files), GPULAB_CONFIG,
 # GPULAB_BACKUP_DIR; make's command-line variables reach the makes it runs.
 set -euo pipefail
@@ -42,13 +44,13 @@ if [ "${1:-}" = --back ]; then
   # shellcheck source=/dev/null
   . "./$record"
   docker image inspect gpulab/hub:previous >/dev/null 2>&1 || die "gpulab/hub:previous is gone: git checkout -m $before && make images builds its images; then make restore SNAPSHOT=$snapshot CONFIRM=yes and make up"
-  say "back to $before: the lab as backup $snapshot holds it (made just before the upgrade), and its images"
+  say "back to $before and its images. Put back as backup $snapshot holds them (made just before the upgrade): the hub's database (members, login tokens, the line, bookings, GPU-hours), config/ and secrets/; what changed there since the upgrade is lost (members added, tokens issued, settings edited). Kept as they are now: members' homes (files written since the upgrade stay), the datasets and Prometheus' history"
   docker tag gpulab/hub:latest gpulab/hub:upgraded  # the restore's tools are this version's
   make -s down
-  GPULAB_HUB_IMAGE=gpulab/hub:upgraded scripts/restore.sh "$snapshot" yes
+  GPULAB_HUB_IMAGE=gpulab/hub:upgraded scripts/restore.sh "$snapshot" yes stack
   tag_all previous latest
   rm -f "$record" .gpulab-running
-  say "the lab's data are as they were before the upgrade and $before's images are gpulab/*:latest again; start it: git checkout -m $before && make up BUILD_IMAGES=no"
+  say "the hub's data are as they were before the upgrade, members' homes as they are now, and $before's images are gpulab/*:latest again; start it: git checkout -m $before && make up BUILD_IMAGES=no"
   exit 0
 fi
 

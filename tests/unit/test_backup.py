@@ -125,6 +125,18 @@ def test_each_part_of_a_snapshot_goes_back_where_it_came_from():
             plan.placements([odd])
 
 
+def test_the_way_back_from_an_upgrade_puts_back_the_stacks_state_only():
+    """make upgrade-back restores the stack's own state; homes (the files members wrote
+    since), the datasets and Prometheus' history stay as they are."""
+    paths = plan.backup_paths(["gpulab-hub-data", "gpulab-last-good", "gpulab-ssh-data",
+                               "gpulab-alertmanager-data", "gpulab-home-ann",
+                               "gpulab-datasets"], with_prometheus=True)
+    assert sorted((p.volume or p.host_dir) for p in plan.placements(paths)
+                  if p.of_the_stack) == [
+        "config", "gpulab-alertmanager-data", "gpulab-hub-data", "gpulab-hub-data",
+        "gpulab-last-good", "gpulab-ssh-data", "secrets"]
+
+
 def test_restic_times_keep_their_nanoseconds_apart():
     assert restic_time("2026-12-02T22:41:24.193604658Z") == pytest.approx(1796251284.193604)
     assert restic_time("2026-12-02T22:41:24Z") == 1796251284.0

@@ -15,8 +15,9 @@ after `git pull --autostash`: the clone's branch fast-forwarded to HEAD's commit
   Prometheus answers the same for a time before the upgrade, and the upgrade said what
   changed in configuration;
 - then `make upgrade-back` and the older checkout's `make up`: the older version runs
-  again, on the lab as it was when the upgrade began (her file and token; not a file
-  written after it).
+  again, on the hub's data as they were when the upgrade began (her token), and her home
+  as it is now: her file, and one she wrote after the upgrade (homes do not depend on
+  gpulab's version; the way back must not lose her work).
 
 It takes this engine's gpulab stack for itself (make down first, fresh volumes): CI runs
 it after everything else; after it, `make up` brings this checkout's stack back.
@@ -201,6 +202,8 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
     assert r.status_code in (200, 201), r.text
     said = lab_make(lab, "upgrade-back")
     assert f"start it: git checkout -m {OLD[:7]} && make up BUILD_IMAGES=no" in said, said
+    assert "Kept as they are now: members' homes (files written since the upgrade stay)" \
+        in said, said  # said before anything was put back
     git(lab, "checkout", "-q", "-m", OLD)  # as the way back says
     lab_make(lab, "up", BUILD_IMAGES="no")
     assert docker("ps", "-q", "--filter", "name=^gpulab-backup$") == "", \
@@ -211,5 +214,6 @@ def test_make_upgrade_from_an_older_gpulab_keeps_members_homes_history_and_confi
     user.start_server()
     r = user.api("GET", "/contents/results.txt", params={"content": "1", "format": "text"})
     assert r.status_code == 200 and r.json()["content"] == note, r.text
-    # the lab as it was when the upgrade began: what came after is not there
-    assert user.api("GET", "/contents/after.txt").status_code == 404
+    # her home as it is now: what she wrote after the upgrade is still there
+    r = user.api("GET", "/contents/after.txt", params={"content": "1", "format": "text"})
+    assert r.status_code == 200 and r.json()["content"] == "written after\n", r.text

@@ -71,14 +71,14 @@ def _volumes(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace) -> int:
     snapshot = find_snapshot(args.snapshot)
     host_dirs = {"config": Path(plan.CONFIG), "secrets": Path(plan.SECRETS)}
-    taken = occupied(snapshot, host_dirs)
+    taken = occupied(snapshot, host_dirs, args.stack_only)
     if taken and not args.replace:
         print("gpulab-backup: these volumes hold data that the restore would replace: "
               + " ".join(taken) + "\n  make restore CONFIRM=yes replaces them; or remove "
               "them first (docker volume rm ...)", file=sys.stderr)
         return 3
     print(f"restoring backup {snapshot['short_id']} of {snapshot['time'][:19]} UTC ...")
-    for line in restore(snapshot, host_dirs):
+    for line in restore(snapshot, host_dirs, args.stack_only):
         print(f"  {line}")
     return 0
 
@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(run=run)
     p.add_argument("--replace", action="store_true",
                    help="replace volumes that hold data")
+    p.add_argument("--stack-only", action="store_true",
+                   help="only the stack's own state: the hub's data, config/ and secrets/, "
+                        "the last good settings, the SSH gateway's and Alertmanager's data; "
+                        "members' homes, the datasets and Prometheus' history stay as they "
+                        "are (make upgrade-back)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:

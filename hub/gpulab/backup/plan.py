@@ -210,6 +210,14 @@ class Placement:
     volume: str | None = None
     host_dir: str | None = None
 
+    @property
+    def of_the_stack(self) -> bool:
+        """Whether it is the stack's own state (the hub's database and data, config/,
+        secrets/, the last good settings, the SSH gateway's and Alertmanager's data), as
+        opposed to members' homes, the datasets and Prometheus' history: what
+        ``make upgrade-back`` puts back (:func:`gpulab.backup.restore.restore`)."""
+        return bool(self.host_dir) or self.volume in STACK_VOLUMES
+
 
 # Docker's rule for volume names: a restore creates and writes nothing else.
 _VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")

@@ -50,10 +50,13 @@ def target_of(place: plan.Placement, host_dirs: dict[str, Path]) -> Path:
     return host_dirs[place.host_dir]
 
 
-def occupied(snapshot: dict[str, Any], host_dirs: dict[str, Path]) -> list[str]:
+def occupied(snapshot: dict[str, Any], host_dirs: dict[str, Path],
+             stack_only: bool = False) -> list[str]:
     """The volumes that already hold something a restore would replace."""
     out = []
     for place in plan.placements(snapshot["paths"]):
+        if stack_only and not place.of_the_stack:
+            continue
         if place.volume and any(target_of(place, host_dirs).iterdir()):
             out.append(place.volume)
     return sorted(set(out))
@@ -67,11 +70,15 @@ def _empty(folder: Path) -> None:
             entry.unlink()
 
 
-def restore(snapshot: dict[str, Any], host_dirs: dict[str, Path]) -> list[str]:
-    """Restore *snapshot* into its places (emptied first); what was restored, in words."""
-    places = plan.placements(snapshot["paths"])
+def restore(snapshot: dict[str, Any], host_dirs: dict[str, Path],
+            stack_only: bool = False) -> list[str]:
+    """Restore *snapshot* into its places (emptied first); what was restored, in words.
+    *stack_only*: only the stack's own state (:attr:`gpulab.backup.plan.Placement.of_the_stack`):
+    members' homes, the datasets and Prometheus' history stay as they are now."""
+    places = [p for p in plan.placements(snapshot["paths"]) if p.of_the_stack or not stack_only]
     targets = {p: target_of(p, host_dirs) for p in places}
-    restic("restic", "restore", snapshot["id"], "--target", str(SCRATCH))
+    only = [arg for p in places for arg in ("--include", p.source)] if stack_only else []
+    restic("restic", "restore", snapshot["id"], "--target", str(SCRATCH), *only)
     for target in {t: None for t in targets.values()}:
         _empty(target)
     done = []
