@@ -8,6 +8,13 @@ set -euo pipefail
 config=${GPULAB_CONFIG:-$(cd "$(dirname "$0")/.." && pwd)/config}
 # shellcheck source=scripts/hub-cli.sh
 source "$(dirname "$0")/hub-cli.sh"
+# make assistant (not make up, whose preflight says it already): an edit of gpulab.yaml
+# that is refused (assistant.gpus, for one) is said, and the last good version holds
+if [ -n "${GPULAB_SAY_REFUSED:-}" ]; then
+  checked=$(gpulab config check "${last_good[@]}" /srv/gpulab/config/gpulab.yaml) || {
+    echo "$checked"; exit 1; }
+  grep -v ': OK$' <<<"$checked" | sed 's/^/[gpulab] /' >&2 || true
+fi
 gpus=$(gpulab assistant gpus "${last_good[@]}" /srv/gpulab/config/gpulab.yaml) || {
   echo "$gpus"; exit 1; }
 [ -n "$gpus" ] || exit 0

@@ -251,7 +251,9 @@ def configure(c) -> None:
         "gpulab-assistant": {"settings_file": str(settings_path),
                              "url": os.environ.get("GPULAB_ASSISTANT_URL",
                                                    "http://assistant:8080"),
-                             "key_file": str(SECRETS_DIR / "assistant-key")}}
+                             "key_file": str(SECRETS_DIR / "assistant-key"),
+                             # assistant.endpoint's key, if the lab's server takes one
+                             "endpoint_key_file": str(SECRETS_DIR / "assistant-endpoint-key")}}
     if public_url:
         # Users' servers learn it too (JUPYTERHUB_PUBLIC_URL): their XSRF cookie is then
         # Secure (images/singleuser/jupyter_server_config.py).

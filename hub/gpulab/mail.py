@@ -107,9 +107,11 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
                         f"secrets/{PASSWORD_FILE}: {e.strerror}") from None
     server = f"the SMTP server {host}:{port}"
     try:
+        # the server's certificate must name mail.smtp_host and chain to the system's CAs
+        # (or mail.ca_file's): never an unverified TLS with the password in it
+        context = ssl.create_default_context(cafile=settings["mail.ca_file"] or None)
         if security == "tls":
-            smtp: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT,
-                                                  context=ssl.create_default_context())
+            smtp: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT, context=context)
         else:
             smtp = smtplib.SMTP(host, port, timeout=TIMEOUT)
         with smtp:
@@ -119,7 +121,7 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
                     raise MailError(f"{server} offers no STARTTLS (mail.security: "
                                     f"starttls); set mail.security to tls or, for a relay "
                                     f"on the lab's own network, none")
-                smtp.starttls(context=ssl.create_default_context())
+                smtp.starttls(context=context)
                 smtp.ehlo()
             if username:
                 if not smtp.has_extn("auth"):
@@ -130,6 +132,10 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
     except smtplib.SMTPAuthenticationError as e:
         raise MailError(f"{server} refused the login of {username}: {e.smtp_code} "
                         f"{e.smtp_error.decode(errors='replace')}") from None
+    except ssl.SSLCertVerificationError as e:
+        raise MailError(f"{server} is not who it says: its certificate {e.verify_message} "
+                        f"(mail.smtp_host must be a name its certificate holds, signed by a "
+                        f"CA the hub trusts: the system's or mail.ca_file)") from None
     except smtplib.SMTPRecipientsRefused as e:  # its text has the address: not logged
         codes = sorted({code for code, _ in e.recipients.values()})
         raise MailError(f"{server} refused the member's address ({codes})") from None

@@ -265,6 +265,17 @@ def _optional_string(value: Any) -> str:
     return _string(value)
 
 
+def _model_name(value: Any) -> str:
+    """A model: its GGUF file's name in the models folder, or (with assistant.endpoint)
+    its name at that server; which of them is checked with the other settings."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected the name of a .gguf file in the models folder (or, "
+                         f"with assistant.endpoint, the model's name there), got {value!r}")
+    return value.strip()
+
+
 def _model_file(value: Any) -> str:
     """A GGUF file's name (or path) inside the models folder: never outside it."""
     if value in (None, ""):
@@ -300,6 +311,30 @@ def _gpu_refs(value: Any) -> tuple[int | str, ...]:
             raise ValueError(f"GPU {ref!r} is listed twice")
         refs.append(ref)
     return tuple(refs)
+
+
+ASSISTANT_GPUS_REFUSED = (
+    "the lab assistant cannot use GPUs yet: the llama.cpp build gpulab installs (xllamacpp "
+    "from PyPI) has no GPU backend, so these GPUs would be taken from members while it "
+    "computes on the CPU. To answer on a GPU, serve the model with vLLM (or another "
+    "OpenAI-compatible server) on it and set assistant.endpoint (docs/operations.md, The "
+    "lab assistant); remove assistant.gpus")
+
+
+def _assistant_gpus(value: Any) -> tuple[int | str, ...]:
+    refs = _gpu_refs(value)
+    if refs:
+        raise ValueError(ASSISTANT_GPUS_REFUSED)
+    return refs
+
+
+def _openai_base_url(value: Any) -> str:
+    s = _url(value)
+    if s and not s.rstrip("/").endswith("/v1"):
+        raise ValueError(f"expected an OpenAI-compatible server's base URL, ending in /v1 "
+                         f"(as OpenAI's clients take it), such as "
+                         f"http://vllm.lab.example:8000/v1, got {value!r}")
+    return s.rstrip("/")
 
 
 def _port(value: Any) -> int:
@@ -522,16 +557,31 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mail.from", _mail_sender, "",
             "The sender of gpulab's e-mail; needed with mail.smtp_host. Example: "
             "gpulab@lab.example"),
+    Setting("mail.ca_file", _optional_abs_path, "",
+            "A CA bundle (path inside the hub container) for an SMTP server whose "
+            "certificate a private CA signed; empty: the system's CAs. The server's name "
+            "(mail.smtp_host) must be in its certificate either way. Example: "
+            "/srv/gpulab/config/lab-ca.pem"),
     Setting("mail.username", _optional_string, "",
             "Log in to the SMTP server as this user, with the password in the file "
             "secrets/smtp-password (never in this file); empty: no login. Example: gpulab"),
-    Setting("assistant.model", _model_file, "",
+    Setting("assistant.model", _model_name, "",
             "The lab assistant's model (gpulab.assistant): a GGUF file in the models "
             "folder (GPULAB_MODELS_DIR on the host, /var/lib/gpulab/models by default), "
-            "served by llama.cpp's server on the hub's machine and asked by members "
-            "through the hub, as themselves. gpulab downloads nothing: put the file there. "
-            "Empty: no assistant. Read again within seconds of an edit. Example: "
-            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+            "served by llama.cpp's server on the hub's machine, on its CPU; or, with "
+            "assistant.endpoint, the model's name at that server (as its /v1/models lists "
+            "it). Members ask it through the hub, as themselves. gpulab downloads nothing: "
+            "put the file there. Empty: no assistant. Read again within seconds of an "
+            "edit. Example: qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    Setting("assistant.endpoint", _openai_base_url, "",
+            "An OpenAI-compatible server the lab runs already (vLLM, Ollama, llama.cpp's "
+            "server, on a GPU machine of its own): its base URL, ending in /v1. Members' "
+            "requests go there through the hub, with the same door as gpulab's own "
+            "assistant (their own tokens, assistant.groups, the per-member limits and "
+            "counting; nothing of a request reaches a log), with the key in "
+            "secrets/assistant-endpoint-key when that file exists (never in this file). "
+            "The stack's own llama.cpp then serves nothing. Empty: the stack's own. "
+            "Example: http://vllm.lab.example:8000/v1"),
     Setting("assistant.groups", _name_list, (),
             "The JupyterHub groups whose members may ask the assistant; [] every member. "
             "Admins always may. Example: [students, staff]"),
@@ -541,12 +591,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("assistant.max_tokens", _positive_int, 512,
             "The longest answer, in tokens: a request asking for more (or for no limit) "
             "gets this many at most. Example: 1024"),
-    Setting("assistant.gpus", _gpu_refs, (),
-            "The GPUs of the hub's machine the assistant holds while assistant.model is set, "
-            "by index or UUID: the hub never gives them to a member (its lease table and "
-            "the dashboard show the lab assistant as their holder) and `make assistant` (or "
-            "make up) hands the assistant's container those no member's server holds. [] "
-            "runs it on the CPU. Read by the hub within seconds of an edit. Example: [3]"),
+    Setting("assistant.gpus", _assistant_gpus, (),
+            "Refused for now, whatever it names: the llama.cpp build gpulab installs "
+            "(xllamacpp from PyPI) has no GPU backend, so GPUs held for the assistant would "
+            "be taken from members while it computes on the CPU. To answer on a GPU, serve "
+            "the model with vLLM (or another OpenAI-compatible server) and set "
+            "assistant.endpoint (docs/operations.md, The lab assistant). Only []."),
     Setting("assistant.threads", _positive_int, 2,
             "CPU threads llama.cpp computes with. Example: 8"),
     Setting("assistant.parallel", _positive_int, 4,
@@ -710,6 +760,17 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
         raise doc.error(("spawn", "home_size"),
                         "spawn.home_size is not applied with hub.swarm yet (each machine "
                         "creates its homes itself): remove it, or set it to 0")
+    if values["assistant.model"] and not values["assistant.endpoint"]:
+        try:
+            _model_file(values["assistant.model"])
+        except ValueError as e:
+            raise doc.error(("assistant", "model"), f"{e} (or the model's name at an "
+                                                    f"OpenAI-compatible server, with "
+                                                    f"assistant.endpoint)") from None
+    if values["assistant.endpoint"] and not values["assistant.model"]:
+        raise doc.error(("assistant", "endpoint"),
+                        "assistant.endpoint needs assistant.model: the model's name at that "
+                        "server, as its /v1/models lists it")
     if values["mail.username"] and values["mail.security"] == "none":
         raise doc.error(("mail", "username"),
                         "mail.username with mail.security: none would send the SMTP "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,8 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .browser import gpu_table, run_in_new_notebook, screenshot, sign_in_to_lab, submit_login
-from .fake_gpus import exporter_snapshot
-from .stack import HUB_URL, REPO, container_logs, docker, exporter_flags, make, wait_for
-from .standin import GPU0, GPU1, gpus_of
+from .browser import run_in_new_notebook, screenshot, sign_in_to_lab
+from .stack import HUB_URL, REPO, container_logs, docker, wait_for
 from .tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -308,83 +308,93 @@ def test_servers_start_without_jupyterlabs_assistant_while_the_lab_has_none(lab_
     assert "@jupyter-ai/core" not in offered and offered, offered
 
 
-ASSISTANT = "(lab assistant)"  # gpulab.assistant.gpus.ASSISTANT
-
-
-@pytest.mark.disruptive  # gpulab.yaml with gpus.yaml, and make up: a stack of its own
-def test_the_assistants_gpu_is_held_for_it_never_offered_and_handed_to_its_container(
-        assistant, gpus_yaml, fake_control, hub_admin, lab_user, new_page):
-    """An admin gives the lab assistant GPU 1 (of the two stand-ins) in gpulab.yaml: the
-    hub holds it for the assistant at once (spawn form, REST API, lease page), and `make
-    up` hands it to the assistant's container, whose labels name the same holder to the
-    exporter and the dashboard. GPU 0, named too while a member's server holds it, stays
-    hers."""
+def test_gpus_for_the_assistant_are_refused_saying_why(assistant, hub):
+    """The PyPI llama.cpp build computes on the CPU only: an admin who names GPUs for the
+    assistant after editing gpulab.yaml, as the docs said before, runs `make assistant`:
+    it says the edit is refused, with the file and line and what to do instead, and the
+    last good settings stay in force (the container holds no GPU; every GPU stays the
+    members'); so does the hub's own check."""
+    assistant()
     assistant(gpus=[1])
-    member, other = lab_user("gpuasker"), lab_user("gpuother")
-    page = new_page()
-    submit_login(page, member.name, member.token, next_url="/hub/spawn")
-    assert gpu_table(page) == [("0", "free"), ("1", "held for the lab assistant")]
-    assert page.locator("#gpulab-gpus option").all_inner_texts() == ["0", "1"]
-    screenshot(page, "spawn-form-assistant-gpu.png")
-    # straight to the REST API too: GPU 0 is hers, and then there is none for another
-    member.start_server({"gpus": 1})
-    assert gpus_of(member.container)["device_ids"] == [GPU0]
-    r = requests.post(f"{other.hub.api}/users/{other.name}/server", json={"gpus": 1},
-                      headers={"Authorization": f"token {other.token}"}, timeout=60)
-    assert r.status_code == 409 and "only 0 of the 2 GPUs" in r.json()["message"], r.text
-
-    # the admins' lease table: the assistant's, by gpulab.yaml, not to be released
-    r = requests.get(f"{HUB_URL}/services/gpus/api/leases", timeout=30,
-                     headers={"Authorization": f"token {hub_admin.token}"})
-    assert r.status_code == 200, r.text
-    rows = {le["gpu_uuid"]: le for le in r.json()["leases"]}
-    assert (rows[GPU1]["user"], rows[GPU1]["state"], rows[GPU1]["releasable"]) == (
-        ASSISTANT, "reserved", False), rows
-    assert rows[GPU0]["user"] == member.name
-    r = requests.post(f"{HUB_URL}/services/gpus/api/leases/release", timeout=30,
-                      json={"gpu_uuid": GPU1, "user": ASSISTANT, "server": "assistant"},
-                      headers={"Authorization": f"token {hub_admin.token}"})
-    assert r.status_code == 409 and "assistant.gpus" in r.json()["error"], r.text
-
-    # the admin gives it GPU 0 too, which she holds: the hub holds it for the assistant
-    # (it goes to no one else), but it stays hers until her server stops
-    assistant(gpus=[0, 1])
-    try:
-        # make up hands GPU 1 to the assistant's container, and only it
-        out = make("up", exporter_flags())
-        assert (f"GPU 0 (assistant.gpus) is in use by {member.name}'s server: the lab "
-                f"assistant's container gets it at the first make assistant (or make up) "
-                f"after that server stops") in out, out
-        assert "the lab assistant holds GPU(s) 1 (assistant.gpus)" in out, out
-        assert gpus_of("gpulab-assistant") == {"device_ids": ["1"], "env": "1", "label": "1"}
-        # the exporter names its holder as the lease table does (and hers, hers)
-        def holders():
-            return {g["uuid"]: [le["user"] for le in g["leases"]]
-                    for g in exporter_snapshot()["gpus"]}
-
-        wait_for(lambda: holders() == {GPU0: [member.name], GPU1: [ASSISTANT]}, 30,
-                 what=lambda: f"the exporter to name the holders (it says {holders()})")
-        # and the operators' dashboard, as they watch it, says whose GPU 1 is
-        ops = new_page()
-        submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
-        held_by = ops.locator("div").filter(has_text=re.compile(r"^Held by: "))
-
-        def named():  # "Held by: NAME (memory)" for GPU 0, then GPU 1
-            said = held_by.all_inner_texts()
-            return len(said) == 2 and said[0].startswith(f"Held by: {member.name} (") \
-                and said[1].startswith(f"Held by: {ASSISTANT} (")
-
-        wait_for(named, 15, what=lambda: f"the dashboard to name GPU 0's and GPU 1's holders "
-                                         f"(it says {held_by.all_inner_texts()})")
-        screenshot(ops, "dashboard-assistant-gpu.png")
-        log = container_logs("gpulab-assistant", 50)
-        assert "GPU devices this llama.cpp build sees: none" in log, log
-        assert "assistant.gpus names 0, 1, this container holds 1" in log, log
-    finally:
-        member.stop_server()
-        assistant.off()
-        # the container without them, for the tests after: what an admin runs after such
-        # an edit (only the assistant's container restarts)
-        make("assistant", exporter_flags())
+    out = subprocess.run(["make", "-s", "assistant"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said
+    assert "assistant.gpus: the lab assistant cannot use GPUs yet" in said, said
+    assert "set assistant.endpoint" in said and "This edit is refused" in said, said
     info = json.loads(docker("inspect", "gpulab-assistant"))[0]
     assert not info["HostConfig"]["DeviceRequests"], info["HostConfig"]["DeviceRequests"]
+    check = subprocess.run(["docker", "exec", "gpulab-hub", "gpulab", "config", "check",
+                            "/srv/gpulab/config/gpulab.yaml"], capture_output=True, text=True,
+                           timeout=60)
+    assert "assistant.gpus: the lab assistant cannot use GPUs yet" in \
+        check.stdout + check.stderr, check
+
+
+# The lab's own OpenAI-compatible server (vLLM on a GPU machine, in a lab): here a second
+# llama.cpp server, gpulab-assistant from the hub image on the tiny model, with a key of
+# its own, which the hub reaches on the assistant's network, as it would reach the lab's.
+LAB_LLM = "gpulab-test-llm"
+
+
+@pytest.fixture
+def lab_llm(hub, tmp_path):
+    served = tmp_path / "lab-llm"
+    served.mkdir()
+    write_tiny_model(served / MODEL)
+    (served / "gpulab.yaml").write_text(f"assistant:\n  model: {MODEL}\n  threads: 1\n"
+                                        f"  parallel: 1\n")
+    key = secrets.token_hex(16)
+    (served / "key").write_text(key + "\n")
+    for path in (served, *served.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    tmp_path.chmod(0o755)
+    docker("rm", "-f", LAB_LLM, check=False)
+    docker("run", "-d", "--name", LAB_LLM, "--network", "gpulab-assistant", "--user",
+           "65534:65534", "--read-only", "--cap-drop", "ALL", "--init", "-v",
+           f"{served}:/llm:ro", "--entrypoint", "gpulab-assistant", "gpulab/hub:latest",
+           "--settings-file", "/llm/gpulab.yaml", "--models", "/llm", "--key-file",
+           "/llm/key")
+    key_file = REPO / "secrets" / "assistant-endpoint-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    yield key
+    key_file.unlink(missing_ok=True)
+    print(f"----- {LAB_LLM} -----\n{container_logs(LAB_LLM, 30)}")
+    docker("rm", "-f", LAB_LLM, check=False)
+
+
+def test_the_assistant_can_be_a_server_the_lab_runs_already(assistant, lab_llm, lab_user):
+    """assistant.endpoint: members ask the lab's own OpenAI-compatible server through the
+    hub's door, as they ask gpulab's: with their own tokens, counted, with the lab's key
+    (never theirs), its model by name; nothing of the question or the key in the hub's
+    log; and the stack's own llama.cpp serves nothing."""
+    assistant(endpoint=f"http://{LAB_LLM}:8080/v1", max_tokens=4)
+    wait_for(lambda: "serving" in container_logs(LAB_LLM, 20), 60,
+             what="the lab's server to load its model")
+    member = lab_user("askendpoint")
+    member.start_server()
+    [status, models, first, streamed] = ask_in_notebook(member, (
+        "print(json.dumps(ready()))\n"
+        "print(json.dumps(call('/v1/models')))\n"
+        "print(json.dumps(ask(model='gpt-4o')))\n"
+        "print(json.dumps(ask(stream=True)))\n"))
+    assert status[0] == 200 and json.loads(status[2])["ready"] is True, status
+    assert models[0] == 200 and MODEL in models[2], models
+    assert first[0] == 200, first
+    answer = json.loads(first[2])
+    assert answer["choices"][0]["message"]["role"] == "assistant", answer
+    assert answer["usage"]["completion_tokens"] <= 4, answer  # the lab's cap
+    assert streamed[0] == 200 and "data: " in streamed[2], streamed
+    assert counted(hub_metrics(), member.name, "ok") >= 3
+    logs = container_logs("gpulab-hub", 300)
+    assert "unsqueeze" not in logs and lab_llm not in logs
+    assert "assistant.endpoint is set" in container_logs("gpulab-assistant", 20)
+
+    # without the lab's key, its server refuses: she is told, and it is counted
+    (REPO / "secrets" / "assistant-endpoint-key").unlink()
+    [refused] = ask_in_notebook(member, "print(json.dumps(ask()))\n")
+    assert refused[0] == 401, refused
+    assert counted(hub_metrics(), member.name, "error") >= 1
+
+

@@ -103,3 +103,31 @@ def test_what_is_served(tmp_path):
     (tmp_path / "coder" / "m.gguf").write_bytes(b"GGUF, a new version")
     assert wanted(s, tmp_path)[0] != want  # replaced in place: loaded again
     assert wanted(defaults(), tmp_path) == (None, "assistant.model is empty: no assistant")
+
+
+def test_an_endpoint_of_the_labs_gets_its_model_by_name_and_the_local_server_serves_none(
+        tmp_path):
+    msgs = [{"role": "user", "content": "why unsqueeze(0)?"}]
+    forward = chat_request(json.dumps({"messages": msgs, "model": "gpt-4o"}).encode(), 512,
+                           "Qwen/Qwen2.5-Coder-7B-Instruct")
+    assert json.loads(forward.body) == {"messages": msgs, "max_tokens": 512,
+                                        "model": "Qwen/Qwen2.5-Coder-7B-Instruct"}
+    s = settings("assistant:\n  model: Qwen/Qwen2.5-Coder-7B-Instruct\n"
+                 "  endpoint: http://vllm.lab.example:8000/v1/\n")
+    assert s["assistant.endpoint"] == "http://vllm.lab.example:8000/v1"
+    want, why = wanted(s, tmp_path)
+    assert want is None and "the hub asks Qwen/Qwen2.5-Coder-7B-Instruct at " \
+        "http://vllm.lab.example:8000/v1, and this server runs nothing" in why
+    assert refusal(s, [], is_admin=False) is None  # on
+
+
+@pytest.mark.parametrize("text, says", [
+    ("  endpoint: http://vllm.lab.example:8000/\n  model: m\n", "ending in /v1"),
+    ("  endpoint: vllm.lab.example:8000/v1\n  model: m\n", "http:// or https:// URL"),
+    ("  endpoint: http://vllm.lab.example:8000/v1\n", "needs assistant.model"),
+    ("  model: Qwen/Qwen2.5\n", "a .gguf file in the models folder"),
+])
+def test_a_bad_endpoint_is_refused_with_file_and_line(text, says):
+    with pytest.raises(ConfigError) as e:
+        settings("assistant:\n" + text)
+    assert "gpulab.yaml:" in str(e.value) and says in str(e.value)

@@ -193,3 +193,133 @@ async def test_the_line_service_emails_her_when_it_starts_her_server(sink, tmp_p
     assert [c[0] for c in hub.calls] == ["offer", "start"]
     assert sending and not any(t.done() for t in sending)
     assert await asyncio.gather(*sending) == [False]  # not told, and no exception
+
+
+# ---------------------------------------------------------------- TLS and a login, for real
+# aiosmtpd, a real SMTP server on loopback that speaks STARTTLS and TLS from the start and
+# asks for a login, with a certificate from a CA made here (gpulab.login.tls's), as a
+# lab's SMTP server with a private CA would: mail.ca_file trusts it.
+
+PASSWORD = "s3cret-smtp"
+
+
+class Keep:
+    """aiosmtpd's handler: keeps each message; its authenticator takes one login."""
+
+    def __init__(self):
+        self.got, self.logins = [], []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.got.append((envelope.mail_from, envelope.rcpt_tos,
+                         email.message_from_bytes(envelope.content, policy=default)))
+        return "250 OK"
+
+    def authenticate(self, server, session, envelope, mechanism, auth_data):
+        from aiosmtpd.smtp import AuthResult
+        ok = (auth_data.login, auth_data.password) == (b"gpulab", PASSWORD.encode())
+        self.logins.append((mechanism, auth_data.login.decode(), ok))
+        return AuthResult(success=ok, handled=ok)  # not handled: aiosmtpd answers 535
+
+
+def certificate(tmp_path, hostname: str):
+    """(the CA's file, an ssl context that serves *hostname*'s certificate)."""
+    import datetime as dt
+    import ssl
+
+    from cryptography.hazmat.primitives import serialization
+
+    from gpulab.login.tls import make_ca, make_server
+
+    now = dt.datetime.now(dt.UTC)
+    ca, ca_key = make_ca(hostname, now)
+    cert, key = make_server(hostname, now, ca, ca_key)
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (tmp_path / "server.pem").write_bytes(cert.public_bytes(pem))
+    (tmp_path / "server.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "server.pem", tmp_path / "server.key")
+    return str(tmp_path / "ca.pem"), context
+
+
+def free_port() -> int:
+    with smtplib.socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def smtp_tls(tmp_path):
+    """start(security, hostname): an aiosmtpd server on 127.0.0.1 for *security* ("starttls":
+    STARTTLS required before anything; "tls": TLS from the start), with a login required
+    over TLS, its certificate naming *hostname*; returns (its handler, the settings that
+    reach it as localhost, with mail.ca_file)."""
+    from aiosmtpd.controller import Controller
+
+    running = []
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "smtp-password").write_text(PASSWORD + "\n")
+
+    def start(security: str, hostname: str = "localhost"):
+        ca_file, context = certificate(tmp_path, hostname)
+        handler, port = Keep(), free_port()
+        # a login only over TLS (aiosmtpd tells that by STARTTLS alone: from the start,
+        # the whole connection is TLS anyway)
+        tls = {"tls_context": context, "require_starttls": True, "auth_require_tls": True} \
+            if security == "starttls" else {"ssl_context": context, "server_hostname": hostname,
+                                            "auth_require_tls": False}
+        controller = Controller(handler, hostname="127.0.0.1", port=port,
+                                authenticator=handler.authenticate, **tls)
+        controller.start()
+        running.append(controller)
+        settings = MAIL.with_values({"mail.smtp_host": "localhost", "mail.smtp_port": port,
+                                     "mail.security": security, "mail.username": "gpulab",
+                                     "mail.ca_file": ca_file})
+        return handler, settings
+
+    yield start
+    for controller in running:
+        controller.stop()
+
+
+@pytest.mark.parametrize("security", ["starttls", "tls"])
+def test_the_email_goes_over_tls_with_a_login(smtp_tls, tmp_path, security):
+    handler, settings = smtp_tls(security)
+    send(settings, turn_message(settings, "ann@lab.example", "ann", "", 1, 600, 1e9),
+         tmp_path / "secrets")
+    [(sender, to, message)] = handler.got
+    assert (sender, to) == ("gpulab@lab.example", ["ann@lab.example"])
+    assert message["Subject"] == "Your turn for GPUs: your server is starting"
+    assert [(who, ok) for _, who, ok in handler.logins] == [("gpulab", True)]
+
+
+@pytest.mark.parametrize("security", ["starttls", "tls"])
+def test_a_certificate_for_another_name_is_refused_before_the_password_goes(
+        smtp_tls, tmp_path, security):
+    handler, settings = smtp_tls(security, hostname="smtp.lab.example")
+    message = turn_message(settings, "ann@lab.example", "ann", "", 1, 600, 1e9)
+    with pytest.raises(MailError, match=r"localhost:\d+ is not who it says: its certificate "
+                                        r"Hostname mismatch"):
+        send(settings, message, tmp_path / "secrets")
+    assert handler.logins == [] and handler.got == []
+
+
+def test_a_server_signed_by_a_ca_the_hub_does_not_trust_is_refused(smtp_tls, tmp_path):
+    handler, settings = smtp_tls("starttls")
+    system = settings.with_values({"mail.ca_file": ""})  # the system's CAs only
+    with pytest.raises(MailError, match="is not who it says: its certificate unable to get "
+                                        "local issuer certificate"):
+        send(system, turn_message(system, "ann@lab.example", "ann", "", 1, 600, 1e9),
+             tmp_path / "secrets")
+    assert handler.logins == []
+
+
+def test_a_wrong_password_is_said_without_the_password(smtp_tls, tmp_path):
+    handler, settings = smtp_tls("starttls")
+    (tmp_path / "secrets" / "smtp-password").write_text("not-it\n")
+    with pytest.raises(MailError, match="refused the login of gpulab: 535") as refused:
+        send(settings, turn_message(settings, "ann@lab.example", "ann", "", 1, 600, 1e9),
+             tmp_path / "secrets")
+    assert "not-it" not in str(refused.value)
+    assert handler.got == []

@@ -18,8 +18,14 @@ against gpulab.yaml as it is now (:func:`~gpulab.assistant.rules.refusal`), coun
 limited per member (``assistant.requests_per_minute``, in the hub's memory: a hub
 restart forgets the last minute).
 
+Where a lab runs an OpenAI-compatible server already (``assistant.endpoint``: vLLM on a
+GPU machine, Ollama, ...), the same routes forward there instead, through the same door:
+its key (``secrets/assistant-endpoint-key``, if the file exists) goes with each request,
+and the model is gpulab.yaml's ``assistant.model``, whatever the member sent.
+
 The hub's config puts what these handlers need in ``tornado_settings["gpulab-assistant"]``:
-``{"settings_file": gpulab.yaml, "url": the inference server, "key_file": its key}``.
+``{"settings_file": gpulab.yaml, "url": the inference server, "key_file": its key,
+"endpoint_key_file": the key of assistant.endpoint's server}``.
 """
 
 from __future__ import annotations
@@ -84,15 +90,31 @@ class AssistantAPIBase(APIHandler):
         user = self.member()
         return refusal(settings, [g.name for g in user.groups], user.admin)
 
-    def upstream(self, path: str, **kwargs) -> HTTPRequest:
-        try:
-            key = Path(self.assistant["key_file"]).read_text().strip()
-        except OSError as e:
-            raise Refused(503, f"The hub has no key for the lab assistant ({e}); an admin "
-                               "runs `make up`, which writes secrets/assistant-key.") from None
-        return HTTPRequest(self.assistant["url"].rstrip("/") + path,
-                           headers={"Authorization": f"Bearer {key}",
-                                    "Content-Type": "application/json"}, **kwargs)
+    def upstream(self, path: str, settings, **kwargs) -> HTTPRequest:
+        """A request to the inference server for *path* (``/v1/...``, or ``/health``):
+        the stack's own, or assistant.endpoint's (whose readiness is its model list)."""
+        endpoint = settings["assistant.endpoint"]
+        if endpoint:
+            url = endpoint + (path.removeprefix("/v1") if path != "/health" else "/models")
+            key_file = Path(self.assistant["endpoint_key_file"])
+            try:
+                key = key_file.read_text().strip() if key_file.exists() else ""
+            except OSError as e:
+                raise Refused(503, f"The hub cannot read the key of assistant.endpoint "
+                                   f"(secrets/{key_file.name}: {e.strerror}); an admin "
+                                   f"fixes its owner or mode.") from None
+        else:
+            url = self.assistant["url"].rstrip("/") + path
+            try:
+                key = Path(self.assistant["key_file"]).read_text().strip()
+            except OSError as e:
+                raise Refused(503, f"The hub has no key for the lab assistant ({e}); an "
+                                   "admin runs `make up`, which writes "
+                                   "secrets/assistant-key.") from None
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return HTTPRequest(url, headers=headers, **kwargs)
 
     def answer_refusal(self, r: Refused) -> None:
         """Refused, in JupyterHub's error form and OpenAI's (which OpenAI's clients,
@@ -120,8 +142,8 @@ class AssistantStatusHandler(AssistantAPIBase):
         ready = False
         if settings["assistant.model"]:
             try:
-                reply = await AsyncHTTPClient().fetch(self.upstream("/health", request_timeout=5),
-                                                      raise_error=False)
+                reply = await AsyncHTTPClient().fetch(
+                    self.upstream("/health", settings, request_timeout=5), raise_error=False)
                 ready = reply.code == 200
             except (OSError, HTTPClientError, Refused):  # not answering (a timeout): not ready
                 pass
@@ -168,8 +190,8 @@ class AssistantV1Base(AssistantAPIBase):
 class ModelsHandler(AssistantV1Base):
     async def get(self):
         try:
-            self.admit()
-            await self.forward(self.upstream("/v1/models", request_timeout=10))
+            settings = self.admit()
+            await self.forward(self.upstream("/v1/models", settings, request_timeout=10))
         except Refused as r:
             self.answer_refusal(r)
 
@@ -178,20 +200,22 @@ class ChatCompletionsHandler(AssistantV1Base):
     async def post(self):
         try:
             settings = self.admit()
+            # an endpoint of the lab's may serve several models: the lab's one, by name
+            model = settings["assistant.model"] if settings["assistant.endpoint"] else None
             try:
-                fwd = chat_request(self.request.body, settings["assistant.max_tokens"])
+                fwd = chat_request(self.request.body, settings["assistant.max_tokens"], model)
             except Refused:
                 self.count("refused")
                 raise
             if not fwd.stream:
                 return await self.forward(self.upstream(
-                    "/v1/chat/completions", method="POST", body=fwd.body,
+                    "/v1/chat/completions", settings, method="POST", body=fwd.body,
                     request_timeout=ANSWER_TIMEOUT))
-            await self.stream(fwd.body)
+            await self.stream(fwd.body, settings)
         except Refused as r:
             self.answer_refusal(r)
 
-    async def stream(self, body: bytes) -> None:
+    async def stream(self, body: bytes, settings) -> None:
         """Server-sent events, passed on as they come (the member sees the answer
         being written); the inference server's status and type go first."""
         head: dict[str, Any] = {}
@@ -211,7 +235,7 @@ class ChatCompletionsHandler(AssistantV1Base):
             self.write(chunk)
             self.flush()
 
-        request = self.upstream("/v1/chat/completions", method="POST", body=body,
+        request = self.upstream("/v1/chat/completions", settings, method="POST", body=body,
                                 request_timeout=ANSWER_TIMEOUT, header_callback=on_header,
                                 streaming_callback=on_chunk)
         try:

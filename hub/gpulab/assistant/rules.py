@@ -80,11 +80,12 @@ class Forward:
     stream: bool
 
 
-def chat_request(raw: bytes, max_tokens: int) -> Forward:
+def chat_request(raw: bytes, max_tokens: int, model: str | None = None) -> Forward:
     """A member's chat completion request, checked, its answer's length capped at
     *max_tokens* (asked for more, or for no limit: the cap), one answer per request,
     only OpenAI's keys (:data:`CHAT_KEYS`); the model name is the lab's, whatever she
-    sent (the server has one)."""
+    sent: *model* (an endpoint of the lab's that may serve several), or none (the
+    stack's own server has one)."""
     try:
         body = json.loads(raw or b"null")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -112,4 +113,6 @@ def chat_request(raw: bytes, max_tokens: int) -> Forward:
         if asked is not None:
             max_tokens = min(max_tokens, asked)
     body["max_tokens"] = max_tokens
+    if model:
+        body["model"] = model
     return Forward(json.dumps(body).encode(), stream)

@@ -68,6 +68,9 @@ def wanted(settings: Any, models: Path, held: tuple[str, ...] = ()
     name = settings["assistant.model"]
     if not name:
         return None, "assistant.model is empty: no assistant"
+    if settings["assistant.endpoint"]:
+        return None, (f"assistant.endpoint is set: the hub asks {name} at "
+                      f"{settings['assistant.endpoint']}, and this server runs nothing")
     path = models / name
     try:
         st = path.stat()
