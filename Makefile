@@ -94,7 +94,7 @@ BUILD_IMAGES ?= yes
 VENV := .venv
 GPULAB_SOURCES := pyproject.toml $(shell find hub/gpulab -name '*.py' -o -name '*.html' 2>/dev/null)
 
-.PHONY: backup backups restore upgrade upgrade-back test-upgrade help up assistant up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit test-idp lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
+.PHONY: backup backups restore upgrade upgrade-back test-upgrade test-packages help up assistant up-swarm demo-host swarm-node swarm-node-up node-exporter down logs images docker secrets tls ssh-key test test-host test-unit test-idp lint venv check-config bench bench-scarcity lock cuda-image test-cuda-image
 
 help:
 	@echo "make up            install Docker if needed, build images, start the hub, print how to log in"
@@ -110,7 +110,7 @@ help:
 	@echo "make images        build the base, hub, singleuser (TORCH_VARIANT=$(TORCH_VARIANT)), exporter and prometheus images"
 	@echo "make test-cuda-image  build the CUDA single-user image beside the CPU one and check it (no GPU needed)"
 	@echo "make lock          after editing an image's requirements*.txt: resolve them again into its lock file"
-	@echo "make test          run the whole test suite against the real stack"
+	@echo "make test          run the whole test suite, on Docker engines and stacks of its own (this lab is left as it is)"
 	@echo "make test-unit     only the tests that need no Docker"
 	@echo "make lint          ruff over the Python code"
 	@echo "make check-config  validate config/gpulab.yaml and config/gpus.yaml"
@@ -249,7 +249,7 @@ swarm-node-up: docker
 # container gets its GPUs (the hub holds them for it within seconds of the edit anyway);
 # nothing else restarts. `make up` does the same, with everything else it checks.
 assistant: secrets
-	@$(ASSISTANT_GPUS); \
+	@export GPULAB_SAY_REFUSED=1; $(ASSISTANT_GPUS); \
 	 GPULAB_ASSISTANT_GPUS=$$gpus $(COMPOSE) $${gpus:+$(ASSISTANT_GPU_FILE)} up -d --no-deps assistant
 
 # The hub stops first: its line service, seeing the GPUs of the servers removed here come
@@ -337,21 +337,21 @@ tests/idp/node_modules/.installed: tests/idp/package.json tests/idp/package-lock
 	@npm ci --prefix tests/idp --no-audit --no-fund --loglevel=error >/dev/null
 	@touch $@
 
-# Unit tests first (a failure shows within a minute, before anything starts), then the
-# test stack and the integration tests (scripts/test-integration.sh: the simulated-Swarm
-# modules in a second process beside the rest). On hosts without GPUs the exporter runs
-# with two FAKE GPUs (logged and labelled as fake) so that the monitoring path is
-# exercised end to end.
-# The test stack also runs Prometheus at GPULAB_SCRAPE_SECONDS=2 (a lab's: 15) and the
+# Unit tests first (a failure shows within a minute), then the integration tests
+# (scripts/test.sh, scripts/test-integration.sh), each lane on a Docker engine and a stack
+# of its own in a network namespace: this engine's own stack (the lab's), its config/,
+# members' servers and leases are left as they are. On hosts without GPUs the tests'
+# exporters run with two FAKE GPUs (logged and labelled as fake) so that the monitoring
+# path is exercised end to end.
+# The test stacks also run Prometheus at GPULAB_SCRAPE_SECONDS=2 (a lab's: 15) and the
 # exporter's polls at 1 s, so that what waits on samples waits seconds, not minutes (the
-# unit tests run with neither: they test a lab's values). Its backups go to a repository
-# of this checkout's: each clone's secrets/backup-password opens its own.
+# unit tests run with neither: they test a lab's values). Their backups go to
+# repositories of their own.
 TEST_STACK = GPULAB_EXPORTER_FLAGS="$(if $(HAS_NVIDIA),,--fake-gpus 2) --interval 1 --process-interval 2" \
   GPULAB_SCRAPE_SECONDS=2 GPULAB_BACKUP_DIR=$(CURDIR)/.test-backups \
   GPULAB_MODELS_DIR=$(CURDIR)/.test-models
-test: venv lint test-unit
-	@$(TEST_STACK) $(MAKE) --no-print-directory test-host up
-	@$(TEST_STACK) scripts/test-integration.sh
+test: venv lint test-idp test-packages images
+	@$(TEST_STACK) scripts/test.sh
 
 # The CUDA single-user image, built and checked on any host, GPU or not (tests/cuda): its
 # torch is a CUDA build matching NVIDIA's runtime wheels, cuDNN, cuBLAS and NCCL load, and
@@ -368,9 +368,14 @@ test-upgrade: venv docker
 	@$(VENV)/bin/pytest -q -p no:cacheprovider tests/upgrade
 
 # Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
-# nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh).
+# nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh), for
+# running tests or benchmarks against this engine's own stack.
 test-host: docker
 	@scripts/test-host.sh
+# What make test needs on this host, this engine left as it is (its lanes' engines get
+# the stand-in hook themselves).
+test-packages: docker
+	@scripts/test-host.sh --packages-only
 
 # Spawn latency (gpulab vs stock DockerSpawner), then what a member feels in Chromium.
 bench: venv test-host up

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The integration tests of `make test`, in four lanes side by side (each lane's tests one
-# after another):
+# after another), none on this engine's own gpulab stack (the lab's):
 #     gpus        tests that use the stand-in GPUs and the exporter's fake ones (marked
 #                 from their fixtures: they edit gpus.yaml and the fake GPUs' control
 #                 file), and the modules tests/integration/conftest.py adds to them
-#                 (marked gpus_lane), against the stack `make up` started;
+#                 (marked gpus_lane), on a Docker engine and a stack of their own, in a
+#                 network namespace (tests/lane_engine.py, GPULAB_LANE_ENGINE=
+#                 gpulab-lane-stack: scripts/test.sh brings it up while the unit tests
+#                 run, else it comes up here), with their own copy of config/;
 #     members     the other tests of that stack, whose members' servers hold no GPU;
 #     disruptive  the tests that restart the hub, the proxy, dockerd or the whole stack,
 #                 edit gpulab.yaml or hold GPUs behind the hub's back (marked so): on a
@@ -16,9 +19,9 @@
 #                 too, on a second engine and stack of their own (GPULAB_LANE_ENGINE).
 #
 # Each lane's output is printed whole when it ends, with its slowest tests (--durations);
-# the run fails if any lane failed. GPULAB_LANES=main runs the disruptive lane on the
-# main stack after the first two instead (as before; for a host without network
-# namespaces).
+# the run fails if any lane failed. GPULAB_LANES=main runs the gpus and members lanes on
+# this engine's own stack (make up first) and the disruptive lane there after them (for
+# a host without network namespaces).
 # Usage: scripts/test-integration.sh [PYTEST ARGS...]   (from the checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,16 +54,13 @@ if [ "${GPULAB_LANES:-own-engine}" = main ]; then
   exit 0
 fi
 
-echo "[gpulab] integration tests in four lanes side by side: gpus, members, disruptive (on" \
-     "an engine of its own) and swarm, then backups (on another) (each lane's output" \
-     "follows when it ends)"
+echo "[gpulab] integration tests in four lanes side by side: gpus and members (on an engine" \
+     "of their own), disruptive (on another) and swarm, then backups (on another) (each" \
+     "lane's output follows when it ends)"
+stack_engine() { GPULAB_LANE_ENGINE=gpulab-lane-stack .venv/bin/python -m tests.lane_engine "$@"; }
+trap 'stack_engine down; rm -rf "$logs"' EXIT
 lane swarm -m integration "$@" "${swarm[@]}"
 swarm_pid=$!
-lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
-gpus_pid=$!
-lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
-  "${not_swarm[@]}"
-members_pid=$!
 pytest_main=$pytest
 pytest=scripts/own-engine-pytest
 lane disruptive "${disruptive[@]}" "${not_backups[@]}"
@@ -69,6 +69,16 @@ export GPULAB_LANE_ENGINE=gpulab-lane-backups
 lane_after swarm backups -m "integration and disruptive" "$@" "${backups[@]}"
 backups_pid=$!
 unset GPULAB_LANE_ENGINE
+if [ "${GPULAB_LANE_STACK_UP:-}" != yes ]; then
+  stack_engine up || { echo "[gpulab] the gpus and members lanes' engine did not start" >&2
+                       exit 1; }
+fi
+pytest=scripts/stack-engine-pytest
+lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
+gpus_pid=$!
+lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
+  "${not_swarm[@]}"
+members_pid=$!
 pytest=$pytest_main
 wait "$gpus_pid"; show gpus
 wait "$members_pid"; show members

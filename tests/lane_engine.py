@@ -11,7 +11,14 @@ where 127.0.0.1:8000 is that stack's hub, with DOCKER_HOST at that engine: the t
 unchanged, beside the other lanes.
 
     python -m tests.lane_engine run -- PYTEST ARGS     set up, run pytest there, tear down
+    python -m tests.lane_engine up                     set up, and leave it running
+    python -m tests.lane_engine exec -- PYTEST ARGS    run pytest there (several may, at once)
+    python -m tests.lane_engine down                   tear it down
     python -m tests.lane_engine start-dockerd          (for the tests' dockerd restarts)
+
+`make test` runs every integration lane on such engines (scripts/test-integration.sh):
+the gpus and members lanes share one (up, two execs, down), so that the suite never
+touches the lab's own stack, config/, members' servers or leases on the main engine.
 
 Everything it makes is under ROOT (/tmp/gpulab-lane) and the namespace gpulab-lane; a
 run left behind by a killed one is taken down first. Processes are stopped by PID.
@@ -271,19 +278,35 @@ def setup() -> None:
         f"(namespace {NETNS}, {ROOT})")
 
 
+def run_pytest(pytest_args: list[str]) -> int:
+    """pytest with *pytest_args*, in this engine's namespace and copy of the checkout."""
+    if not (COPY.exists() and dockerd_pid()):
+        raise SystemExit(f"[lane-engine] {NAME} is not up: python -m tests.lane_engine up")
+    pytest = REPO / ".venv" / "bin" / "pytest"
+    return subprocess.run(in_netns([str(pytest), *pytest_args]), cwd=COPY,
+                          env=environment()).returncode
+
+
 def run(pytest_args: list[str]) -> int:
     try:
         setup()
-        pytest = REPO / ".venv" / "bin" / "pytest"
-        return subprocess.run(in_netns([str(pytest), *pytest_args]), cwd=COPY,
-                              env=environment()).returncode
+        return run_pytest(pytest_args)
     finally:
         teardown()
 
 
 def main(argv: list[str]) -> int:
+    args = argv[2:] if argv[1:2] == ["--"] else argv[1:]
     if argv[:1] == ["run"]:
-        return run(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+        return run(args)
+    if argv[:1] == ["exec"]:
+        return run_pytest(args)
+    if argv == ["up"]:
+        setup()
+        return 0
+    if argv == ["down"]:
+        teardown()
+        return 0
     if argv == ["start-dockerd"]:
         start_dockerd()
         return 0
