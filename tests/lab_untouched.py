@@ -31,11 +31,15 @@ def start_admin_server() -> None:
     hub = Hub()
     admin = _admin()
     r = hub.request("POST", f"/users/{admin}/server", json={"gpus": 1})
-    if r.status_code not in (201, 202):
+    if r.status_code == 400 and "already running" in r.text:
+        pass  # a lab in use already (a second run here): its GPU is checked below
+    elif r.status_code not in (201, 202):
         raise SystemExit(f"[lab-untouched] the admin's server did not start: {r.text}")
     wait_for(lambda: (hub.server_model(admin) or {}).get("ready"), 120,
              what=f"{admin}'s server to be ready")
     labels = json.loads(docker("inspect", f"gpulab-user-{admin}"))[0]["Config"]["Labels"]
+    if not labels["org.gpulab.gpus"]:
+        raise SystemExit(f"[lab-untouched] {admin}'s server holds no GPU")
     print(f"[lab-untouched] {admin}'s server runs with GPU(s) {labels['org.gpulab.gpus']}")
 
 
