@@ -12,6 +12,9 @@ unchanged, beside the other lanes.
 
     python -m tests.lane_engine run -- PYTEST ARGS     set up, run pytest there, tear down
     python -m tests.lane_engine up                     set up, and leave it running
+    python -m tests.lane_engine prepare                a fresh machine: engine, images and
+                                                       a copy of the checkout, no stack
+    python -m tests.lane_engine make TARGET [VAR=V...] make there (restore, up, ...)
     python -m tests.lane_engine exec -- PYTEST ARGS    run pytest there (several may, at once)
     python -m tests.lane_engine down                   tear it down
     python -m tests.lane_engine start-dockerd          (for the tests' dockerd restarts)
@@ -29,6 +32,7 @@ second lane of disruptive tests (scripts/test-integration.sh).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import re
@@ -73,6 +77,9 @@ def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GPULAB_") or k in STACK_VARIABLES + TEST_VARIABLES + LANE_VARIABLES}
     env.update(DOCKER_HOST=f"unix://{SOCKET}", GPULAB_DOCKER_SOCKET=str(SOCKET),
+               # its containerd (scripts/lost-tasks.sh, tests/integration/test_lost_tasks.py),
+               # never the main engine's
+               GPULAB_CONTAINERD_SOCKET=str(EXEC / "containerd" / "containerd.sock"),
                GPULAB_BACKUP_DIR=str(COPY / ".test-backups"),
                GPULAB_MODELS_DIR=str(COPY / ".test-models"),
                GPULAB_DOCKERD_PIDFILE=str(PIDFILE),
@@ -169,12 +176,41 @@ def seed_images() -> None:
 
 # ---------------------------------------------------------------- the lane
 
+def checkout_files(repo: Path) -> bytes:
+    """The files of the checkout at *repo* as git sees them (tracked and untracked, not
+    ignored), NUL-separated. A lane's copy is no git checkout: there, its files but what
+    .gitignore names (what its own `make up` made: secrets/, backups, ...)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=repo, capture_output=True)
+    if listed.returncode == 0:
+        return listed.stdout
+    patterns = [ln.strip() for ln in (repo / ".gitignore").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+
+    def ignored(rel: str, is_dir: bool) -> bool:
+        for pattern in patterns:
+            anchored, only_dirs = pattern.startswith("/"), pattern.endswith("/")
+            glob = pattern.strip("/")
+            if only_dirs and not is_dir:
+                continue
+            if fnmatch.fnmatch(rel, glob) if anchored else \
+                    fnmatch.fnmatch(os.path.basename(rel), glob):
+                return True
+        return False
+
+    found = []
+    for folder, dirs, files in os.walk(repo):
+        base = os.path.relpath(folder, repo)
+        dirs[:] = [d for d in dirs if not ignored(os.path.normpath(os.path.join(base, d)), True)]
+        found += [os.path.normpath(os.path.join(base, f)) for f in files
+                  if not ignored(os.path.normpath(os.path.join(base, f)), False)]
+    return b"".join(f.encode() + b"\0" for f in sorted(found))
+
+
 def copy_checkout() -> None:
     """This checkout's files as git sees them (tracked and untracked, not ignored)."""
     COPY.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                            "--exclude-standard"], cwd=REPO, capture_output=True,
-                           check=True).stdout
+    files = checkout_files(REPO)
     subprocess.run(f"tar --null -T - -cf - | tar -C {COPY} -xf -", shell=True, cwd=REPO,
                    input=files, check=True)
     # config/ as the admin left it, not as a test of the main stack's lanes has it edited
@@ -228,13 +264,16 @@ def config_as_left(directory: Path) -> dict[str, str]:
     raise SystemExit(f"[lane-engine] {directory} kept changing while it was read")
 
 
-def make(target: str, timeout: float = 600) -> None:
+def make(target: str, *variables: str, timeout: float = 600) -> str:
+    """``make TARGET VARIABLE=VALUE...`` in this engine's copy of the checkout, in its
+    namespace; what it printed."""
     out = subprocess.run(in_netns(["make", "-C", str(COPY), "-s", "--no-print-directory",
-                                   target, "BUILD_IMAGES=no"]),
+                                   target, "BUILD_IMAGES=no", *variables]),
                          env=environment(), capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise SystemExit(f"[lane-engine] make {target} failed:\n{out.stdout[-3000:]}"
                          f"{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
 
 
 def unmount_under(root: Path) -> None:
@@ -260,7 +299,9 @@ def teardown() -> None:
     subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)
 
 
-def setup() -> None:
+def prepare() -> None:
+    """A fresh machine: the engine with the lab's images, and a copy of the checkout
+    (no secrets/, no volume, no stack)."""
     if SYSTEM_CONTAINERD.exists():
         # dockerd would share it (and its "moby" namespace) with the main engine
         raise SystemExit(f"[lane-engine] {SYSTEM_CONTAINERD} exists: a dockerd of its own "
@@ -273,6 +314,12 @@ def setup() -> None:
     seed_images()
     start_dockerd()
     copy_checkout()
+    say(f"engine up in {time.monotonic() - started:.0f} s (namespace {NETNS}, {ROOT})")
+
+
+def setup() -> None:
+    started = time.monotonic()
+    prepare()
     make("up")
     say(f"engine and stack up in {time.monotonic() - started:.0f} s "
         f"(namespace {NETNS}, {ROOT})")
@@ -303,6 +350,12 @@ def main(argv: list[str]) -> int:
         return run_pytest(args)
     if argv == ["up"]:
         setup()
+        return 0
+    if argv == ["prepare"]:
+        prepare()
+        return 0
+    if argv[:1] == ["make"] and len(argv) >= 2:
+        print(make(argv[1], *argv[2:]), end="")
         return 0
     if argv == ["down"]:
         teardown()

@@ -1,16 +1,17 @@
-"""`make backup` of the running lab, then the machine wiped and `make restore`: the lab
-comes back as it was when backed up (gpulab.backup, docs/operations.md#backups).
+"""`make backup` of the running lab, then `make restore` on a fresh machine: the lab
+comes back there as it was when backed up (gpulab.backup, docs/operations.md#backups).
 
-"Wiped" is what a fresh machine has: no Docker volume of gpulab's (hub database, login
-tokens, homes, Prometheus' history, the last good settings, ...) and no secrets/. Only
-the repository and a copy of its password are kept, as an admin keeps them elsewhere.
-Then, from outside: the member signs in with her old login token in Chromium, her file
-is in her home, Prometheus answers the same for a time before the backup, the same
-secrets are back (the SSH host key members trust among them), and the server that ran
-during the backup is known not to run.
+The fresh machine is one the test makes (tests/lane_engine.py): a Docker engine of its
+own in a network namespace, the lab's images, a copy of the checkout with the admin's
+unedited config/, no secrets/ and no volume. Only the repository and a copy of its
+password are carried there, as an admin keeps them elsewhere. Then, from outside,
+through that machine's port: config/ as the lab had it, the same members, her old login
+token in Chromium, her file in a new server, the same GPU-hours and history for a time
+before the backup, the same secrets (the SSH host key members trust among them), and
+the server that ran during the backup known not to run.
 
-It takes the whole stack down, so it is marked ``stack_restart`` (after every other
-test) and brings the stack up again whatever happens.
+The other tests stop Prometheus or the backup service, so the module runs after every
+other test (``stack_restart``) and leaves the stack up.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from gpulab.backup.plan import volumes_to_back_up
+from tests.swarm.forward import Forward
 
 from .browser import submit_login
-from .stack import REPO, docker, exporter_flags, make, wait_for
+from .stack import REPO, Hub, LabUser, docker, exporter_flags, make, wait_for
 
 pytestmark = pytest.mark.stack_restart
 
@@ -58,66 +60,113 @@ def same_tree(a: Path, b: Path) -> bool:
         same_tree(a / d, b / d) for d in compared.common_dirs)
 
 
-def test_a_backup_of_the_running_lab_restores_onto_a_wiped_machine(hub, lab_user, new_page,
-                                                                   tmp_path):
+# A second machine, made by the test: an engine of its own in a namespace of its own, the
+# lab's images, a copy of the checkout as it is in git terms (its config/ the admin's,
+# unedited; no secrets/, no volume), and the backup repository copied onto it with its
+# password beside it, as an admin carries them to a new server (tests/lane_engine.py).
+FRESH = "gpulab-lane-fresh"
+
+
+class FreshMachine:
+    def __init__(self):
+        self.env = {**os.environ, "GPULAB_LANE_ENGINE": FRESH}
+        self.root = Path("/tmp") / FRESH
+        self.socket = f"unix://{self.root / 'docker.sock'}"
+
+    def lane(self, *args: str, timeout: float = 900) -> str:
+        out = subprocess.run([sys.executable, "-m", "tests.lane_engine", *args], cwd=REPO,
+                             env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, f"{args}: {out.stdout[-3000:]}{out.stderr[-3000:]}"
+        return out.stdout + out.stderr
+
+    def docker(self, *args: str) -> str:
+        return docker("-H", self.socket, *args)
+
+
+@pytest.fixture
+def fresh_machine():
+    machine = FreshMachine()
+    machine.lane("prepare")
+    yield machine
+    machine.lane("down")
+
+
+def gpu_hours_at(moment: float, user: str, query_in=docker) -> str:
+    return query_in("exec", "gpulab-prometheus", "promtool", "query", "instant",
+                    f"--time={moment:.3f}", "http://127.0.0.1:9090",
+                    f'sum_over_time(gpulab:user_gpus_held{{user="{user}"}}[10m])')
+
+
+def test_a_backup_of_the_running_lab_restores_onto_a_fresh_machine(
+        hub, lab_user, lab_config, gpus_yaml, new_page, tmp_path, fresh_machine):
+    """The lab in use (an admin's edits of config/, a member's server on a GPU with a file
+    in her home, some GPU-hours) is backed up with `make backup`; a second machine with a
+    fresh checkout gets the repository and its password, `make restore` and `make up`.
+    From outside, through that machine's port: config/ as the lab had it, the same
+    members, her old login token signing her in (Chromium), her file in a new server
+    there, the same GPU-hours and history for a time before the backup, the same secrets."""
+    lab_config.write("gpulab.yaml", lab_config.original("gpulab.yaml")
+                     + "network:\n  allow: [10.0.5.20/32:2049]  # the lab's NAS\n")
     user = lab_user("saved")
-    user.start_server()  # running while it is backed up: homes are read live
+    user.start_server({"gpus": 1})  # running while it is backed up: homes are read live
     note = f"chapter 1 of {user.name}'s thesis\n"
     r = user.api("PUT", "/contents/thesis.txt",
                  json={"type": "file", "format": "text", "content": note})
     assert r.status_code in (200, 201), r.text
-    moment = time.time() - 4
-    before = history_at(moment)
-    assert "=>" in before, before
+    wait_for(lambda: "=>" in gpu_hours_at(time.time() - 2, user.name), 60,
+             what=f"Prometheus to record {user.name}'s GPU")
+    moment = time.time() - 2
+    before, held = history_at(moment), gpu_hours_at(moment, user.name)
+    assert "=>" in before and "=>" in held, (before, held)
+    members = sorted(u["name"] for u in hub.request("GET", "/users").json())
 
     flags, repo = exporter_flags(), repository()
-    env = {"GPULAB_BACKUP_DIR": repo}
-    out = make("backup", flags, **env)
-    assert "backup " in out and user.home_volume in out, out
-    assert "not whole" not in out, out
-    # Prometheus sees it (job gpulab-backup): the last attempt backed up everything
-    wait_for(lambda: "=> 1 @" in docker("exec", "gpulab-prometheus", "promtool", "query",
-                                       "instant", "http://127.0.0.1:9090",
-                                       "gpulab_backup_last_attempt_success"),
-             30, what="Prometheus to scrape the backup's metrics")
+    out = make("backup", flags, GPULAB_BACKUP_DIR=repo)
+    assert "backup " in out and user.home_volume in out and "not whole" not in out, out
 
-    password = tmp_path / "backup-password"
-    shutil.copy(REPO / "secrets" / "backup-password", password)
-    secrets, secrets_before = REPO / "secrets", tmp_path / "secrets-before"
-    restored = False
-    try:
-        make("down", flags, **env)
-        present = docker("volume", "ls", "-q").split()
-        wiped = volumes_to_back_up(present, "gpulab-home-{username}") + ["gpulab-prometheus-data"]
-        assert user.home_volume in wiped
-        docker("volume", "rm", *wiped)
-        shutil.move(secrets, secrets_before)
+    # what an admin carries to the new machine: the repository and the password
+    carried = fresh_machine.root / "carried"
+    shutil.copytree(repo, carried / "backups")
+    shutil.copy(REPO / "secrets" / "backup-password", carried / "backup-password")
+    checkout = fresh_machine.root / "repo"
+    assert not (checkout / "secrets").exists()
+    assert (checkout / "config" / "gpulab.yaml").read_text() == \
+        lab_config.original("gpulab.yaml"), "the fresh checkout has the admin's edit already"
+    out = fresh_machine.lane("make", "restore", f"GPULAB_BACKUP_DIR={carried / 'backups'}",
+                             f"GPULAB_BACKUP_PASSWORD_FILE={carried / 'backup-password'}")
+    assert "restored; make up starts the lab on it" in out, out
+    out = fresh_machine.lane("make", "up", f"GPULAB_BACKUP_DIR={carried / 'backups'}")
+    assert "JupyterHub is up" in out, out
 
-        out = make("restore", flags, GPULAB_BACKUP_PASSWORD_FILE=str(password), **env)
-        restored = True
-        assert "restored; make up starts the lab on it" in out, out
-        assert f"-> {user.home_volume}" in out, out
-        assert same_tree(secrets_before, secrets), "secrets/ came back different"
-    finally:
-        if not restored and secrets_before.exists() and not secrets.exists():
-            shutil.move(secrets_before, secrets)
-        make("up", flags, **env)  # on failure too: the stack is up for whoever is next
-        wait_for(hub.is_ready, 120, what="the hub to answer after make up")
-
-    # her old login token, in a browser
-    page = new_page()
-    response = submit_login(page, user.name, user.token, next_url="/hub/home")
-    assert response.status == 200 and urlsplit(page.url).path == "/hub/home", page.url
-    # the server that ran during the backup does not run on this machine, and the hub
-    # knows it
-    wait_for(lambda: hub.server_model(user.name) is None, 60,
-             what=f"the hub to see that {user.name}'s server is not running")
-    # the same history for a time before the backup
-    assert history_at(moment) == before
-    # her home, in a new server
-    user.start_server()
-    r = user.api("GET", "/contents/thesis.txt", params={"content": "1", "format": "text"})
-    assert r.status_code == 200 and r.json()["content"] == note, r.text
+    # config/, byte for byte; the secrets too (the SSH host key members trust among them)
+    for name in ("gpulab.yaml", "gpus.yaml"):
+        assert (checkout / "config" / name).read_text() == (REPO / "config" / name).read_text()
+    assert same_tree(REPO / "secrets", checkout / "secrets"), "secrets/ came back different"
+    with Forward(FRESH, ("127.0.0.1", 8000)) as there:
+        fresh_hub = Hub(there.url, token=(checkout / "secrets" / "api-token").read_text().strip())
+        wait_for(fresh_hub.is_up, 60, what="the restored hub to answer")
+        assert sorted(u["name"] for u in fresh_hub.request("GET", "/users").json()) == members
+        # her old login token, in a browser, through the new machine's port
+        page = new_page()
+        response = submit_login(page, user.name, user.token, next_url="/hub/home",
+                                hub_url=there.url)
+        assert response.status == 200 and urlsplit(page.url).path == "/hub/home", page.url
+        # the server that ran during the backup never ran here, and the hub knows it
+        wait_for(lambda: fresh_hub.server_model(user.name) is None, 60,
+                 what=f"the restored hub to see that {user.name}'s server is not running")
+        # the same GPU-hours and history for a time before the backup
+        assert gpu_hours_at(moment, user.name, fresh_machine.docker) == held
+        assert fresh_machine.docker("exec", "gpulab-prometheus", "promtool", "query",
+                                    "instant", f"--time={moment:.3f}",
+                                    "http://127.0.0.1:9090", HISTORY) == before
+        # her home, in a new server on the new machine (its GPU too, by the restored
+        # gpus.yaml)
+        there_user = LabUser(fresh_hub, user.name, user.token)
+        there_user.start_server({"gpus": 1})
+        r = there_user.api("GET", "/contents/thesis.txt",
+                           params={"content": "1", "format": "text"})
+        assert r.status_code == 200 and r.json()["content"] == note, r.text
+        there_user.stop_server()
 
 
 def prometheus_says(expr: str) -> str:

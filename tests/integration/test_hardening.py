@@ -6,6 +6,7 @@ network is tests/integration/test_isolation.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 
@@ -86,6 +87,17 @@ def test_proxy_api_answers_only_with_its_token(hub):
     assert out == "403 403 200"
 
 
+def engine_socket() -> str:
+    """The socket of the engine under test (a lane's: tests/lane_engine.py), as the host
+    names it."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def engine_volumes() -> str:
+    return docker("info", "--format", "{{.DockerRootDir}}") + "/volumes"
+
+
 @pytest.mark.parametrize("name", INFRA_CONTAINERS)
 def test_infrastructure_containers_run_with_least_privilege(hub, name):
     info = json.loads(docker("inspect", name))[0]
@@ -114,7 +126,7 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     sockets = {d: v for d, v in mounts.items() if v[0].endswith(".sock")}
     if name.startswith("gpulab-docker-proxy"):
         # the socket file alone, read-only: not the host's /run
-        assert sockets == {"/run/docker.sock": ("/var/run/docker.sock", False)}, mounts
+        assert sockets == {"/run/docker.sock": (engine_socket(), False)}, mounts
     else:
         assert sockets == {}, (name, mounts)
     assert not any(src in ("/", "/run", "/var/run") for src, _ in mounts.values()), mounts
@@ -125,7 +137,7 @@ def test_infrastructure_containers_run_with_least_privilege(hub, name):
     assert writable == ({"/backup"} if name == "gpulab-backup" else set()), (name, mounts)
     if name == "gpulab-backup":
         # every volume of the engine, to read homes as members come and go: read-only
-        assert mounts["/volumes"] == ("/var/lib/docker/volumes", False), mounts
+        assert mounts["/volumes"] == (engine_volumes(), False), mounts
 
 
 def test_similar_usernames_get_distinct_containers_and_volumes(hub, lab_user):

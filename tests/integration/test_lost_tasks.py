@@ -11,6 +11,7 @@ report is sent as a shim sends it (`containerd publish`), for a running containe
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -20,7 +21,9 @@ import pytest
 
 from .stack import REPO, docker
 
-SOCKET = Path("/var/run/docker/containerd/containerd.sock")
+# the containerd of the engine under test: a lane's (tests/lane_engine.py), else the main one
+SOCKET = Path(os.environ.get("GPULAB_CONTAINERD_SOCKET",
+                             "/var/run/docker/containerd/containerd.sock"))
 pytestmark = pytest.mark.skipif(
     not (shutil.which("ctr") and shutil.which("containerd") and SOCKET.exists()),
     reason="needs containerd's ctr and the containerd that dockerd started")
