@@ -64,7 +64,7 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.config import GpusConfig, parse_gpus_config
 from gpulab.line.order import Entry
-from gpulab.line.plan import READY, REFUSED, WAITING, holds, plan
+from gpulab.line.plan import READY, REFUSED, WAITING, Place, holds, plan
 from gpulab.line.usage import Usage, decayed_gpu_hours, window_and_step
 
 HOUR = 3600.0
@@ -261,7 +261,12 @@ class Lab:
     def next_ask(self, m: Member, after: float) -> None:
         m.ask = next(m.stream)
         m.state, m.attempt = "thinking", m.attempt + 1
-        self.at(working_time(after + m.ask.think, self.rng), "ask", m)
+        self.at(working_time(after + m.ask.think, self.mornings(m)), "ask", m)
+
+    def mornings(self, m: Member) -> random.Random:
+        """Where the time of *m*'s ask on a working morning is drawn from: here the
+        policy's one stream, in the order of events."""
+        return self.rng
 
     def on_ask(self, m: Member) -> None:
         self.result.asked += 1
@@ -351,18 +356,22 @@ class Lab:
         for place in self.places():
             m = self.members[place.entry.user]
             if place.state == READY:
-                self.take(m, place.gpus)
-                self.line[m.name] = replace(place.entry, offered_at=self.now)
-                m.state, m.attempt = "offered", m.attempt + 1
-                if m.ask.opens_after is not None and \
-                        m.ask.opens_after < self.config.line.claim_window:
-                    self.at(self.now + m.ask.opens_after, "open", m)
-                else:
-                    self.at(self.now + self.config.line.claim_window, "claim_window_ends", m)
+                self.offer(m, place)
             elif place.state == REFUSED:
                 raise AssertionError(f"the line refused {m.name}: {place.reason}")
             else:
                 assert place.state == WAITING or place.entry.offered_at is not None
+
+    def offer(self, m: Member, place: Place) -> None:
+        """Her turn: the line starts her server with the GPUs of her *place*; it is hers
+        if she opens it within the claim window."""
+        self.take(m, place.gpus)
+        self.line[m.name] = replace(place.entry, offered_at=self.now)
+        m.state, m.attempt = "offered", m.attempt + 1
+        if m.ask.opens_after is not None and m.ask.opens_after < self.config.line.claim_window:
+            self.at(self.now + m.ask.opens_after, "open", m)
+        else:
+            self.at(self.now + self.config.line.claim_window, "claim_window_ends", m)
 
     def refresh_usage(self) -> None:
         """Members' decayed GPU-hours, as the line service brings them from Prometheus
@@ -412,10 +421,15 @@ def simulate(policy: str, members: int = 30, gpus: int = 8, days: float = 30, se
              claim_window: str = "10m") -> tuple[Result, list[str]]:
     order = "fair_share" if policy == FAIR_SHARE else "first_come"
     config, inventory = lab_config(gpus, order, claim_window)
-    people = [(f"m{i:02d}-{k.name}", k) for i, k in enumerate(kinds(members))]
-    lab = Lab(policy, config, inventory, people, seed, START + days * DAY, retry_every,
+    lab_members = people(members)
+    lab = Lab(policy, config, inventory, lab_members, seed, START + days * DAY, retry_every,
               usage_every)
-    return lab.run(), [name for name, _ in people]
+    return lab.run(), [name for name, _ in lab_members]
+
+
+def people(members: int) -> list[tuple[str, Kind]]:
+    """The lab's members, (name, kind), heavy users first: the same in every bench."""
+    return [(f"m{i:02d}-{k.name}", k) for i, k in enumerate(kinds(members))]
 
 
 # ---------------------------------------------------------------- the report
@@ -450,15 +464,7 @@ def report(results: Sequence[Result], names: Sequence[str], gpus: int, days: flo
          [100 * r.in_sessions / lab_gpu_seconds for r in results], "{:.1f}"),
         ("Jain's index of served share", [r.fairness(names) for r in results], "{:.3f}"),
     ]
-    width = max(len(label) for label, _, _ in rows)
-    head = f"{'':{width}}  " + "  ".join(f"{r.policy:>14}" for r in results)
-    ratio_head = "  ".join(f"{r.policy + ' / 409':>14}" for r in results[1:])
-    lines = [f"{head}  {ratio_head}"]
-    for label, values, fmt in rows:
-        cells = "  ".join(f"{fmt.format(v):>14}" for v in values)
-        ratios = "  ".join(f"{(v / values[0]):>13.2f}x" if values[0] else f"{'-':>14}"
-                           for v in values[1:])
-        lines.append(f"{label:{width}}  {cells}  {ratios}")
+    lines = table(rows, [r.policy for r in results], [f"{r.policy} / 409" for r in results[1:]])
     timing = "; ".join(
         f"{r.policy}: {r.seconds:.1f} s"
         + (f", {r.plans} plans of {1000 * r.plan_seconds / r.plans:.2f} ms" if r.plans else "")
@@ -472,6 +478,23 @@ def report(results: Sequence[Result], names: Sequence[str], gpus: int, days: flo
         f"(a wait is from asking until the GPUs were hers; ratios: each policy's figure "
         f"over {base.policy}'s)",
     ])
+
+
+def table(rows: Sequence[tuple[str, Sequence[float], str]], columns: Sequence[str],
+          ratios: Sequence[str]) -> list[str]:
+    """*rows* of (label, one value per column, format) under the *columns*' names, then
+    each later column's value over the first column's, under the names *ratios* ("-"
+    where the first is 0)."""
+    width = max(len(label) for label, _, _ in rows)
+    head = f"{'':{width}}  " + "  ".join(f"{c:>14}" for c in columns)
+    ratio_head = "  ".join(f"{c:>14}" for c in ratios)
+    lines = [f"{head}  {ratio_head}"]
+    for label, values, fmt in rows:
+        cells = "  ".join(f"{fmt.format(v):>14}" for v in values)
+        over = "  ".join(f"{(v / values[0]):>13.2f}x" if values[0] else f"{'-':>14}"
+                         for v in values[1:])
+        lines.append(f"{label:{width}}  {cells}  {over}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
