@@ -184,16 +184,23 @@ class FakeIptables:
         raise AssertionError(argv)
 
     def output(self, argv):
+        """``-S CHAIN``, each rule's options in an order of iptables' own (as the real
+        one lists ``-d X -i Y`` for ``-i Y -d X``): here, the pairs reversed."""
         _, op, chain = argv
         assert op == "-S"
-        return "\n".join([f"-P {chain} ACCEPT", *(f"-A {chain} " + " ".join(spec)
+        return "\n".join([f"-P {chain} ACCEPT", *(f"-A {chain} " + " ".join(reordered(spec))
                                                   for spec in self.chains[chain])])
+
+
+def reordered(spec):
+    pairs = [spec[i:i + 2] for i in range(0, len(spec), 2)]
+    return [token for pair in reversed(pairs) for token in pair]
 
 
 def test_guard_installs_in_order_repairs_and_removes_only_its_own():
     fake = FakeIptables()
     wanted = rules("gpulab0", "172.30.0.2", "172.30.0.3")
-    guard = Guard(wanted, "iptables", run=fake)
+    guard = Guard(wanted, "iptables", run=fake, output=fake.output)
     assert guard.apply() == len(wanted)
     ours = [tuple(r.args()[1:]) for r in wanted if r.chain == "DOCKER-USER"]
     assert fake.chains["DOCKER-USER"] == [*ours, ("-j", "RETURN")]
@@ -220,6 +227,18 @@ class Recording(FakeIptables):
         code = super().__call__(argv)
         self.states.append({k: list(v) for k, v in self.chains.items()})
         return code
+
+
+def test_a_listed_rule_is_known_whatever_order_iptables_lists_its_options_in():
+    from gpulab.netguard import canonical
+
+    ours = ["-i", "gpulab0", "-d", "10.0.0.0/8", "-p", "tcp", "-m", "tcp", "--dport", "53",
+            "-m", "comment", "--comment", "gpulab-netguard", "-j", "ACCEPT"]
+    listed = ("-d 10.0.0.0/8 -i gpulab0 -p tcp -m tcp --dport 53 -m comment --comment "
+              "gpulab-netguard -j ACCEPT").split()
+    assert canonical(ours) == canonical(listed)
+    assert canonical(ours) != canonical([*listed[:-1], "DROP"])
+    assert canonical(ours) != canonical(listed[2:])  # -d missing
 
 
 def test_an_edit_of_network_allow_changes_the_openings_and_nothing_opens_meanwhile():
@@ -316,6 +335,11 @@ class FakeNamespaces:
         table = self.tables.setdefault(net[len("--net="):], FakeIptables())
         return table(rest)
 
+    def output(self, argv):
+        nsenter, net, *rest = argv
+        assert nsenter == "nsenter" and net.startswith("--net=")
+        return self.tables.setdefault(net[len("--net="):], FakeIptables()).output(rest)
+
     def read(self, path, file):
         if file == "/proc/net/route":
             return self.routes.get(path.rsplit("/", 1)[1])
@@ -331,7 +355,7 @@ def test_overlays_close_each_namespace_of_the_users_overlay_as_it_appears(tmp_pa
                              "1-settingup0": ROUTES.splitlines()[0]})
     wanted = overlay_rules("172.30.0.250", "172.30.0.251")
     overlays = Overlays(tmp_path, "172.30.0.0/24", wanted, "iptables", run=spaces.run,
-                        read=spaces.read)
+                        read=spaces.read, output=spaces.output)
     assert overlays.scan(apply=False) == ["1-users00000"]  # `status` only looks
     assert overlays.status()[0][1].rules_missing == len(wanted)
     overlays.guards.clear()
@@ -373,7 +397,8 @@ def test_a_swarm_machine_is_isolated_only_when_every_namespace_filters_bridged_t
     (tmp_path / "1-users00000").touch()
     spaces = FakeNamespaces({"1-users00000": ROUTES}, filtering="0\n")
     overlays = Overlays(tmp_path, "172.30.0.0/24", overlay_rules("172.30.0.250",
-                        "172.30.0.251"), "iptables", run=spaces.run, read=spaces.read)
+                        "172.30.0.251"), "iptables", run=spaces.run, read=spaces.read,
+                        output=spaces.output)
     overlays.scan()
     status = SwarmStatus(0, overlays.status())
     assert not status.isolated
