@@ -15,7 +15,8 @@
 #                 (tests/lane_engine.py), the stack restarts last;
 #     swarm       the simulated-Swarm modules: engines, a Swarm and a stack of their own in
 #                 network namespaces (they copy the main engine's images);
-#     backups     after the swarm lane, in its spare time: the backup tests, disruptive
+#     backups     after the swarm lane, in its spare time: the assistant's tests (members'
+#                 tests, moved out of the longest lane), then the backup tests, disruptive
 #                 too, on a second engine and stack of their own (GPULAB_LANE_ENGINE).
 #
 # Each lane's output is printed whole when it ends, with its slowest tests (--durations);
@@ -30,6 +31,10 @@ swarm=(tests/integration/test_swarm_harness.py tests/integration/test_docker_pro
 not_swarm=(); for m in "${swarm[@]}"; do not_swarm+=(--ignore "$m"); done
 backups=(tests/integration/test_backup_restore.py)
 not_backups=(); for m in "${backups[@]}"; do not_backups+=(--ignore "$m"); done
+# Members' tests that run in the backups lane's spare time (on its engine, before the
+# backups), not in the members lane, the longest: the assistant's (about a fifth of it)
+late=(tests/integration/test_assistant.py)
+not_late=(); for m in "${late[@]}"; do not_late+=(--ignore "$m"); done
 # shellcheck source=scripts/lanes.sh
 . scripts/lanes.sh
 
@@ -66,7 +71,7 @@ pytest=scripts/own-engine-pytest
 lane disruptive "${disruptive[@]}" "${not_backups[@]}"
 disruptive_pid=$!
 export GPULAB_LANE_ENGINE=gpulab-lane-backups
-lane_after swarm backups -m "integration and disruptive" "$@" "${backups[@]}"
+lane_after swarm backups -m "integration" "$@" "${late[@]}" "${backups[@]}"
 backups_pid=$!
 unset GPULAB_LANE_ENGINE
 if [ "${GPULAB_LANE_STACK_UP:-}" != yes ]; then
@@ -77,7 +82,7 @@ pytest=scripts/stack-engine-pytest
 lane gpus -m "integration and gpus_lane and not disruptive" "$@" tests/integration "${not_swarm[@]}"
 gpus_pid=$!
 lane members -m "integration and not gpus_lane and not disruptive" "$@" tests/integration \
-  "${not_swarm[@]}"
+  "${not_swarm[@]}" "${not_late[@]}"
 members_pid=$!
 pytest=$pytest_main
 wait "$gpus_pid"; show gpus

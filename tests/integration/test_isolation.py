@@ -163,59 +163,47 @@ def test_users_cannot_reach_the_host(hub, lab_user, host_listener):
     assert seen == {"gateway": "unreachable", "docker0": "unreachable"}
 
 
-def test_members_reach_nothing_on_the_labs_private_networks_but_dns(hub, lab_user, lan):
+def test_members_reach_nothing_on_the_labs_private_networks_unless_an_admin_opens_it(
+        hub, lab_user, lan, network_allow):
     """A member's code tries the lab's NAS, its printers, another lab's machine, a
     carrier-grade NAT address and a metadata service, on the service port and on DNS's:
     only DNS answers. The same hosts answer a container on Docker's default bridge (the
-    control: routed and listening), and the public-range stand-in answers her too."""
+    control: routed and listening), and the public-range stand-in answers her too. Her
+    server has no IPv6 either (Docker takes it off its port), so no fe80:: address opens
+    what IPv4 closes; netguard's ip6tables rules would hold the same closures. Then an
+    admin opens the NAS on one port in network.allow: within seconds, without a restart,
+    that port answers her and its other ports and the lab's other machines do not; taking
+    the line out closes it again."""
     user = lab_user("lanprober")
     user.start_server()
     closed = {f"{name}": (host, PORT) for name, host in [
         ("nas", LAB_NAS), ("cgnat", CGNAT), ("printer", PRINTER), ("other_lab", OTHER_LAB),
-        ("metadata", METADATA)]}
+        ("metadata", METADATA), ("opened", OPENED)]}
     targets = {**closed, "nas_dns": (LAB_NAS, DNS), "public": (PUBLIC, PORT)}
     for name, (host, port) in targets.items():  # controls
         assert probe_from_default_bridge(host, port) == "open", name
-    seen = probe(user, targets)
+    seen = probe(user, {**targets, "ula": ("fd00:99::2", PORT)})
     assert seen == {**dict.fromkeys(closed, "unreachable"), "nas_dns": "open",
-                    "public": "open"}
-
-
-def test_members_have_no_ipv6_on_the_users_network(hub, lab_user):
-    """Docker gives the users' network no IPv6 and takes it off the containers' ports:
-    no link-local fe80:: address between members either. netguard's ip6tables rules hold
-    the same closures should a lab turn IPv6 on (checked by `status`)."""
-    user = lab_user("sixer")
-    user.start_server()
+                    "public": "open",
+                    # no IPv6 address to send from at all
+                    "ula": "OSError(99, 'Cannot assign requested address')"}
     assert user.run_code("print(open('/proc/net/if_inet6').read().split())").strip() in (
         "[]", str(["00000000000000000000000000000001", "01", "80", "10", "80", "lo"]))
-    # no IPv6 address to send from at all
-    assert probe(user, {"ula": ("fd00:99::2", PORT)}) == {
-        "ula": "OSError(99, 'Cannot assign requested address')"}
     rules = subprocess.run(["ip6tables", "-S", "FORWARD"], capture_output=True,
                            text=True).stdout
     assert "-A FORWARD -i gpulab0 -o gpulab0 -m comment --comment gpulab-netguard -j DROP" \
         in rules, rules
 
-
-def test_an_admin_opens_one_destination_and_closes_it_again(hub, lab_user, lan,
-                                                            network_allow):
-    """network.allow opens the lab's NAS on one port to members, within seconds of the
-    edit and without a restart; its other ports and the lab's other machines stay closed;
-    taking the line out closes it again."""
-    user = lab_user("nasuser")
-    user.start_server()
-    targets = {"opened": (OPENED, PORT), "other_port": (OPENED, OTHER_PORT),
-               "nas": (LAB_NAS, PORT)}
-    assert probe(user, targets) == dict.fromkeys(targets, "unreachable")
+    # an admin opens the NAS's one port
     network_allow([f"{OPENED}:{PORT}"])
     wait_for(lambda: probe(user, {"opened": (OPENED, PORT)})["opened"] == "open", 30,
              what=f"netguard to open {OPENED}:{PORT}")
-    assert probe(user, targets) == {"opened": "open", "other_port": "unreachable",
-                                    "nas": "unreachable"}
+    opened = {"opened": (OPENED, PORT), "other_port": (OPENED, OTHER_PORT),
+              "nas": (LAB_NAS, PORT)}
+    assert probe(user, opened) == {"opened": "open", "other_port": "unreachable",
+                                   "nas": "unreachable"}
     status = docker("exec", "gpulab-netguard", "gpulab-netguard", "status")
     assert f"DNS (port 53) and {OPENED}/32:{PORT}" in status, status
-
     network_allow([])
     wait_for(lambda: probe(user, {"opened": (OPENED, PORT)})["opened"] == "unreachable",
              30, what=f"netguard to close {OPENED}:{PORT} again")
