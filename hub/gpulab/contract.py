@@ -11,6 +11,7 @@ Standard library only: every gpulab process imports it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,11 @@ LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
 # On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
 # its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
 LABEL_NODE = "org.gpulab.node"
+
+# A GPU as NVML names it (`nvidia-smi -L`): GPU-<hex groups>, or MIG-<hex groups> for a
+# MIG device. gpus.yaml, gpulab.yaml and the Docker proxy all accept exactly this, and
+# LABEL_GPUS holds these. Hex only, so a UUID is never a path, option or shell word.
+GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f]+(-[0-9A-Fa-f]+)*")
 
 
 def lease_labels(user: str, server: str, gpu_uuids: Sequence[str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.contract import INFRA_VOLUMES
+from gpulab.contract import GPU_UUID, INFRA_VOLUMES
 from gpulab.email_address import is_address
 from gpulab.environments import EnvironmentError_, parse_environments
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
@@ -93,7 +93,8 @@ def _positive_number(value: Any) -> float:
     return float(value)
 
 
-def _bool(value: Any) -> bool:
+def parse_bool(value: Any) -> bool:
+    """true or false, as YAML writes them (also gpus.yaml's)."""
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {value!r}")
     return value
@@ -291,9 +292,6 @@ def _model_file(value: Any) -> str:
     return name
 
 
-_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
-
-
 def _gpu_refs(value: Any) -> tuple[int | str, ...]:
     """GPUs of this machine, by NVML index or UUID, as ``nvidia-smi -L`` prints them."""
     if value is None:
@@ -302,7 +300,7 @@ def _gpu_refs(value: Any) -> tuple[int | str, ...]:
         value = [value]
     refs: list[int | str] = []
     for ref in value if isinstance(value, list) else [value]:
-        if isinstance(ref, str) and _GPU_UUID.fullmatch(ref.strip()):
+        if isinstance(ref, str) and GPU_UUID.fullmatch(ref.strip()):
             ref = ref.strip()
         elif isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < 1000:
             raise ValueError(f"expected GPUs of this machine as nvidia-smi -L names them: "
@@ -443,7 +441,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hub.idle_timeout", parse_duration, 3600,
             "Stop servers that have been idle this long, releasing their GPUs "
             "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),
-    Setting("hub.swarm", _bool, False,
+    Setting("hub.swarm", parse_bool, False,
             "Run members' servers across several GPU servers joined in a Docker Swarm "
             "(docs/swarm.md): each server is a Swarm service placed on the "
             "machine whose GPUs it leased, created through the Docker proxy in front of "
@@ -491,7 +489,7 @@ SETTINGS: tuple[Setting, ...] = (
             "CPU limit of each user container, in cores. Example: 2.5"),
     Setting("spawn.pids_limit", _positive_int, 1024,
             "Maximum number of processes in each user container."),
-    Setting("spawn.shared_gpu_memory_cap", _bool, True,
+    Setting("spawn.shared_gpu_memory_cap", parse_bool, True,
             "On a GPU several servers share (gpus.yaml mode: shared), cap each PyTorch "
             "process of a server at 1/max_users of the GPU's memory "
             "(PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction), so that one member's "
@@ -538,7 +536,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backup.alert_after", parse_duration, 2 * 86400,
             "Alert the operators (GpulabBackupTooOld) when the last good backup is older "
             "than this; 0 turns the alert off. Example: 36h"),
-    Setting("backup.datasets", _bool, False,
+    Setting("backup.datasets", parse_bool, False,
             "Back up the shared datasets volume (spawn.datasets_volume) too. Off by "
             "default: datasets are large and usually fetched again from where they came "
             "from. Example: true"),
@@ -657,7 +655,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("login.ldap_url", _ldap_url, "",
             "The lab's LDAP directory (login.provider: ldap): ldaps://HOST (TLS from the "
             "start) or ldap://HOST (upgraded with StartTLS). Example: ldaps://ldap.lab.example"),
-    Setting("login.ldap_starttls", _bool, True,
+    Setting("login.ldap_starttls", parse_bool, True,
             "With an ldap:// URL, upgrade to TLS before sending anything (StartTLS). Members' "
             "passwords travel to the directory: gpulab refuses false. Example: true"),
     Setting("login.ldap_ca_file", _optional_abs_path, "",
@@ -689,7 +687,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("login.ldap_subject_attribute", _string, "entryUUID",
             "The attribute that identifies a member for good, whatever her name (entryUUID; "
             "objectGUID on Active Directory). Example: entryUUID"),
-    Setting("login.link_existing_accounts", _bool, False,
+    Setting("login.link_existing_accounts", parse_bool, False,
             "Let the provider's identity of a name take over a hub account of that name "
             "that exists already (made with login tokens, or by an admin) and never signed "
             "in with the provider. Off, such accounts are refused, so that whoever the "

@@ -153,3 +153,33 @@ def test_every_metric_the_alert_rules_read_is_produced(produced):
     read = set(re.findall(r"\bgpulab_[a-z_]*[a-z]\b", text))
     assert read, "no gpulab_ metric found in alerts.yml"
     assert read - produced - produced_by_the_hub() == set()
+
+
+UUIDS = [
+    ("GPU-00000000-0000-0000-0000-000000000000", True),   # nvidia-smi -L
+    ("GPU-fa4e0000-0000-4000-8000-00000000AbCd", True),
+    ("MIG-6b7c8d9e-1111-2222-3333-444455556666", True),   # a MIG device (R470 and later)
+    ("GPU-", False), ("GPU", False), ("gpu-0000", False), ("GPU-0000-", False),
+    ("GPU-not-hex", False), ("MIG-GPU-0000/1/0", False), ("GPU-00 00", False),
+    ("GPU-0000;rm", False),
+]
+
+
+@pytest.mark.parametrize("uuid,valid", UUIDS)
+def test_a_gpu_uuid_is_one_shape_in_gpus_yaml_gpulab_yaml_and_the_docker_proxy(uuid, valid):
+    """The UUID rule has one home (contract.GPU_UUID): the allocation config, the lab's
+    settings and the Docker proxy accept and refuse the same strings."""
+    from gpulab.gpus.config import ConfigError, parse_gpus_config
+    from gpulab.settings import _gpu_refs
+
+    assert bool(contract.GPU_UUID.fullmatch(uuid)) is valid
+    try:
+        parse_gpus_config(f"inventory:\n  - {{index: 0, uuid: {uuid!r}}}\n")
+        in_gpus_yaml = True
+    except ConfigError:
+        in_gpus_yaml = False
+    try:
+        in_settings = _gpu_refs([uuid]) == (uuid,)
+    except ValueError:
+        in_settings = False
+    assert (in_gpus_yaml, in_settings) == (valid, valid)

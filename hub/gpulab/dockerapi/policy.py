@@ -51,6 +51,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from gpulab.contract import (
+    GPU_UUID,
     INFRA_VOLUMES,
     LABEL_GPUS,
     LABEL_MANAGED,
@@ -63,7 +64,6 @@ from gpulab.dockerapi import swarm_policy
 from gpulab.dockerapi.schema import (
     BIND,
     COUNT,
-    GPU_UUID,
     HEALTHCHECK,
     IMAGE,
     NAME,

@@ -21,8 +21,6 @@ INT64_MAX = 2**63 - 1
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # Docker's container, volume and network names
 REF = re.compile(NAME)
 _USER = re.compile(r"[1-9][0-9]{0,9}(:[1-9][0-9]{0,9})?")
-# As nvidia-smi -L prints them; gpus.yaml also accepts MIG devices' UUIDs.
-GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f]+(-[0-9A-Fa-f]+)*")
 BIND = re.compile(rf"({NAME}):(/[^:]*)(?::(ro|rw))?")
 SIGNAL = re.compile(r"[A-Za-z0-9+]{1,16}")
 # An image reference: an optional registry (host[:port]/, e.g. a lab-local registry's),

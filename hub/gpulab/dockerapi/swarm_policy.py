@@ -54,6 +54,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpulab.contract import (
+    GPU_UUID,
     INFRA_VOLUMES,
     LABEL_GPUS,
     LABEL_MANAGED,
@@ -65,7 +66,6 @@ from gpulab.contract import (
 )
 from gpulab.dockerapi.schema import (
     COUNT,
-    GPU_UUID,
     HEALTHCHECK,
     IMAGE,
     IMAGE_ID,

@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulab.settings import parse_duration
+from gpulab.contract import GPU_UUID
+from gpulab.settings import parse_bool, parse_duration
 from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
@@ -95,7 +96,6 @@ DEFAULT_POOL = "default"
 MAX_GPUS_LIMIT = 64
 MAX_USERS_LIMIT = 1024
 
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _MACHINE_PIN = re.compile(rf"(?P<machine>{_HOSTNAME.pattern}):(?P<index>[0-9]{{1,3}})")
@@ -262,7 +262,7 @@ def _union(items: Iterable[str]) -> tuple[str, ...]:
 # Each raises ValueError with a message saying what is allowed; the caller adds file:line.
 
 
-def _count(value: Any, what: str = "a number of GPUs") -> int:
+def _gpu_count(value: Any, what: str = "a number of GPUs") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPUS_LIMIT:
         raise ValueError(
             f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}"
@@ -284,11 +284,6 @@ def _mode(value: Any) -> str:
         raise ValueError(f"expected one of {', '.join(MODES)}, got {value!r}")
     return value
 
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
 
 
 def _name(value: Any, what: str) -> str:
@@ -316,7 +311,7 @@ def _machine(value: Any) -> str:
 
 
 def _uuid(value: Any) -> str:
-    if not isinstance(value, str) or not _UUID.fullmatch(value.strip()):
+    if not isinstance(value, str) or not GPU_UUID.fullmatch(value.strip()):
         raise ValueError(
             f"expected a GPU UUID as `nvidia-smi -L` prints it (GPU-xxxxxxxx-... or "
             f"MIG-...), got {value!r}"
@@ -469,8 +464,8 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     d = r.mapping(("defaults",), top.get("defaults"), _DEFAULT_KEYS,
                   "a mapping with gpus:, max_gpus:, pools:, gpu_idle_timeout: and "
                   "max_server_age:")
-    default_gpus = r.check(("defaults", "gpus"), _count, d.get("gpus", 0))
-    default_max = r.check(("defaults", "max_gpus"), _count, d.get("max_gpus", 1))
+    default_gpus = r.check(("defaults", "gpus"), _gpu_count, d.get("gpus", 0))
+    default_max = r.check(("defaults", "max_gpus"), _gpu_count, d.get("max_gpus", 1))
     if default_gpus > default_max:
         raise doc.error(
             ("defaults", "gpus"),
@@ -554,7 +549,7 @@ def _bookings(r: _Reader, raw: Any) -> Bookings:
                            body.get("max_length", default.max_length)),
         max_ahead=r.check(path + ("max_ahead",), _positive_seconds,
                           body.get("max_ahead", default.max_ahead)),
-        max_gpus=r.check(path + ("max_gpus",), _count, body.get("max_gpus", default.max_gpus)),
+        max_gpus=r.check(path + ("max_gpus",), _gpu_count, body.get("max_gpus", default.max_gpus)),
     )
 
 
@@ -568,7 +563,7 @@ def _budget(r: _Reader, path: Path_, raw: Any, group: str = "") -> Budget | None
                      "enforce: (soft or hard) and, for a group, shared: (true or false)")
     if "gpu_hours" not in body:
         raise r.doc.error(path, "a budget needs gpu_hours: (GPU-hours per period)")
-    shared = r.check(path + ("shared",), _bool, body.get("shared", False))
+    shared = r.check(path + ("shared",), parse_bool, body.get("shared", False))
     if shared and not group:
         raise r.doc.error(path + ("shared",), "only a group's budget can be shared "
                                               "(its members' GPU-hours together)")
@@ -683,7 +678,7 @@ def _inventory(r: _Reader, raw: list, pools: Mapping[str, Pool]) -> tuple[GpuEnt
                 path + ("mode",),
                 "mode: shared needs max_users: N (how many users may share this GPU)",
             )
-        reserved = r.check(path + ("reserved",), _bool, body.get("reserved", False))
+        reserved = r.check(path + ("reserved",), parse_bool, body.get("reserved", False))
         out.append(GpuEntry(index, uuid, model.strip(), pool, mode, max_users, reserved, line))
     return tuple(out)
 
@@ -715,14 +710,15 @@ def _overrides(
                          "gpu_idle_timeout:, max_server_age:, line_priority: or budget:")
         o = Override(
             name=name,
-            gpus=r.check(path + ("gpus",), _count, body["gpus"]) if "gpus" in body else None,
-            max_gpus=(r.check(path + ("max_gpus",), _count, body["max_gpus"])
+            gpus=r.check(path + ("gpus",), _gpu_count, body["gpus"]) if "gpus" in body else None,
+            max_gpus=(r.check(path + ("max_gpus",), _gpu_count, body["max_gpus"])
                       if "max_gpus" in body else None),
             pinned=_pins(r, path + ("pinned",), body["pinned"], gpus, auto)
             if "pinned" in body else None,
             pools=r.pool_list(path + ("pools",), body["pools"], pools)
             if "pools" in body else None,
-            no_gpu=r.check(path + ("no_gpu",), _bool, body["no_gpu"]) if "no_gpu" in body else None,
+            no_gpu=(r.check(path + ("no_gpu",), parse_bool, body["no_gpu"])
+                    if "no_gpu" in body else None),
             **{key: r.check(path + (key,), _seconds, body[key])
                for key in LIMIT_KEYS if key in body},
             line_priority=(r.check(path + ("line_priority",), _priority, body["line_priority"])
