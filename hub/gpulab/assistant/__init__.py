@@ -7,4 +7,6 @@
   ``/hub/api/gpulab/assistant``: authenticated as the member (her server's own token),
   refused with the reason, rate-limited per member and counted per member.
 * :mod:`.rules`: the decisions (who may ask, how many, what is forwarded), pure.
+* :mod:`.gpus`: the GPUs ``assistant.gpus`` would hold, as leases (refused for now: the
+  llama.cpp build has no GPU backend; ``make up`` and the spawn form still ask it).
 """

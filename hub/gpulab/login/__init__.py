@@ -10,5 +10,9 @@
     usernames.py   what a valid username is, and how a typed one is normalised
     roles.py       admins and operators from gpulab.yaml, as JupyterHub roles
     tls.py         the certificates HTTPS serves (`gpulab tls`)
+    ldap.py        sign-in with the lab's LDAP directory, beside login tokens
+    sso.py         sign-in with the lab's OpenID Connect provider, beside login tokens
+    identities.py  which provider identity each hub account is, and whose access ended
+    sshkeys.py     members' SSH public keys, registered at the hub, for gpulab-ssh
     logscrub.py    no credential in the hub's log, whichever logger writes the line
 """

@@ -9,4 +9,5 @@
                        an admin's own c.DockerSpawner.* does (honoured or refused)
     swarm_services.py  pure: the service spec, and whether a member's service runs
     naming.py          pure: collision-free container and volume names
+    reused.py          pure: the options of her last start, when the hub reuses them
 """
