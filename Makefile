@@ -365,7 +365,7 @@ test-cuda-image: venv cuda-image
 # make upgrade from an older gpulab (GPULAB_UPGRADE_FROM, a commit) to this checkout's
 # HEAD, in a clone on this engine; it takes the engine's stack (make up brings it back).
 test-upgrade: venv docker
-	@$(VENV)/bin/pytest -q -p no:cacheprovider tests/upgrade
+	@GPULAB_TEST_TAKES_THE_STACK=yes $(VENV)/bin/pytest -q -p no:cacheprovider tests/upgrade
 
 # Chromium and promtool for the tests; on hosts without a GPU, a dockerd with the stand-in
 # nvidia hook (restarted if gpulab started it without; see scripts/test-host.sh), for

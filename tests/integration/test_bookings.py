@@ -145,7 +145,11 @@ def test_a_booking_stops_an_unbooked_holder_after_the_warning_and_keeps_its_gpu(
     submit_login(ops, hub_admin.name, hub_admin.token, next_url="/services/gpus/")
     row = ops.locator("#booking-rows tr.booking", has_text=bob.name)
     row.wait_for(timeout=15_000)
-    assert "GPU 0" in row.inner_text() and "now" in row.inner_text(), row.inner_text()
+    # the page redraws on its own refresh: it may still show the booking as ahead
+    # ("booked") from the snapshot before the start; wait for the redraw, not a clock
+    wait_for(lambda: "now" in row.inner_text(), 60, interval=0.5,
+             what="the dashboard to show bob's booking running now")
+    assert "GPU 0" in row.inner_text(), row.inner_text()
 
     # while it runs the GPU is bob's: carol's spawn finds it taken, bob's gets it
     r = requests.post(f"{hub.api}/users/{carol.name}/server", json={"gpus": 1},

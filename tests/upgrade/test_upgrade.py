@@ -37,7 +37,16 @@ import requests
 
 from tests.integration.stack import REPO, Hub, LabUser, docker, wait_for
 
-pytestmark = pytest.mark.upgrade
+# It takes this engine's stack (make down, fresh volumes), so it runs only when asked by
+# name: `make test-upgrade` sets this. Selected any other way (`pytest -k upgrade`, a bare
+# `pytest`), it is skipped and the lab that runs here is left alone.
+TAKES_THE_STACK = "GPULAB_TEST_TAKES_THE_STACK"
+pytestmark = [
+    pytest.mark.upgrade,
+    pytest.mark.skipif(os.environ.get(TAKES_THE_STACK) != "yes",
+                       reason=f"takes this engine's gpulab stack down: run it with make "
+                              f"test-upgrade ({TAKES_THE_STACK}=yes)"),
+]
 
 # 56d1fa3: stop 31's landing, the last gpulab without backups or make upgrade
 OLD = os.environ.get("GPULAB_UPGRADE_FROM", "56d1fa3")
