@@ -33,7 +33,13 @@ from gpulab.assistant.gpus import ASSISTANT, reserver
 from gpulab.contract import label_claims
 from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
-from gpulab.gpus.leases import LeaseBook, LeaseView, docker_lister, swarm_listers
+from gpulab.gpus.leases import (
+    LeaseBook,
+    LeaseView,
+    docker_client,
+    docker_lister,
+    swarm_listers,
+)
 from gpulab.hubapi import HubApi, HubApiError, user_path
 from gpulab.line.plan import HELD
 from gpulab.line.spawning import kept as kept_by_line
@@ -170,9 +176,7 @@ class DockerContainers(ContainerStore):
     @property
     def client(self):
         if self._client is None:
-            import docker
-
-            self._client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+            self._client = docker_client()
         return self._client
 
     async def list(self) -> list[dict[str, Any]]:
@@ -210,9 +214,7 @@ class SwarmServices(ContainerStore):
     @property
     def client(self):
         if self._client is None:
-            import docker
-
-            self._client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+            self._client = docker_client()
         return self._client
 
     async def _lister(self, which: int):

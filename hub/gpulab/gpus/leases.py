@@ -260,12 +260,17 @@ class LeaseBook:
         return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
 
 
+def docker_client():
+    """The one way gpulab's hub-side code talks to Docker: the engine DOCKER_HOST names
+    (in the hub's container, the Docker proxy), the API version it speaks."""
+    import docker
+
+    return docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+
+
 def docker_lister(client=None) -> ListContainers:
     """List gpulab's containers (any state) through the Docker API, off the event loop."""
-    if client is None:
-        import docker
-
-        client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+    client = client or docker_client()
 
     async def list_containers() -> list[dict[str, Any]]:
         return await asyncio.to_thread(
@@ -303,10 +308,7 @@ def swarm_listers(client=None) -> tuple[ListContainers, ListNodes]:
     as lease holders, and the GPUs of the usable nodes, off the event loop."""
     from gpulab.gpus.swarm_nodes import inventory_from_nodes, lease_holder
 
-    if client is None:
-        import docker
-
-        client = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+    client = client or docker_client()
 
     async def list_services() -> list[dict[str, Any]]:
         services = await asyncio.to_thread(
