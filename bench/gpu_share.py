@@ -1,4 +1,4 @@
-"""Two members on one GPU (issue 24 §4): what one can do to the other, and what limits it.
+"""Two members on one GPU: what one can do to the other, and what limits it.
 
     PYTHONPATH=hub python3 bench/gpu_share.py [--seconds 5] [--size 8192]
 

@@ -1,7 +1,8 @@
 """A simulated month of a lab in which a share of members submit their long work as GPU
-jobs instead of holding interactive servers for it (issue 48 §3): how long members wait,
-how many GPU-hours are held with nothing running on them, and how much of the lab's
-GPU time computes, for servers only against servers and jobs, side by side in one run.
+jobs instead of holding interactive servers for it (a model: gpulab has no jobs yet): how
+long members wait, how many GPU-hours are held with nothing running on them, and how much
+of the lab's GPU time computes, for servers only against servers and jobs, side by side
+in one run.
 
 It extends :mod:`bench.scarcity`: the same members (heavy, regular and light users), the
 same asks drawn from each member's own seeded stream, the same working hours, and every

@@ -1,4 +1,4 @@
-"""A simulated month of a lab with fewer GPUs than members (issue 23): how long members
+"""A simulated month of a lab with fewer GPUs than members: how long members
 wait, how many GPU-hours sit idle while someone waits, and how fairly the GPUs go round,
 under today's retry-on-409 against the line's two orders, side by side in one run.
 

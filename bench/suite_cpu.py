@@ -1,9 +1,9 @@
 """Where the test suite's time and CPU go, test by test: a pytest plugin and its report.
 
-The suite is CPU-bound on a 2-core machine (docs/testing.md), so a test's cost is the CPU
-the whole machine spends while it runs (its pytest, the hub, dockerd, Chromium, the
-members' servers), not its wall time. Run ONE lane alone, so that no other lane's work is
-counted in its tests:
+The suite is CPU-bound on a 2-core machine (bench/RESULTS.md, "The test suite's time"), so
+a test's cost is the CPU the whole machine spends while it runs (its pytest, the hub,
+dockerd, Chromium, the members' servers), not its wall time. Run ONE lane alone, so that
+no other lane's work is counted in its tests:
 
     GPULAB_SUITE_CPU=/tmp/members.jsonl PYTHONPATH=. .venv/bin/pytest -p bench.suite_cpu \\
         -m "integration and not gpus_lane and not disruptive" tests/integration ...

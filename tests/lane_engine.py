@@ -1,4 +1,4 @@
-"""The disruptive tests on a Docker engine and a stack of their own (issue 26 §1).
+"""The disruptive tests on a Docker engine and a stack of their own, beside the other lanes.
 
 The disruptive lane restarts the hub, the proxy, dockerd and the whole stack, edits
 gpulab.yaml and wipes volumes: on the main stack it must run alone, after the other

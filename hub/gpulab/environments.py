@@ -1,4 +1,4 @@
-"""Environments members choose from (issue 24 §3): pure decisions.
+"""Environments members choose from (``spawn.environments``): pure decisions.
 
 An admin lists them in gpulab.yaml (``spawn.environments``: name, image, description,
 whether GPUs may be asked for, which JupyterHub groups may use it); without the list the

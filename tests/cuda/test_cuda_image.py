@@ -1,4 +1,4 @@
-"""The CUDA single-user image, proven on a host with no GPU (issue 24 §1): `make
+"""The CUDA single-user image, proven on a host with no GPU: `make
 test-cuda-image` builds it (gpulab/singleuser:cuda, from its lock) and runs this.
 
 In the image, as a member's server runs it (uid 1000, no network): torch is a CUDA build

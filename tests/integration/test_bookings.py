@@ -1,4 +1,4 @@
-"""Bookings on the real stack (issue 23 §3), from outside: members book through the
+"""Bookings of GPUs for a time window, on the real stack, from outside: members book through the
 published port (REST, with their login tokens) and on the page /hub/bookings in
 Chromium; the GPU culler warns the member whose server holds a GPU someone booked, and
 stops it when the booking starts; while it runs, nobody else gets the GPU, and the

@@ -1,4 +1,4 @@
-"""Token login in a real browser: Debian's Chromium driven by Playwright (issue 4).
+"""Token login in a real browser: Debian's Chromium driven by Playwright.
 
 A lab member opens the hub, signs in with their username and personal access token,
 watches the spawn progress page and lands in JupyterLab; wrong, revoked and other

@@ -1,5 +1,6 @@
-"""README claims, each proven the way its user meets it: through the published port, and
-in Chromium for the pages a person uses.
+"""Claims of docs/operations.md ("GPUs") and docs/security.md ("Security defaults"), each
+proven the way its user meets it: through the published port, and in Chromium for the
+pages a person uses.
 
 * The spawn form lists the GPUs, free or held, names the holders to admins only, and
   the number of GPUs chosen there is what the container gets.

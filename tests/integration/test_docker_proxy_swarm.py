@@ -279,7 +279,7 @@ def test_a_hardened_member_server_runs_on_its_node_as_checked(lab):
 
 
 def test_a_service_may_run_an_environments_image_by_id_and_no_unlisted_one(lab):
-    """Environments (issue 24 §3) on a Swarm: with spawn.environments listing a second
+    """Environments members choose, on a Swarm: with spawn.environments listing a second
     image, the proxy lets a service name that image's ID on the manager, still refuses an
     image the manager has that is not listed, and, once the list is gone, refuses the
     second image too (the settings file is read again at every create). The second image

@@ -1,4 +1,4 @@
-"""Environments members choose (issue 24 §3, docs/operations.md "Environments"), on the
+"""Environments members choose (spawn.environments, docs/operations.md "Environments"), on the
 real stack: two images the test builds (the lab's single-user image and a "light" one
 made from it, told apart by an environment variable), listed in gpulab.yaml as an admin
 would; members choose through the spawn form in Chromium and through the REST API, the

@@ -254,7 +254,7 @@ def test_her_workspace_and_recent_documents_are_kept_when_jupyterlab_loads(lab_u
     assert "/*gpulab: loading the recent documents saves nothing*/" in bundle
 
 
-# -- every package as its lock says (issue 24 §1; docs/operations.md) ---------------------
+# -- every package as its lock says (docs/operations.md, "Every Python package is locked") --
 def locked(lock: str) -> dict[str, str]:
     text = (REPO / lock).read_text()
     return {m.group(1): m.group(2) for m in re.finditer(r"^([a-z0-9-]+)===(\S+) ", text, re.M)}

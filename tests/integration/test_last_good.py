@@ -1,7 +1,7 @@
 """An invalid edit of config/gpulab.yaml never stops the lab, even across restarts.
 
-The README says an edit that does not validate is refused and the last good version
-stays in force. That must hold when something restarts while the file is invalid: the
+The README and docs/operations.md ("The last good settings") say an edit that does not
+validate is refused and the last good version stays in force. That must hold when something restarts while the file is invalid: the
 hub killed from the host (a crash, the OOM killer), the Docker proxy restarted (what a
 dockerd restart does to it), dockerd itself restarted (an upgrade), and `make down &&
 make up` (test_stack_lifecycle.py). Throughout, a member's next server gets the last

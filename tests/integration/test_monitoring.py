@@ -155,7 +155,7 @@ defaults:
 
 def test_mig_devices_are_leased_one_member_each_and_shown_per_device(
         hub, lab_user, lab_config, gpus_yaml, fake_control, new_page):
-    """Issue 24 §4, the whole path on the fake NVML: fake GPU 1 in MIG mode with two MIG
+    """MIG devices, the whole path on the fake NVML: fake GPU 1 in MIG mode with two MIG
     devices, the lab's inventory listing them. Two members each get one: its MIG UUID in
     their container's GPU request. The exporter and Prometheus attribute each device to
     its holder with the GPU it is part of, and the operators' dashboard shows rows 1:0

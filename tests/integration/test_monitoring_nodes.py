@@ -1,4 +1,4 @@
-"""Monitoring across several GPU machines (issue 13), with real parts and no stack: two
+"""Monitoring across several GPU machines (a Swarm), with real parts and no stack: two
 real gpulab-exporter processes, each with two FAKE GPUs of its own (--fake-uuids), stand
 for two GPU nodes; a real Prometheus (Debian's 2.42, the package the gpulab/prometheus
 image ships) scrapes them every second.

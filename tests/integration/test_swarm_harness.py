@@ -1,4 +1,4 @@
-"""The simulated multi-host Swarm (tests/swarm) against what issue 13 will rely on: nodes
+"""The simulated multi-host Swarm (tests/swarm) against what gpulab on a Swarm relies on: nodes
 Ready, a GPU service placed on a chosen worker with the UUIDs the hub chose, an overlay
 network between workers, a worker that dies and comes back, and a teardown that leaves
 nothing and never touched the main engine. Timings are printed (the terminal, not the

@@ -1,4 +1,4 @@
-"""Bookings (issue 23 §3): which GPUs a booking takes and what is refused, with the
+"""Bookings of GPUs for a time window: which GPUs a booking takes and what is refused, with the
 reason (gpulab.bookings.book.choose); what a running booking keeps from spawns
 (holds); which servers the GPU culler warns and stops for one (gpulab.culler.decide);
 the store; the limits in gpus.yaml; the REST API's times.

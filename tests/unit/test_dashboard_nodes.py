@@ -1,4 +1,4 @@
-"""The dashboard on several GPU machines (issue 13): the node label flows from Prometheus'
+"""The dashboard on several GPU machines (a Swarm): the node label flows from Prometheus'
 series into the snapshot, the view and the page. With more than one node the table gets
 a Node column and per-node totals; with one node, or no node label, it is the page it
 always was. Table tests of the pure parts, and the page rendered by the real template."""

@@ -1,4 +1,4 @@
-"""Environments members choose (issue 24 §3): the setting with file:line errors, the pure
+"""Environments members choose (spawn.environments): the setting with file:line errors, the pure
 choices, the Docker proxy's list of images, and the spawn form. The real spawns are
 tests/integration/test_environments.py's."""
 

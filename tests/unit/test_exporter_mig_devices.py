@@ -1,4 +1,4 @@
-"""MIG devices (issue 24 §4): a GPU in MIG mode is exported with each of its MIG devices,
+"""MIG devices: a GPU in MIG mode is exported with each of its MIG devices,
 each with its own UUID, model, memory and leases, labelled gpu="INDEX:SLOT" (as
 NVIDIA_VISIBLE_DEVICES names them) and tied to its GPU by gpulab_gpu_mig_device_info.
 

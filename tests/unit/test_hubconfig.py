@@ -157,7 +157,9 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     ("https://10.1.2.3:443/", "", None),  # no names below an IP address
     ("https://[2001:db8::1]:443/", "", None),
     ("https://gpulab:443/", "", None),  # a single label: no subdomain for a wildcard
-    ("", "yes", None),  # plain HTTP on loopback: one origin, said in the README
+    # plain HTTP on loopback: one origin (docs/operations.md, "Each member's server has an
+    # origin of its own")
+    ("", "yes", None),
 ])
 def test_each_member_gets_an_origin_of_her_own_where_the_hub_has_a_name(
         public_url, setting, subdomain_host):

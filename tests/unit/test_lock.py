@@ -1,4 +1,4 @@
-"""Every image's Python packages locked with hashes (issue 24 §1): scripts/lock.py
+"""Every image's Python packages locked with hashes: scripts/lock.py
 (`make lock`) and scripts/wheelhouse.sh with a real pip, against a folder of small wheels
 this test makes (no registry, and none of this machine's pip configuration:
 PIP_CONFIG_FILE=/dev/null), and the locks in the repository against their requirements.

@@ -1,4 +1,4 @@
-"""MIG devices in the hub (issue 24 §4): discovered in place of their GPU, listed under its
+"""MIG devices in the hub: discovered in place of their GPU, listed under its
 index in an explicit inventory, and leased one member each like whole GPUs.
 
 Discovery runs the hub's real code on the real pynvml over :class:`FakeLibNvml` (a stand-in

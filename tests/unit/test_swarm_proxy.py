@@ -532,7 +532,7 @@ def test_no_service_while_the_manager_lacks_the_lab_image():
 
 
 def test_a_service_may_run_any_of_the_lab_environments_images_by_id():
-    """Environments (issue 24 §3) on a Swarm: each listed image by its ID on the manager,
+    """Environments members choose, on a Swarm: each listed image by its ID on the manager,
     nothing else; one missing image holds up only the services that would need it."""
     settings = {**defaults(), "spawn.environments": (
         Environment("pytorch", "gpulab/singleuser:latest"),

@@ -1,4 +1,4 @@
-"""The single-user image's torch is the build its variant asks for (issue 24 §2).
+"""The single-user image's torch is the build its variant (TORCH_VARIANT) asks for.
 
 A local build such as ``torch-2.13.0+cpu`` meets ``torch==2.13.0``, and this kind of
 machine's pip configuration has a find-links folder that holds one: the CUDA variant

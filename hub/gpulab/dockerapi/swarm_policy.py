@@ -32,7 +32,7 @@ one hardened member server of this lab, placed on one node the hub chose:
   ``Ulimits``, ``Hosts``, ``DNSConfig``, ``Secrets`` or ``Configs``;
 * ``Resources.Limits`` with ``MemoryBytes`` and ``Pids`` (API 1.41); no
   ``GenericResources``: GPUs in generic resources are rejected by every node update
-  (see issue 13), so they go by ``NVIDIA_VISIBLE_DEVICES`` with NVIDIA's runtime as the
+  (docs/swarm.md), so they go by ``NVIDIA_VISIBLE_DEVICES`` with NVIDIA's runtime as the
   nodes' default runtime;
 * ``Networks`` exactly ``[{"Target": spawn.network}]`` (an overlay; no aliases, no
   driver options) and ``EndpointSpec`` exactly ``{"Mode": "dnsrr"}``: no published

@@ -6,7 +6,7 @@ a CPU-only host) discovery returns no GPUs and says why, once, in the log. In th
 for a host without GPUs (``GPULAB_DEMO=1``), it returns the simulated GPUs the exporter's
 ``--fake-gpus`` reports.
 
-A GPU in MIG mode is found as its MIG devices, not as itself (issue 24 §4): each is leased
+A GPU in MIG mode is found as its MIG devices, not as itself: each is leased
 on its own by its MIG-... UUID, under its GPU's index, and the GPU is not given out whole.
 """
 

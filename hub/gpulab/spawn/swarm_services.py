@@ -10,7 +10,8 @@ through. Where a service cannot say what a container says, it says the nearest t
 
 * GPUs: no DeviceRequest (Swarm has none); ``NVIDIA_VISIBLE_DEVICES`` set to exactly the
   leased UUIDs, with NVIDIA's runtime as every GPU node's default runtime (NVIDIA's
-  documented Swarm setup; issue 13 says why generic resources cannot be used).
+  documented Swarm setup; not generic resources, because every node update makes Swarm
+  reject the running tasks that hold one).
 * ``/dev/shm``: a tmpfs mount of ``spawn.shm_size`` at ``/dev/shm``.
 * The image: by its ID, so that the machine runs exactly the manager's build and asks no
   registry (a service names its image, and each machine looks the name up first).
