@@ -5,7 +5,10 @@ entry in :data:`PRIVATE_NAMES` says where the name lives upstream, the version i
 checked against, why gpulab needs it, and the upstream issue or pull request that would
 make it unnecessary. ``tests/unit/test_compat.py`` checks every entry against the
 installed packages and fails when an upgrade changes one: read the entry, check the
-upstream code again, adjust here, then raise ``checked``.
+upstream code again, adjust here, then raise ``checked``. Two of them cannot go
+through a function here: DockerSpawner's ``_object_name_default`` is overridden under
+that name in ``gpulab.spawn.spawner`` (DockerSpawner calls it by name), and the hub's
+``templates/not_running.html`` reads the exception JupyterHub hands that page.
 
 Three more live in the single-user image, which cannot import gpulab: they are listed
 here (and in :data:`IMAGE_NAMES`), their code stays in the image, and the same test
@@ -31,9 +34,10 @@ the image's ``jlab_core`` bundle so that ``@jupyterlab/apputils-extension``'s
 ``loadState`` command does not wait for the workspace's save, and
 ``RecentsManager._loadRecents`` (``@jupyterlab/docmanager``) does not save what it has
 just read: together they held up every JupyterLab load by ~1 s. Checked against
-jupyterlab 4.6.6; the image's build refuses another version or any change to the texts,
-and ``tests/unit/test_patch_jupyterlab_load.py`` runs both versions of each in Node.
-Upstream: not reported from here.
+jupyterlab 4.6.6. The edits only save time, so on another version or any change to the
+texts the image's build leaves the bundle as it is, with a warning;
+``tests/unit/test_patch_jupyterlab_load.py`` fails when the image's lock pins another
+JupyterLab, and runs both versions of each edit in Node. Upstream: not reported from here.
 
 No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
 ``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "PrivateName",
     "expire_auth",
     "from_rest_api",
+    "hub_orm",
     "mark_cookie_request",
     "render_login",
     "set_current_user",
@@ -128,6 +134,31 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "would serve the gateway's files",
         "none found (subsystem_requested could route sftp to the session factory when "
         "no sftp_factory is given; ronf/asyncssh#707 describes the factories)"),
+    PrivateName(
+        "dockerspawner.DockerSpawner._object_name_default", "dockerspawner", "14.0.0",
+        "gpulab.spawn.spawner.GpulabSpawner._object_name_default (an override, under "
+        "DockerSpawner's name)",
+        "a server's container is named by gpulab.spawn.naming, not by name_template: "
+        "DockerSpawner names it again through this method, called by name, whenever the "
+        "image is set (gpulab sets it at every spawn)",
+        "none found (a callable name_template would do it publicly; the call by name came "
+        "with jupyterhub/dockerspawner#466)"),
+    PrivateName(
+        "jupyterhub.orm.new_session_factory, .DatabaseSchemaMismatch, .Group.find, "
+        ".Group.users", "jupyterhub", "6.1.1",
+        "gpulab.login.roles.prune_group_members and prune_hub_db (hub_orm)",
+        "load_groups only adds members: gpulab's config file removes those no longer "
+        "listed from the hub's database, with JupyterHub's own models, before the hub "
+        "opens it",
+        "none found (load_groups could make a group's users exact, as load_roles does)"),
+    PrivateName(
+        "jupyterhub.handlers.pages.SpawnPendingHandler.get: not_running.html's exception",
+        "jupyterhub", "6.1.1",
+        "gpulab/templates/not_running.html (exception.headers.Location)",
+        "she opens the page after a start from the spawn form put her in line: the spawn's "
+        "own HTTPError, handed to the page (JupyterHub's template does not use it), names "
+        "her home page, where she is sent",
+        "none found (the page's variables are not documented)"),
 )
 
 
@@ -235,6 +266,17 @@ def simple_options_from_form(spawner: Any) -> Callable[[dict], dict]:
     """What ``options_from_form = "simple"`` stands for: one-element lists of the form's
     fields unwrapped."""
     return spawner._simple_options_from_form
+
+
+# ---------------------------------------------------------------- the hub's database
+
+
+def hub_orm() -> ModuleType:
+    """JupyterHub's database models (``jupyterhub.orm``), for what gpulab changes in the
+    hub's database before the hub opens it."""
+    from jupyterhub import orm
+
+    return orm
 
 
 # ---------------------------------------------------------------- asyncssh

@@ -8,15 +8,22 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import re
 import sys
+import tempfile
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import sqlalchemy
 from asyncssh.stream import SSHReader, SSHServerStreamSession, SSHWriter
+from dockerspawner import DockerSpawner
+from jupyterhub.app import JupyterHub
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.login import LoginHandler
+from jupyterhub.handlers.pages import SpawnHandler, SpawnPendingHandler
 from jupyterhub.services.auth import HubAuth
 from jupyterhub.spawner import Spawner
 from jupyterhub.user import User
@@ -24,8 +31,12 @@ from tornado.websocket import WebSocketHandler
 from traitlets.config import Config
 
 from gpulab import compat
+from gpulab.login.roles import prune_hub_db
+from gpulab.spawn.naming import container_name
+from gpulab.spawn.spawner import GpulabSpawner
 
-IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = ROOT / "images" / "singleuser"
 
 
 def source(obj) -> str:
@@ -150,6 +161,60 @@ def process_transport():
     assert asyncio.run(pipes()) == [True, True, True]
 
 
+def object_name_default():
+    changed = DockerSpawner._image_changed  # an observer of image
+    assert changed.trait_names == ("image",)
+    assert "self.object_name = self._object_name_default()" in source(changed.func)
+    # gpulab's override names the container, and names it again when the image is set
+    spawner = GpulabSpawner(user=SimpleNamespace(name="alice"))
+    assert spawner.object_name == container_name("alice", "")
+    spawner.object_name = "jupyter-alice"
+    spawner.image = "gpulab/other:1"
+    assert spawner.object_name == container_name("alice", "")
+
+
+def hub_orm():
+    # gpulab's config file runs before the hub opens its database and loads the groups
+    start = source(JupyterHub.initialize)
+    assert (start.index("self.load_config_file(") < start.index("self.init_db()")
+            < start.index("await self.init_groups()"))
+    orm = compat.hub_orm()
+    assert "check_db_revision(engine)" in source(orm.new_session_factory)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/jupyterhub.sqlite"
+        db = orm.new_session_factory(url)()
+        db.add(orm.Group(name="operators", users=[orm.User(name="carol"), orm.User(name="dave")]))
+        db.commit()
+        db.close()
+        db.get_bind().dispose()
+        assert prune_hub_db(url, {"operators": {"users": ["carol"]}}) == {"operators": ["dave"]}
+        db = orm.new_session_factory(url)()
+        assert [u.name for u in orm.Group.find(db, "operators").users] == ["carol"]
+        assert orm.Group.find(db, "students") is None
+        # a database of another JupyterHub: left alone, as the hub itself refuses it
+        db.execute(sqlalchemy.text("UPDATE alembic_version SET version_num = 'older'"))
+        db.commit()
+        db.close()
+        db.get_bind().dispose()
+        with pytest.raises(orm.DatabaseSchemaMismatch, match="jupyterhub upgrade-db"):
+            orm.new_session_factory(url)
+        assert prune_hub_db(url, {"operators": {"users": []}}) == {}
+
+
+def not_running_exception():
+    get = source(SpawnPendingHandler.get)
+    failed = get[get.index("exc = spawner._spawn_future.exception()"):]
+    failed = failed[:failed.index("self.finish(html)")]
+    for passed in ('"not_running.html"', "failed=True,", "failed_html_message=html_message,",
+                   "exception=exc,"):
+        assert passed in failed, passed
+    # the spawner's own exception, not a wrapper
+    assert "await spawn_future" in source(BaseHandler.spawn_single_user)
+    assert "# raise original exception" in source(User.spawn)
+    # its headers: what the spawn form's handler answers with (a 303 to her home page)
+    assert 'headers = getattr(e, "headers", None) or {}' in source(SpawnHandler._post)
+
+
 PROBES = {
     "jupyterhub.handlers.base.BaseHandler._jupyterhub_user": jupyterhub_user,
     "jupyterhub.handlers.base.BaseHandler._token_authenticated": token_authenticated,
@@ -163,6 +228,11 @@ PROBES = {
     "jupyterhub.services.auth.HubAuth._get_token_url": get_token_url,
     "tornado.websocket.WebSocketHandler.get (wrapped)": websocket_get,
     "asyncio.subprocess.Process._transport": process_transport,
+    "dockerspawner.DockerSpawner._object_name_default": object_name_default,
+    "jupyterhub.orm.new_session_factory, .DatabaseSchemaMismatch, .Group.find, .Group.users":
+        hub_orm,
+    "jupyterhub.handlers.pages.SpawnPendingHandler.get: not_running.html's exception":
+        not_running_exception,
 }
 ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
 
@@ -188,9 +258,36 @@ def test_the_installed_version_is_the_one_checked(entry):
         f"gpulab.compat")
 
 
+def requirement_pins(lines) -> dict[str, str]:
+    """``{name: what follows it}`` of requirement lines, names normalised as pip does."""
+    found = (re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*([^\s\\;#]*)", line)
+             for line in lines)
+    return {re.sub(r"[-_.]+", "-", m[1]).lower(): m[2] for m in found if m}
+
+
+def test_pyproject_pins_the_versions_of_the_hub_images_lock():
+    """The versions checked above are the hub image's (images/hub/requirements.lock):
+    gpulab installed from pyproject.toml, as the unit tests' .venv is, gets the same."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = requirement_pins(project["dependencies"])
+    lock = ROOT / "images" / "hub" / "requirements.lock"
+    locked = requirement_pins(line for line in lock.read_text().splitlines()
+                              if not line.lstrip().startswith(("#", "--")))
+    assert wanted and locked
+    differ = [f"{name}: pyproject.toml says {name}{spec or ' (any version)'}, the lock "
+              + (f"pins {locked[name].lstrip('=')}" if name in locked else "has none")
+              for name, spec in sorted(wanted.items())
+              if name not in locked or spec != "==" + locked[name].lstrip("=")]
+    assert not differ, (
+        "pyproject.toml's dependencies and images/hub/requirements.lock disagree: "
+        + "; ".join(differ) + ". Pin ==<the lock's version> in pyproject.toml (or change "
+        "images/hub/requirements.txt and run make lock).")
+
+
 def test_gpulabs_hub_code_names_no_private_name_of_upstream_but_through_compat():
     """The names above appear in gpulab's package only in gpulab.compat (asyncssh's
-    _chan and _conn: in the SSH gateway, whose own classes subclass asyncssh's)."""
+    _chan and _conn: in the SSH gateway, whose own classes subclass asyncssh's;
+    DockerSpawner's _object_name_default: in the spawner that overrides it)."""
     package = Path(compat.__file__).parent
     names = {"._jupyterhub_user", "._token_authenticated", "._auth_refreshed",
              "._set_cookie", "._render(", "._log_name", "._simple_options_from_form",
@@ -199,4 +296,8 @@ def test_gpulabs_hub_code_names_no_private_name_of_upstream_but_through_compat()
              if p.name != "compat.py" for n in names if n in p.read_text()}
     found |= {(str(p.relative_to(package)), n) for p in (package / "ssh").glob("*.py")
               for n in ("._chan", "._conn") if n in p.read_text()}
+    found |= {(str(p.relative_to(package)), "_object_name_default")
+              for p in package.rglob("*.py")
+              if p.name != "compat.py" and p != package / "spawn" / "spawner.py"
+              and "_object_name_default" in p.read_text()}
     assert not found

@@ -1,5 +1,7 @@
 """images/singleuser/patch_jupyterlab_load.py: its two edits to JupyterLab's bundle, run
-as JavaScript (Node) before and after, and when it refuses. The built image's bundle
+as JavaScript (Node) before and after; when it leaves the bundle as it is (the build goes
+on, with a warning); and the image's JupyterLab, the one it was derived from. The built
+image's bundle
 and JupyterLab's "Open Recent" in Chromium: tests/integration/test_images.py; what the
 edits save a member at sign-in: bench/member.py."""
 
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "images" / "singleuser" / "patch_jupyterlab_load.py"
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
+SCRIPT = IMAGE / "patch_jupyterlab_load.py"
 spec = importlib.util.spec_from_file_location("patch_jupyterlab_load", SCRIPT)
 patch = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = patch  # (its dataclass looks itself up there)
@@ -161,3 +165,72 @@ def test_each_edit_applies_once_in_the_bundle_and_marks_it(edit):
 def test_anything_but_upstreams_text_once_is_refused(edit, change):
     with pytest.raises(patch.DoesNotApply, match=r"found \d times \(1 expected\)"):
         patch.apply(edit, change(edit.upstream))
+
+
+# A bundle with both upstream texts, once each, amid other code.
+BUNDLE = "let x=1;" + patch.LOAD_STATE.upstream + "0});" + patch.RECENTS.upstream + "let y;"
+NAME = "jlab_core.0123abcd.js"
+
+
+def static_dir(tmp_path: Path, *bundles: str) -> Path:
+    for i, text in enumerate(bundles):
+        (tmp_path / (NAME if i == 0 else f"jlab_core.{i}.js")).write_text(text)
+    return tmp_path
+
+
+def files(static: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in static.iterdir()}
+
+
+def test_the_build_writes_both_edits_to_the_bundle(tmp_path, capsys):
+    static = static_dir(tmp_path, BUNDLE)
+    assert patch.main(static, patch.CHECKED) == 0
+    patched = (static / NAME).read_text()
+    assert [patched.count(edit.mark) for edit in patch.EDITS] == [1, 1]
+    assert list(files(static)) == [NAME]  # nothing staged left beside it
+    assert capsys.readouterr().out.startswith(f"{NAME}: ")
+
+
+@pytest.mark.parametrize("installed, bundles, reason", [
+    ("4.7.0", [BUNDLE], "another version is installed"),
+    ("(not installed)", [], "another version is installed"),
+    # the first edit applies, the second does not: neither is written
+    (patch.CHECKED, [BUNDLE.replace(patch.RECENTS.upstream, "")],
+     f"the text for '{patch.RECENTS.what}' found 0 times (1 expected)"),
+    (patch.CHECKED, [BUNDLE + patch.RECENTS.upstream],
+     f"the text for '{patch.RECENTS.what}' found 2 times (1 expected)"),
+    (patch.CHECKED, [patch.apply(patch.LOAD_STATE, BUNDLE)],  # already patched
+     f"the text for '{patch.LOAD_STATE.what}' found 0 times (1 expected)"),
+    (patch.CHECKED, [], "0 jlab_core bundles in"),
+    (patch.CHECKED, [BUNDLE, BUNDLE], "2 jlab_core bundles in"),
+], ids=["other version", "no jupyterlab", "a text missing", "a text twice", "patched already",
+        "no bundle", "two bundles"])
+def test_otherwise_the_build_goes_on_with_the_bundle_untouched_and_a_warning(
+        tmp_path, capsys, installed, bundles, reason):
+    """The edits only save time at sign-in: not worth a failed image build."""
+    static = static_dir(tmp_path, *bundles)
+    before = files(static)
+    assert patch.main(static, installed) == 0
+    assert files(static) == before
+    err = capsys.readouterr().err
+    assert err.startswith("WARNING: patch_jupyterlab_load.py: JupyterLab's bundle left as it "
+                          f"is, {reason}")
+    assert (f"derived from JupyterLab {patch.CHECKED}, found JupyterLab {installed}). "
+            "Sign-in will be ~1 s slower") in err
+    assert "until the edits are re-derived" in err
+
+
+def test_the_image_pins_the_jupyterlab_the_edits_were_derived_from():
+    """The build only warns on another JupyterLab: this is where the team hears of it."""
+    locks = sorted(IMAGE.glob("requirements-*.lock"))
+    pins = {lock.name: re.search(r"^jupyterlab===?([^\s\\]+)", lock.read_text(), re.M)
+            for lock in locks}
+    assert locks and all(pins.values()), f"no jupyterlab pin found in {list(pins)}"
+    other = [f"{pin.group(1)} ({name})" for name, pin in pins.items()
+             if pin.group(1) != patch.CHECKED]
+    assert not other, (
+        f"the single-user image pins JupyterLab {', '.join(other)}, and the edits in {SCRIPT.name} "
+        f"were derived from JupyterLab {patch.CHECKED}: re-derive the edits (both texts in "
+        f"the new jlab_core bundle, then CHECKED) or drop the patch (the file, its lines in "
+        f"images/singleuser/Dockerfile and its note in gpulab.compat). Until then sign-in "
+        f"is ~1 s slower.")

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from gpulab import compat
 from gpulab.contract import DASHBOARD_SERVICE
 
 OPERATORS_GROUP = "operators"
@@ -96,7 +97,7 @@ def prune_group_members(db, load_groups: dict[str, dict]) -> dict[str, list[str]
     list, and groups not in *load_groups*, are left alone. Returns
     ``{group: [removed usernames]}`` for the groups that changed.
     """
-    from jupyterhub import orm
+    orm = compat.hub_orm()
 
     removed: dict[str, list[str]] = {}
     for name, spec in load_groups.items():
@@ -123,7 +124,7 @@ def prune_hub_db(db_url: str, load_groups: dict[str, dict]) -> dict[str, list[st
     create. A database whose schema needs ``jupyterhub upgrade-db`` is skipped with a
     warning: JupyterHub itself then refuses to start with the same advice.
     """
-    from jupyterhub import orm
+    orm = compat.hub_orm()
 
     match = re.match(r"sqlite:///(.+)", db_url)
     if match and match.group(1) != ":memory:" and not Path(match.group(1)).exists():
