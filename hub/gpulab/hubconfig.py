@@ -299,6 +299,8 @@ def configure(c) -> None:
     c.GpulabSpawner.gpus_file = str(gpus_path)
     c.GpulabSpawner.line_file = str(line_path)
     c.GpulabSpawner.bookings_file = str(bookings_path)
+    # members' GPU-hours (the line service writes them): budgets, with or without a line
+    c.GpulabSpawner.usage_file = str(DATA_DIR / LINE_USAGE_FILE)
     c.GpulabSwarmSpawner.notices_file = str(server_notices_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry

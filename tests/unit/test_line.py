@@ -898,26 +898,8 @@ async def test_the_line_service_brings_this_periods_gpu_hours_where_budgets_coun
     assert (got.used("ann", "week"), got.groups) == (2.5, {})
 
 
-def test_a_spawn_counts_a_shared_budget_with_the_groups_use(tmp_path):
-    import time
-
-    from gpulab.gpus.policy import policy_for
-    from gpulab.line import usage
-    from gpulab.line.spawning import LineAtSpawn
-
-    store = LineStore(tmp_path / "line.sqlite")
-    config = parse_gpus_config(
-        "groups: {lab: {budget: {gpu_hours: 2, per: week, enforce: hard, shared: true}}}\n")
-    usage.write(store.usage_path, time.time(), None, {"week": {"ann": 1.5, "bob": 0.6}},
-                {"lab": ["ann", "bob"]})
-    state = LineAtSpawn(store, "bob", "", ["lab"]).budget(policy_for(config, "bob", ["lab"]),
-                                                          config)
-    assert (state.used, state.refuses) == (pytest.approx(2.1), True)
-    assert state.refusal().startswith("Your group lab has used 2.1 of its 2 GPU-hours")
-
-
-def test_what_a_spawn_asks_of_the_line(tmp_path):
-    from gpulab.gpus.policy import policy_for
+def test_a_spawn_that_waits_takes_a_place_unless_waiting_could_never_serve_it(tmp_path):
+    """(Her budget and leaving the line once served: tests/unit/test_admission.py.)"""
     from gpulab.line.spawning import LineAtSpawn
 
     store = LineStore(tmp_path / "line.sqlite")
@@ -927,9 +909,6 @@ def test_what_a_spawn_asks_of_the_line(tmp_path):
     joined = bob.join(config, [gpu(0)], 1)
     assert (joined.status, joined.message.startswith(
         "No 1 GPU free now: you are number 1 in line (1 waiting).")) == (202, True)
-    assert store.entry("bob", "").groups == ("phd",) and bob.waiting() == 1
-    assert bob.budget(policy_for(config, "bob"), config) is None  # use unknown: nothing enforced
-    store.offer("bob", "")
-    assert not bob.got_gpus() and store.entry("bob", "")  # the line started it: it stays
-    store.offer("bob", "", offered=False)
-    assert bob.got_gpus() and store.entry("bob", "") is None
+    assert store.entry("bob", "").groups == ("phd",)
+    again = bob.join(config, [gpu(0)], 1)  # she keeps her place
+    assert again.status == 202 and len(store.entries()) == 1

@@ -297,15 +297,17 @@ def allocate(
     inventory: Sequence[Gpu],
     leases: Sequence[Lease],
     request: Request,
+    policy: Policy | None = None,
 ) -> list[Gpu]:
     """The GPUs to give *request*'s server, or an :class:`AllocationError` saying why not.
 
     *leases* is every lease held now, including this server's own (which are not
     counted as busy, and are preferred so that a restart keeps its GPUs). The caller
     records the result with :func:`add_leases`, under the same lock it read *leases*
-    with.
+    with. *policy*: the user's, where the caller has it already (policy_for otherwise).
     """
-    policy = policy_for(config, request.user, request.groups)
+    if policy is None:
+        policy = policy_for(config, request.user, request.groups)
     asked = _count_of(request.count)
     if request.machine:
         inventory = on_machine(inventory, request.machine)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,9 +42,6 @@ STOPPING = "(a server that is stopping)"  # the holder of a cooling GPU (LeaseBo
 
 ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
 ListNodes = Callable[[], Awaitable[list[Gpu]]]
-# What else a spawn must count as taken, given the config, the inventory and the leases
-# held: the GPUs kept for members waiting in line (gpulab.line.plan.holds).
-Holds = Callable[[GpusConfig, Sequence[Gpu], Sequence[Lease]], list[Lease]]
 # The leases the lab's own services hold by configuration, given the inventory: the lab
 # assistant's GPUs (gpulab.assistant.gpus.reserver). Taken for every spawn, like a
 # container's, and shown in the lease table as "reserved", never released there.
@@ -95,6 +93,33 @@ def lease_containers(containers: Sequence[dict[str, Any]]) -> dict[tuple[str, st
             if (uuid, user, server) in held:
                 out.setdefault((uuid, user, server), c)
     return out
+
+
+@dataclass(frozen=True)
+class Table:
+    """The lease table as one spawn sees it under the lock (:meth:`LeaseBook.locked`)."""
+
+    book: LeaseBook
+    leases: tuple[Lease, ...]  # containers' (or services'), spawns in flight, the lab's
+
+    def record(self, request: Request, gpus: Sequence[Gpu], taken: Sequence[Lease]) -> None:
+        """*request*'s server holds *gpus* from now on (leased against *taken*), until
+        its container carries the lease in its labels (:meth:`LeaseBook.settle`)."""
+        assert self.book._lock.locked(), "a lease is recorded under the lock it was decided in"
+        key = (request.user, request.server)
+        self.book._pending[key] = [le for le in add_leases(taken, request, gpus,
+                                                           self.book._now())
+                                   if (le.user, le.server) == key]
+
+
+def log_orphans(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease]) -> None:
+    """Say which leases *config* no longer allows (the lab's services' are named by the
+    admin: never orphans); they are released when their servers stop."""
+    _, orphaned = reconcile(config, inventory, [le for le in leases if not le.by_configuration])
+    for le in orphaned:
+        log.warning("Lease of %s by %s/%s is orphaned (GPU no longer available under %s); "
+                    "it is released when that server stops",
+                    le.gpu_uuid, le.user, le.server or "default", config.filename)
 
 
 class LeaseBook:
@@ -161,12 +186,6 @@ class LeaseBook:
         """The leases held by configuration (*reserved*), of *inventory*'s GPUs."""
         return self._reserved(inventory) if self._reserved is not None else []
 
-    async def _taken(self, config: GpusConfig, inventory: Sequence[Gpu],
-                     holds: Holds | None) -> list[Lease]:
-        """The table, and what *holds* keeps besides (the line's GPUs); under the lock."""
-        leases = await self._table(inventory)
-        return leases + holds(config, inventory, leases) if holds is not None else leases
-
     def cool(self, gpu_uuids: Sequence[str], seconds: float) -> None:
         """Keep *gpu_uuids* busy for *seconds* more: a removed Swarm service's lease is
         gone from the manager at once, while its container on the machine is still being
@@ -200,38 +219,32 @@ class LeaseBook:
 
     # ------------------------------------------------------------- leasing
 
-    async def acquire(self, config: GpusConfig, request: Request,
-                      holds: Holds | None = None) -> list[Gpu]:
-        """Lease GPUs for *request* or raise an AllocationError (never a half lease);
-        the GPUs that *holds* names count as taken."""
-        inventory = await self.current_inventory(config)
+    @asynccontextmanager
+    async def locked(self, inventory: Sequence[Gpu]) -> AsyncIterator[Table]:
+        """The table under the lock: read it, decide (pure, no await), record the lease,
+        all before the lock goes, so that two spawns never take the same GPU."""
         async with self._lock:
-            leases = await self._taken(config, inventory, holds)
-            # the lab's services' leases are named by the admin: never orphans
-            _, orphaned = reconcile(config, inventory,
-                                    [le for le in leases if not le.by_configuration])
-            for le in orphaned:
-                log.warning(
-                    "Lease of %s by %s/%s is orphaned (GPU no longer available under %s); "
-                    "it is released when that server stops",
-                    le.gpu_uuid, le.user, le.server or "default", config.filename,
-                )
-            gpus = allocate(config, inventory, leases, request)
-            key = (request.user, request.server)
-            mine = [le for le in add_leases(leases, request, gpus, self._now())
-                    if (le.user, le.server) == key]
-            self._pending[key] = mine
+            yield Table(self, tuple(await self._table(inventory)))
+
+    async def acquire(self, config: GpusConfig, request: Request) -> list[Gpu]:
+        """Lease GPUs for *request* or raise an AllocationError (never a half lease), the
+        table alone counting as taken (a spawn counts bookings and the line too:
+        :mod:`gpulab.spawn.admission`)."""
+        inventory = await self.current_inventory(config)
+        async with self.locked(inventory) as table:
+            log_orphans(config, inventory, table.leases)
+            gpus = allocate(config, inventory, table.leases, request)
+            table.record(request, gpus, table.leases)
         return gpus
 
-    async def preview(self, config: GpusConfig, requests: Sequence[Request],
-                      holds: Holds | None = None) -> list[list[Gpu] | AllocationError]:
+    async def preview(self, config: GpusConfig, requests: Sequence[Request]
+                      ) -> list[list[Gpu] | AllocationError]:
         """What :meth:`acquire` would give each of *requests* now, or the AllocationError
-        it would raise, leasing nothing (the spawn form says where a server would go).
-        One look at the table; the inventory is the one :meth:`current_inventory` last
-        found."""
-        inventory = self.inventory(config, quiet=True)  # its warnings are the form's
-        async with self._lock:
-            leases = await self._taken(config, inventory, holds)
+        it would raise, leasing nothing. The inventory is the one
+        :meth:`current_inventory` last found."""
+        inventory = self.inventory(config, quiet=True)
+        async with self.locked(inventory) as table:
+            leases = table.leases
         out: list[list[Gpu] | AllocationError] = []
         for request in requests:
             try:
@@ -252,11 +265,11 @@ class LeaseBook:
         failed and nothing holds it: either way, drop the in-memory pending lease."""
         self._pending.pop((user, server), None)
 
-    async def holders(self, gpu_uuids: Sequence[str], config: GpusConfig | None = None,
-                      holds: Holds | None = None) -> dict[str, list[Lease]]:
-        async with self._lock:
-            leases = (await self._taken(config, self.inventory(config, quiet=True), holds)
-                      if config is not None else await self._table())
+    async def holders(self, gpu_uuids: Sequence[str], config: GpusConfig | None = None
+                      ) -> dict[str, list[Lease]]:
+        inventory = self.inventory(config, quiet=True) if config is not None else ()
+        async with self.locked(inventory) as table:
+            leases = table.leases
         return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
 
 

@@ -34,7 +34,7 @@ from gpulab.line.order import Entry, ranked
 from gpulab.line.usage import Usage
 
 __all__ = ["HELD", "OFFERED", "READY", "REFUSED", "WAITING", "Entry", "Place", "holds",
-           "never_fits", "plan"]
+           "keeps", "never_fits", "plan"]
 
 READY = "ready"  # GPUs are free for her now: the line service starts her server
 WAITING = "waiting"  # not enough GPUs yet; the free ones she could use are kept for her
@@ -137,3 +137,13 @@ def holds(places: Iterable[Place], leases: Sequence[Lease],
                     if (g.uuid, p.entry.user, p.entry.server) not in held]
     return out
 
+
+def keeps(config: GpusConfig, inventory: Sequence[Gpu], leases: Sequence[Lease],
+          entries: Sequence[Entry], usage: Usage | None = None,
+          spawning: tuple[str, str] | None = None) -> list[Lease]:
+    """The GPUs the line of *entries* keeps, given the leases held now: those of members
+    whose turn it is, and the free ones kept for members still waiting (as leases; not
+    those of *spawning*'s own entry)."""
+    if not entries:
+        return []
+    return holds(plan(config, inventory, leases, entries, usage), leases, spawning=spawning)

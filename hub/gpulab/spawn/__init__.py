@@ -1,8 +1,11 @@
 """Spawning: a member's server as a container (one host) or a Swarm service.
 
-    spawner.py         GpulabSpawner (the `gpulab` spawner): leases GPUs, then lets
-                       DockerSpawner create the container; progress, ready check
+    spawner.py         GpulabSpawner (the `gpulab` spawner): reads what admission needs,
+                       records its lease, then lets DockerSpawner create the
+                       container; progress, ready check
     swarm_spawner.py   GpulabSwarmSpawner (`gpulab-swarm`): the same, as a Swarm service
+    admission.py       pure: whether a start gets GPUs, and which (quota, pools,
+                       bookings, the line, budgets), decided once under the lease lock
     form.py            pure: the spawn form (templates/spawn_form.html, autoescaped)
     containers.py      pure: settings + user + GPUs -> Docker create options
     traits.py          pure: which DockerSpawner traits come from gpulab.yaml, and what

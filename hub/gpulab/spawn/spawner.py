@@ -40,34 +40,25 @@ from traitlets import Any, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
 from gpulab import compat, live_config
-from gpulab.bookings.book import first_booked, upcoming, when
-from gpulab.bookings.book import holds as booking_holds
 from gpulab.bookings.store import booking_store
 from gpulab.environments import (
     Environment,
     EnvironmentRefused,
     choose,
-    gpu_count,
     lab_environments,
     open_to,
     with_environment,
 )
-from gpulab.gpus.allocator import (
-    AllocationError,
-    InvalidRequest,
-    NotEnoughGpus,
-    Request,
-    validate_user_options,
-    wants_to_wait,
-)
-from gpulab.gpus.leases import LeaseBook, lease_book
+from gpulab.gpus.leases import LeaseBook, lease_book, log_orphans
 from gpulab.gpus.policy import policy_for, policy_note
 from gpulab.gpus.sharing import merged_env, server_share
-from gpulab.line.spawning import HINT, LINE_HOME_LINK, LineAtSpawn
+from gpulab.line import usage as line_usage
+from gpulab.line.spawning import LINE_HOME_LINK, LineAtSpawn
 from gpulab.line.store import line_store
-from gpulab.mail import address_in_options
 from gpulab.mail import enabled as mail_enabled
 from gpulab.settings import ConfigError, Settings, bytes_text
+from gpulab.spawn import admission
+from gpulab.spawn.admission import Admitted, Ask, JoinLine, Seen
 from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
@@ -146,6 +137,15 @@ class GpulabSpawner(DockerSpawner):
         c.GpulabSpawner.bookings_file = "/srv/jupyterhub/gpulab-bookings.sqlite"
         """,
     )
+    usage_file = Unicode(
+        "",
+        config=True,
+        help="""Path of the file of members' GPU-hours that the line service writes from
+        Prometheus (gpulab.line.usage), which budgets are enforced by, with or without a
+        line; "" for the one beside line_file (none without a line: no budget is then
+        enforced). Example: c.GpulabSpawner.usage_file = "/srv/jupyterhub/gpulab-usage.json"
+        """,
+    )
     ready_poll_interval = Float(
         0.1,
         config=True,
@@ -161,6 +161,8 @@ class GpulabSpawner(DockerSpawner):
                              "(1: none shared, or an image without the cap's label), for "
                              "its PyTorch memory cap")
     _image_labels = Dict(help="the labels of the image of the spawn in progress")
+    _booked_note = Unicode(help="what she is told of a booking of her GPUs by another "
+                                "member (admission.booked_note), for the spawn in progress")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -187,7 +189,8 @@ class GpulabSpawner(DockerSpawner):
 
     @default("object_name")
     def _object_name_default(self):
-        # DockerSpawner re-renders the name through this method when the image changes.
+        # DockerSpawner re-renders the name through this method, by its name, when the
+        # image changes (gpulab.compat lists it).
         return container_name(self.user.name, self.name)
 
     @default("options_form")
@@ -205,23 +208,31 @@ class GpulabSpawner(DockerSpawner):
         """The hub's one lease table, shared by every spawner."""
         return lease_book()
 
-    @property
-    def line(self) -> LineAtSpawn | None:
-        """The line of members waiting for GPUs, as this server's spawn sees it (None
-        without ``line_file``)."""
-        if not self.line_file:
-            return None
-        return LineAtSpawn(line_store(self.line_file), self.user.name, self.name,
-                           [g.name for g in self.user.groups])
+    def _ask(self, settings: Settings | None = None) -> Ask:
+        """This start, as :mod:`gpulab.spawn.admission` decides it (a Swarm's spawner adds
+        the machine her home is on, by *settings*: the lab's as read for this spawn)."""
+        return Ask(self.user.name, self.name, tuple(g.name for g in self.user.groups),
+                   admin=self.user.admin, options=self.user_options,
+                   from_form=not compat.from_rest_api(getattr(self, "handler", None)),
+                   environment=self._environment)
 
-    def _holds(self, config, inventory, leases) -> list:
-        """What this spawn counts as taken besides the leases (LeaseBook's ``holds``):
-        the GPUs of the bookings running now (her own as this server's, which she gets
-        first), and those the line keeps (which it works out with the bookings' taken)."""
-        booked = booking_holds(self._bookings(), time.time(), self.user.name, self.name,
-                               capacity={g.uuid: g.capacity for g in inventory})
-        kept = self.line.holds(config, inventory, [*leases, *booked]) if self.line else []
-        return booked + kept
+    def _usage(self) -> line_usage.Usage:
+        """Members' GPU-hours as the line service last wrote them (budgets, fair share)."""
+        path = self.usage_file or (line_store(self.line_file).usage_path
+                                   if self.line_file else "")
+        return line_usage.read(path, time.time()) if path else line_usage.NONE
+
+    def _seen(self, config, inventory, leases, usage: line_usage.Usage) -> Seen:
+        """What a decision reads, besides the lease table: read under its lock, so that a
+        booking that starts now or a place the line just offered is counted."""
+        settings = self._lab_config[0] if self._lab_config else None
+        return Seen(config, tuple(inventory), tuple(leases), time.time(),
+                    bookings=tuple(self._bookings()),
+                    line=tuple(line_store(self.line_file).entries()) if self.line_file
+                    else None,
+                    usage=usage,
+                    mail_on=bool(settings) and mail_enabled(settings),
+                    lists_environments=bool(settings) and bool(settings["spawn.environments"]))
 
     def _bookings(self) -> list:
         """Members' bookings; none (logged) when the store cannot be read: a broken store
@@ -242,24 +253,6 @@ class GpulabSpawner(DockerSpawner):
 
     # ------------------------------------------------------------- options
 
-    def _tell_if_booked(self, gpus_config) -> None:
-        """Where only GPUs another member booked were free, say so at once: the server
-        is stopped when the booking starts, unless its max_server_age ends first."""
-        now = time.time()
-        booked = first_booked(self._bookings(), self.user.name, self.gpu_uuids, now)
-        age = policy_for(gpus_config, self.user.name,
-                         [g.name for g in self.user.groups]).max_server_age
-        if booked is None or (age and booked.start >= now + age):
-            return
-        which = ("this GPU" if len(self.gpu_uuids) == 1 else
-                 f"{booked.gpus} of these {len(self.gpu_uuids)} GPUs")
-        self._report(16, f"Another member has booked {which} from {when(booked.start)}: "
-                         f"this server will be stopped then, after a warning")
-
-    def _request(self, count: int | None) -> Request:
-        return Request(self.user.name, self.name, tuple(g.name for g in self.user.groups), count,
-                       booked_from=upcoming(self._bookings(), self.user.name, time.time()))
-
     async def _gpu_options_form(self, spawner=None) -> str:
         """The spawn form (:mod:`gpulab.spawn.form`); empty (no form) when the user can
         have no GPU or the host has none."""
@@ -279,18 +272,20 @@ class GpulabSpawner(DockerSpawner):
         inventory = await self.lease_book.current_inventory(config)
         if policy.no_gpu or policy.max_gpus == 0 or not inventory:
             return SpawnForm(0, 0, (), environments=choices) if choices else None
-        holders = await self.lease_book.holders([g.uuid for g in inventory], config,
-                                                holds=self._holds)
+        ask, usage = self._ask(settings), self._usage()
+        async with self.lease_book.locked(inventory) as table:
+            seen = self._seen(config, inventory, table.leases, usage)
+        holders = admission.holders(ask, seen, [g.uuid for g in inventory])
         # Holders' names are for admins: whoever looks at the form (JupyterHub sets the
         # handler before rendering it; an admin may open /hub/spawn/OTHER), else its owner.
         viewer = getattr(getattr(self, "handler", None), "current_user", None)
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
-        line = self.line
-        budget = line.budget(policy, config) if line else None
+        budget = admission.budget_of(ask, seen, policy)
+        line = seen.line is not None
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
-                         policy_note(policy, config.culling), line=line is not None,
-                         waiting=line.waiting() if line else 0,
-                         email=line is not None and mail_enabled(settings),
+                         policy_note(policy, config.culling), line=line,
+                         waiting=sum(e.offered_at is None for e in seen.line or ()),
+                         email=line and mail_enabled(settings),
                          budget=budget.note() if budget else "", environments=choices,
                          environments_without_gpus=without)
 
@@ -353,67 +348,42 @@ class GpulabSpawner(DockerSpawner):
         return admin_traits(self.config, classes)
 
     async def _lease(self, gpus_config) -> list:
-        policy = policy_for(gpus_config, self.user.name, [g.name for g in self.user.groups])
-        line = self.line
-        try:
-            count = validate_user_options(self.user_options, policy.max_gpus)
-            try:
-                count = gpu_count(self._environment, count, from_form=not compat.from_rest_api(
-                    getattr(self, "handler", None)))
-            except EnvironmentRefused as e:
-                raise _http_error(e.status, str(e)) from None
-            wait = wants_to_wait(self.user_options)
-            try:
-                email = address_in_options(
-                    self.user_options, wait, mail_enabled(self._lab_config[0]),
-                    from_form=not compat.from_rest_api(getattr(self, "handler", None)))
-            except ValueError as e:
-                raise InvalidRequest(str(e)) from None
-            budget = line.budget(policy, gpus_config) if line else None
-            if budget is not None and budget.refuses and (
-                    policy.gpus if count is None else count):
-                self.log.info("Spawn of %s refused: hard budget spent (%.2f of %g GPU-hours)",
-                              self.log_name, budget.used, budget.budget.gpu_hours)
-                raise _http_error(403, budget.refusal())
-            gpus = await self.lease_book.acquire(gpus_config, self._request(count),
-                                                 holds=self._holds)
-        except NotEnoughGpus as e:
-            message = e.detailed_message if self.user.admin else str(e)
-            self.log.info("Spawn of %s refused: %s", self.log_name, e.detailed_message)
-            if line is not None and wait:
-                raise await self._join_line(line, gpus_config, e.requested, email) from None
-            if line is not None:
-                message += HINT
-            raise _http_error(e.status, message) from None
-        except AllocationError as e:
-            self.log.info("Spawn of %s refused: %s", self.log_name, e)
-            raise _http_error(e.status, str(e)) from None
-        if line is not None and line.got_gpus():
-            self.log.info("%s left the line: it got its GPUs", self.log_name)
-        return gpus
-
-    def _line_machine(self) -> str:
-        """The machine her server must run on, for the line ("": any)."""
-        return ""
-
-    async def _join_line(self, line: LineAtSpawn, gpus_config, count: int,
-                         email: str = "") -> web.HTTPError:
-        """Put this server in line for *count* GPUs, to be told at *email* when her turn
-        comes: the 202 that says so (a 303 to her home page from the spawn form), or the
-        409 if waiting could never serve it."""
+        """Her GPUs, leased (:mod:`gpulab.spawn.admission` decides, under the lease
+        table's lock), or the HTTP error that says why not; or her place in line."""
+        ask, usage = self._ask(), self._usage()
         inventory = await self.lease_book.current_inventory(gpus_config)
-        # the environment she asked for, where the lab lists several: the line starts her
-        # server in it when her turn comes
-        listed = bool(self._lab_config[0]["spawn.environments"])
-        joined = line.join(gpus_config, inventory, count,
-                           self._environment.name if listed else "", email,
-                           self._line_machine())
-        said = _http_error(joined.status, joined.message)
+        async with self.lease_book.locked(inventory) as table:
+            decision = admission.decide(ask, self._seen(gpus_config, inventory,
+                                                        table.leases, usage))
+            if isinstance(decision, Admitted):
+                table.record(decision.request, decision.gpus, decision.taken)
+        if not isinstance(decision, Admitted):
+            if decision.log:
+                self.log.info("Spawn of %s refused: %s", self.log_name, decision.log)
+            if decision.join is not None:
+                raise await self._join_line(ask, gpus_config, decision.join)
+            raise _http_error(decision.status, decision.message)
+        log_orphans(gpus_config, inventory, decision.taken)
+        if decision.leaves_line and line_store(self.line_file).remove(self.user.name,
+                                                                     self.name):
+            self.log.info("%s left the line: it got its GPUs", self.log_name)
+        self._booked_note = decision.booked_note
+        return list(decision.gpus)
+
+    async def _join_line(self, ask: Ask, gpus_config, join: JoinLine) -> web.HTTPError:
+        """Put this server in line for the GPUs *join* names, to be told at its e-mail
+        address when her turn comes: the 202 that says so (a 303 to her home page from
+        the spawn form), or the 409 if waiting could never serve it."""
+        inventory = await self.lease_book.current_inventory(gpus_config)
+        line = LineAtSpawn(line_store(self.line_file), ask.user, ask.server, ask.groups)
+        joined = line.join(gpus_config, inventory, join.count, join.environment,
+                           join.email, join.machine)
         if joined.status != 202:
-            return said
-        self.log.info("%s waits in line for %d GPU(s): %s", self.log_name, count,
+            return _http_error(joined.status, admission.where(ask, joined.message))
+        said = _http_error(joined.status, joined.message)
+        self.log.info("%s waits in line for %d GPU(s): %s", self.log_name, join.count,
                       joined.message)
-        if not compat.from_rest_api(getattr(self, "handler", None)):
+        if ask.from_form:
             # The spawn form: to her home page, which shows her place. JupyterHub's form
             # handler answers with the error's status and headers when the spawn ends
             # within 1 s; later (a busy hub) she is on the spawn-pending page by then, and
@@ -558,7 +528,8 @@ class GpulabSpawner(DockerSpawner):
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
                     self._report(15, f"Reserved {names} for you")
-                    self._tell_if_booked(gpus_config)
+                    if self._booked_note:
+                        self._report(16, self._booked_note)
                 self.apply_settings(settings, self.gpu_uuids, self._gpu_share)
                 self._report(20, f"Creating your container from {self.image}")
                 try:

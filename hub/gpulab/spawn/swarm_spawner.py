@@ -28,7 +28,6 @@ import time
 from dataclasses import replace
 
 import docker.errors
-from tornado import web
 from traitlets import Unicode, default
 
 from gpulab import live_config, notices
@@ -38,6 +37,8 @@ from gpulab.gpus.leases import LeaseBook, swarm_lease_book
 from gpulab.gpus.policy import policy_for
 from gpulab.gpus.swarm_nodes import node_name, node_usable
 from gpulab.settings import Settings
+from gpulab.spawn import admission
+from gpulab.spawn.admission import Ask
 from gpulab.spawn.form import SpawnForm
 from gpulab.spawn.spawner import GpulabSpawner, SpawnFailed, _http_error
 from gpulab.spawn.swarm_services import (
@@ -72,6 +73,8 @@ class GpulabSwarmSpawner(GpulabSpawner):
         (gpulab.notices' format). Empty: the hub's log only.""",
     )
     image_id = Unicode("", help="spawn.image's ID on the manager, for the start in progress")
+    _home_where = Unicode("", help="the machine with her home, as the start in progress "
+                                   "names it to her")
     ready_poll_interval_swarm = 0.2  # seconds between looks at a starting task
 
     @default("poll_interval")
@@ -133,14 +136,16 @@ class GpulabSwarmSpawner(GpulabSpawner):
         homes = (settings or self._lab_config[0])["spawn.swarm_homes"]
         return self.home_node if homes == "machine" else ""
 
-    def _line_machine(self) -> str:
-        """Her home's machine by hostname, which it keeps when it joins the Swarm again
-        under a new ID (the line may wait across that); by ID before one is known."""
-        home = self._home_machine()
-        return (self.home_machine or home) if home else ""
-
-    def _request(self, count, settings: Settings | None = None):
-        return replace(super()._request(count), machine=self._home_machine(settings))
+    def _ask(self, settings: Settings | None = None) -> Ask:
+        """This start, on the machine with her home where homes are on the machines: the
+        line waits for that machine by hostname, which it keeps when it joins the Swarm
+        again under a new ID (by ID before one is known)."""
+        ask = super()._ask(settings)
+        home = self._home_machine(settings)
+        if not home:
+            return ask
+        return replace(ask, machine=home, line_machine=self.home_machine or home,
+                       machine_name=self._home_where or self.home_machine or home)
 
     # ------------------------------------------------------------- the spawn form
 
@@ -171,8 +176,11 @@ class GpulabSwarmSpawner(GpulabSpawner):
                                          filters={"label": f"{LABEL_MANAGED}=true"})
             landings[0] = names.get(node_for_cpu_server(nodes, services), "")
             counts = range(1, policy.max_gpus + 1)
-            previews = await self.lease_book.preview(
-                config, [self._request(n, settings) for n in counts], holds=self._holds)
+            inventory = self.lease_book.inventory(config, quiet=True)  # the form's look
+            usage = self._usage()
+            async with self.lease_book.locked(inventory) as table:
+                seen = self._seen(config, inventory, table.leases, usage)
+            previews = admission.preview(self._ask(settings), seen, counts)
             for count, got in zip(counts, previews, strict=True):
                 if isinstance(got, NotEnoughGpus):  # none free enough on any one machine
                     landings[count] = ""
@@ -193,20 +201,14 @@ class GpulabSwarmSpawner(GpulabSpawner):
                 if node is not None:
                     self.home_node = home = str(node.get("ID"))
             where = self.home_machine or (node_name(node) if node else home)
+            self._home_where = where  # what a 409 says (admission.where)
             if node is None or not node_usable(node):
                 raise _http_error(
                     503, f"Your files are on the lab's machine {where}, which is "
                          f"{'gone from the cluster' if node is None else 'down or out of service'}"
                          f", so your server cannot start until it is back; tell an admin "
                          f"if it stays away.")
-        try:
-            gpus = await super()._lease(gpus_config)
-        except web.HTTPError as e:
-            if home and e.status_code == 409:
-                raise _http_error(409, f"Your files are on the lab's machine {where}, so "
-                                       f"your server runs there: {e.jupyterhub_message}"
-                                  ) from None
-            raise
+        gpus = await super()._lease(gpus_config)
         if gpus:
             self.node_id = gpus[0].node  # the allocator keeps a server on one machine
             return gpus
