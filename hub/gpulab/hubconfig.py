@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from gpulab import live_config
 from gpulab.assistant import gateway as assistant_api
-from gpulab.assistant.gpus import reserver as assistant_reserver
+from gpulab.assistant.gpus import assistant_holds
 from gpulab.assistant.rules import ASSISTANT_SCOPE, ASSISTANT_SCOPE_HELP
 from gpulab.bookings import api as bookings_api
 from gpulab.bookings.store import booking_store
@@ -317,7 +317,7 @@ def configure(c) -> None:
     # line, so that no config file in her home can lengthen it.
     c.GpulabSpawner.args = [f"--HubOAuth.cache_max_age={SERVER_TOKEN_CACHE_SECONDS}"]
     # The lab assistant's GPUs (assistant.gpus) are held for it in the lease table.
-    hold_for_services(assistant_reserver(settings_path))
+    hold_for_services(assistant_holds(settings_path))
     # The lab assistant (gpulab.assistant): members may ask it (the `user` role below),
     # and a server's own token may, so that JupyterLab asks as its member with no key.
     c.JupyterHub.custom_scopes = {ASSISTANT_SCOPE: {"description": ASSISTANT_SCOPE_HELP}}

@@ -9,9 +9,9 @@ import pytest
 from gpulab.assistant.gpus import (
     ASSISTANT,
     assistant_gpus,
+    assistant_holds,
     assistant_leases,
     held_by_members,
-    reserver,
 )
 from gpulab.assistant.serve import gpu_note, wanted
 from gpulab.cli import main as gpulab_cli
@@ -39,7 +39,7 @@ def holding(*gpus, on=True):
 
 def book(docker, s):
     return LeaseBook(docker.list, discover=no_nvml, now=lambda: T0,
-                     reserved=lambda inventory: assistant_leases(assistant_gpus(s), inventory)[0])
+                     for_services=lambda inventory: assistant_leases(assistant_gpus(s), inventory)[0])
 
 
 def test_gpus_by_index_or_uuid_held_only_while_the_assistant_is_on():
@@ -81,10 +81,10 @@ async def test_the_allocator_never_gives_a_member_the_assistants_gpu():
         await book(FakeDocker(), holding(0)).acquire(TWO_GPUS, Request("carol", count=2))
 
 
-async def test_the_lease_table_shows_it_reserved_and_not_releasable():
+async def test_the_lease_table_shows_it_held_for_a_service_and_not_releasable():
     docker = FakeDocker([container("alice", [G1])])
     rows = await book(docker, holding(G0)).view(TWO_GPUS)
-    assert [(r.lease.user, r.state) for r in rows] == [(ASSISTANT, "reserved"),
+    assert [(r.lease.user, r.state) for r in rows] == [(ASSISTANT, "for a service"),
                                                       ("alice", "active")]
     row = lease_row(rows[0], T0)
     assert row["releasable"] is False and row["since"] is None and row["held_seconds"] is None
@@ -100,22 +100,22 @@ async def test_the_spawn_form_says_whose_it_is_to_members_too():
             "free", "held for the lab assistant"]
 
 
-def test_the_reserver_holds_none_while_gpulab_yaml_may_name_none(tmp_path, caplog):
+def test_the_assistants_hold_is_none_while_gpulab_yaml_may_name_none(tmp_path, caplog):
     """An admin's edit naming GPUs for the assistant is refused (its file and line in the
     log), and the last good version, which names none, stays in force: members keep every
     GPU."""
     path = tmp_path / "gpulab.yaml"
     path.write_text(ON)
-    reserved = reserver(path)
+    held = assistant_holds(path)
     inventory, _ = resolve_inventory(TWO_GPUS, None)
-    assert reserved(inventory) == []
+    assert held(inventory) == []
     path.write_text(ON + "  gpus: [1]\n")
-    assert reserved(inventory) == []
+    assert held(inventory) == []
     said = [r.message for r in caplog.records if "assistant.gpus" in r.message]
     assert said and "gpulab.yaml:3: assistant.gpus: the lab assistant cannot use GPUs yet" \
         in said[0]
     path.write_text(ON)  # taken out again (and no error left for other tests)
-    assert reserved(inventory) == []
+    assert held(inventory) == []
 
 
 def test_make_up_hands_the_container_no_gpu_and_stops_on_one_named(tmp_path, capsys):
@@ -146,4 +146,4 @@ def test_a_gpu_a_members_server_holds_is_named_with_her_lease():
                                  container("bob", [G1])])
     assert [(ref, le.user, le.server) for ref, le in held_by_members((0, G1), inventory, leases)
             ] == [(0, "alice", "train"), (G1, "bob", "")]
-    assert held_by_members((0,), inventory, b.reserved(inventory)) == []  # its own: not a member
+    assert held_by_members((0,), inventory, b.for_services(inventory)) == []  # its own: not a member

@@ -6,7 +6,8 @@ gives it to a member and the spawn form shows it in use), and the admins' lease 
 shows it as the lab assistant's, not to be released. The container gets the devices
 from ``make up`` (docker-compose.assistant-gpu.yml), which labels it so that the
 exporter attributes its memory to the same holder. :func:`assistant_leases` is the
-decision, pure; :func:`reserver` reads the setting for a :class:`~gpulab.gpus.leases.LeaseBook`.
+decision, pure; :func:`assistant_holds` reads the setting for a
+:class:`~gpulab.gpus.leases.LeaseBook`.
 """
 
 from __future__ import annotations
@@ -63,16 +64,16 @@ def held_by_members(refs: Sequence[int | str], inventory: Sequence[Gpu],
     return out
 
 
-Reserved = Callable[[Sequence[Gpu]], list[Lease]]
+ServicesHold = Callable[[Sequence[Gpu]], list[Lease]]
 
 
-def reserver(settings_path: str | Path) -> Reserved:
+def assistant_holds(settings_path: str | Path) -> ServicesHold:
     """The assistant's leases by the gpulab.yaml at *settings_path* (its last good
     version), read at each call; none while it was never valid. Each warning is logged
     once, when it first appears."""
     said: set[str] = set()
 
-    def reserved(inventory: Sequence[Gpu]) -> list[Lease]:
+    def held(inventory: Sequence[Gpu]) -> list[Lease]:
         try:
             settings = live_config.settings_file.load(settings_path)
         except ConfigError:  # the hub refuses to start on it; others say so themselves
@@ -84,4 +85,4 @@ def reserver(settings_path: str | Path) -> Reserved:
         said.update(warnings)
         return leases
 
-    return reserved
+    return held

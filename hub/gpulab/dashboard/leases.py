@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import live_config
-from gpulab.assistant.gpus import ASSISTANT, reserver
+from gpulab.assistant.gpus import ASSISTANT, assistant_holds
 from gpulab.contract import label_claims
 from gpulab.gpus.allocator import Gpu, Lease
 from gpulab.gpus.config import GpusConfig
@@ -100,7 +100,7 @@ def lease_row(row: LeaseView, now: datetime) -> dict[str, Any]:
     out = row.to_json()
     since = row.lease.since
     out["held_seconds"] = max(0, int((now - since).total_seconds())) if since else None
-    out["releasable"] = row.state not in ("pending", "reserved")
+    out["releasable"] = row.state not in ("pending", "for a service")
     return out
 
 
@@ -304,10 +304,10 @@ class LeaseAdmin:
         self.settings_path = str(settings_path) if settings_path else None
         if book is None:
             # the lab assistant's GPUs, as the hub holds them (gpulab.yaml)
-            reserved = reserver(self.settings_path) if self.settings_path else None
-            book = (LeaseBook(store.list, node_gpus=store.node_gpus, reserved=reserved)
+            held = assistant_holds(self.settings_path) if self.settings_path else None
+            book = (LeaseBook(store.list, node_gpus=store.node_gpus, for_services=held)
                     if isinstance(store, SwarmServices) else
-                    LeaseBook(store.list, reserved=reserved))
+                    LeaseBook(store.list, for_services=held))
         self.book = book
         self.holder = getattr(store, "holder", "container")
         self.now = now

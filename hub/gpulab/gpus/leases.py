@@ -43,9 +43,9 @@ STOPPING = "(a server that is stopping)"  # the holder of a cooling GPU (LeaseBo
 ListContainers = Callable[[], Awaitable[list[dict[str, Any]]]]
 ListNodes = Callable[[], Awaitable[list[Gpu]]]
 # The leases the lab's own services hold by configuration, given the inventory: the lab
-# assistant's GPUs (gpulab.assistant.gpus.reserver). Taken for every spawn, like a
-# container's, and shown in the lease table as "reserved", never released there.
-Reserved = Callable[[Sequence[Gpu]], list[Lease]]
+# assistant's GPUs (gpulab.assistant.gpus.assistant_holds). Taken for every spawn, like a
+# container's, and shown in the lease table as "for a service", never released there.
+ServicesHold = Callable[[Sequence[Gpu]], list[Lease]]
 
 
 def utcnow() -> datetime:
@@ -58,7 +58,7 @@ class LeaseView:
 
     lease: Lease
     gpu: Gpu | None  # None: the GPU is no longer in the inventory
-    # "active", "pending" (container not created yet), "orphaned", or "reserved" (held
+    # "active", "pending" (container not created yet), "orphaned", or "for a service" (held
     # for a service of the lab's by its configuration: the lab assistant)
     state: str
     # The container whose labels hold the lease: docker's Id and State ("running",
@@ -129,9 +129,9 @@ class LeaseBook:
     every allocation, since machines come and go. Without it, NVML is asked once."""
 
     def __init__(self, list_containers: ListContainers, discover=discover_gpus, now=utcnow,
-                 node_gpus: ListNodes | None = None, reserved: Reserved | None = None):
+                 node_gpus: ListNodes | None = None, for_services: ServicesHold | None = None):
         self._list_containers = list_containers
-        self._reserved = reserved
+        self._for_services = for_services
         self._node_gpus = node_gpus
         self._discover = discover
         self._now = now
@@ -173,7 +173,7 @@ class LeaseBook:
                      containers: list[dict[str, Any]] | None = None) -> list[Lease]:
         if containers is None:
             containers = await self._list_containers()
-        leases = leases_from_labels(containers) + self.reserved(inventory)
+        leases = leases_from_labels(containers) + self.for_services(inventory)
         for (user, server), pending in self._pending.items():
             leases = [le for le in leases if (le.user, le.server) != (user, server)] + pending
         now = time.monotonic()
@@ -182,9 +182,9 @@ class LeaseBook:
         leases += [Lease(u, STOPPING, "", self._now()) for u in self._cooling if u not in held]
         return leases
 
-    def reserved(self, inventory: Sequence[Gpu]) -> list[Lease]:
-        """The leases held by configuration (*reserved*), of *inventory*'s GPUs."""
-        return self._reserved(inventory) if self._reserved is not None else []
+    def for_services(self, inventory: Sequence[Gpu]) -> list[Lease]:
+        """The leases the lab's own services hold by configuration, of *inventory*'s GPUs."""
+        return self._for_services(inventory) if self._for_services is not None else []
 
     def cool(self, gpu_uuids: Sequence[str], seconds: float) -> None:
         """Keep *gpu_uuids* busy for *seconds* more: a removed Swarm service's lease is
@@ -207,8 +207,9 @@ class LeaseBook:
         orphan_ids = {id(le) for le in orphaned}
         rows = []
         for le in leases:
-            state = "pending" if id(le) in pending else "reserved" if le.by_configuration else (
-                "orphaned" if id(le) in orphan_ids else "active")
+            state = ("pending" if id(le) in pending else
+                     "for a service" if le.by_configuration else
+                     "orphaned" if id(le) in orphan_ids else "active")
             c = holding.get((le.gpu_uuid, le.user, le.server)) if state != "pending" else None
             rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
                                   c.get("Id") if c else None,
@@ -294,14 +295,14 @@ def docker_lister(client=None) -> ListContainers:
 
 
 _book: LeaseBook | None = None
-_services: Reserved | None = None
+_services: ServicesHold | None = None
 
 
-def hold_for_services(reserved: Reserved | None) -> None:
+def hold_for_services(held: ServicesHold | None) -> None:
     """What the hub process's lease tables count as held by the lab's own services (the
     hub's configuration sets it: the lab assistant's GPUs)."""
     global _services
-    _services = reserved
+    _services = held
 
 
 def _held_for_services(inventory: Sequence[Gpu]) -> list[Lease]:
@@ -312,7 +313,7 @@ def lease_book() -> LeaseBook:
     """The hub process's one lease table (created on first use)."""
     global _book
     if _book is None:
-        _book = LeaseBook(docker_lister(), reserved=_held_for_services)
+        _book = LeaseBook(docker_lister(), for_services=_held_for_services)
     return _book
 
 
@@ -343,5 +344,5 @@ def swarm_lease_book() -> LeaseBook:
     if _swarm_book is None:
         list_services, node_gpus = swarm_listers()
         _swarm_book = LeaseBook(list_services, node_gpus=node_gpus,
-                                reserved=_held_for_services)
+                                for_services=_held_for_services)
     return _swarm_book

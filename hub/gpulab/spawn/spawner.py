@@ -527,7 +527,7 @@ class GpulabSpawner(DockerSpawner):
                                                self._image_labels)
                 if gpus:
                     names = ", ".join(g.label() for g in gpus)
-                    self._report(15, f"Reserved {names} for you")
+                    self._report(15, f"Leased {names} for you")
                     if self._booked_note:
                         self._report(16, self._booked_note)
                 self.apply_settings(settings, self.gpu_uuids, self._gpu_share)
