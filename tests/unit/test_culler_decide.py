@@ -13,11 +13,11 @@ from gpulab.culler.decide import (
     WARN,
     Server,
     cull_decision,
+    decide_all,
     gpu_working,
     idle_since,
     inactivity_warning,
     longest_idle_window,
-    plan,
     query_step,
 )
 from gpulab.gpus.config import Culling
@@ -144,7 +144,7 @@ def test_no_warning_time():
 
 
 def test_plan_uses_each_servers_policy_and_warning():
-    decisions = plan([ALICE, TWO], {ALICE.key: policy(idle=HOUR), TWO.key: policy(idle=0)},
+    decisions = decide_all([ALICE, TWO], {ALICE.key: policy(idle=HOUR), TWO.key: policy(idle=0)},
                      CULL, {"GPU-a": NOW - 3 * HOUR, "GPU-b": NOW - 3 * HOUR},
                      {ALICE.key: warning(ALICE, NOW - 700, NOW)}, NOW)
     assert [d.action for d in decisions] == [STOP, KEEP]

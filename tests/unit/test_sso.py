@@ -8,7 +8,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab.login.auth import configure_login
-from gpulab.login.sso import GroupMapping, Verdict, groups_after, idp_groups
+from gpulab.login.sso import GroupMapping, GroupsVerdict, groups_after, idp_groups
 from gpulab.settings import ConfigError, defaults, settings_from_yaml
 from gpulab.yamlfile import parse_yaml
 
@@ -31,13 +31,13 @@ def load_text(text: str):
 
 
 @pytest.mark.parametrize("idp, verdict", [
-    ([], Verdict(False, False, frozenset())),
-    (["gpu-users"], Verdict(True, False, frozenset())),
-    (["gpu-users", "gpu-admins", "ml-staff"], Verdict(True, True, frozenset({"staff"}))),
-    (["gpu-admins"], Verdict(False, True, frozenset())),  # an admin group alone lets no one in
+    ([], GroupsVerdict(False, False, frozenset())),
+    (["gpu-users"], GroupsVerdict(True, False, frozenset())),
+    (["gpu-users", "gpu-admins", "ml-staff"], GroupsVerdict(True, True, frozenset({"staff"}))),
+    (["gpu-admins"], GroupsVerdict(False, True, frozenset())),  # an admin group alone lets no one in
     (["gpu-users", "phd", "gpu-ops"],
-     Verdict(True, False, frozenset({"students", "staff", "operators"}))),
-    (["GPU-USERS"], Verdict(False, False, frozenset())),  # group names match exactly
+     GroupsVerdict(True, False, frozenset({"students", "staff", "operators"}))),
+    (["GPU-USERS"], GroupsVerdict(False, False, frozenset())),  # group names match exactly
 ])
 def test_the_providers_groups_decide_who_may_sign_in_and_her_groups(idp, verdict):
     assert MAPPING.verdict(idp) == verdict

@@ -176,7 +176,7 @@ def inactivity_warning(server: Server, last_activity: float, idle_timeout: int,
                        f"{duration_text(idle_timeout)} of that")
 
 
-def plan(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
+def decide_all(servers: Sequence[Server], policies: Mapping[tuple[str, str], Policy],
          culling: Culling, gpus_idle_since: Mapping[str, float | None],
          standing: Mapping[tuple[str, str], CullWarning], now: float,
          bookings: Sequence[Booking] = ()) -> list[CullDecision]:

@@ -32,11 +32,11 @@ from gpulab.culler.decide import (
     STOP,
     WARN,
     Server,
+    decide_all,
     gpu_working,
     idle_since,
     inactivity_warning,
     longest_idle_window,
-    plan,
     query_step,
     releases,
 )
@@ -151,7 +151,7 @@ class GpuCuller:
             return []
         active = await self.report_activity(working, now)
         before = notes.read(self.notices_file)
-        decisions = plan(servers, policies, config.culling, idle, before.warnings, now,
+        decisions = decide_all(servers, policies, config.culling, idle, before.warnings, now,
                          self.bookings())
         stopped = list(before.stopped)
         warned = dict(before.warnings)  # what members' pages say while this round stops

@@ -71,13 +71,13 @@ class Refusal(Exception):
 
 
 @dataclass(frozen=True)
-class Request:
+class RequestHead:
     method: str
     target: str
     content_length: int
 
 
-def parse_head(head: bytes) -> Request:
+def parse_head(head: bytes) -> RequestHead:
     """The request line and Content-Length of a head ending in CRLF CRLF, read strictly;
     raises :class:`Refusal` for anything two parsers could read differently."""
     lines = head.removesuffix(b"\r\n\r\n").split(b"\r\n")
@@ -107,7 +107,7 @@ def parse_head(head: bytes) -> Request:
     length = int(lengths[0]) if lengths else 0
     if length > MAX_BODY:
         raise Refusal(413, "request body too large")
-    return Request(request_line.group(1), request_line.group(2), length)
+    return RequestHead(request_line.group(1), request_line.group(2), length)
 
 
 def parse_response(raw: bytes) -> tuple[int, bytes]:
@@ -195,7 +195,7 @@ class Proxy:
             writer.close()
             self._tasks.discard(task)
 
-    async def _answer(self, request: Request, body: bytes, writer: asyncio.StreamWriter):
+    async def _answer(self, request: RequestHead, body: bytes, writer: asyncio.StreamWriter):
         method, target = request.method, request.target
         settings = None
         if docker_policy.is_create(method, target):

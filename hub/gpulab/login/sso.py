@@ -50,7 +50,7 @@ from gpulab.login.roles import OPERATORS_GROUP
 from gpulab.login.usernames import USERNAME_PATTERN, USERNAME_RULES, fold
 from gpulab.settings import duration_text
 
-__all__ = ["GroupMapping", "LabOIDCAuthenticator", "ProviderPart", "Verdict",
+__all__ = ["GroupMapping", "LabOIDCAuthenticator", "ProviderPart", "GroupsVerdict",
            "configure_oidc", "configure_provider", "groups_after", "sso_handlers"]
 
 # What the hub's checks with the provider found, on /hub/metrics: Prometheus alerts when
@@ -76,7 +76,7 @@ IDENTITIES_FILE = "gpulab-identities.sqlite"
 
 
 @dataclass(frozen=True)
-class Verdict:
+class GroupsVerdict:
     """What the provider's groups for one member mean in gpulab."""
 
     allowed: bool
@@ -108,12 +108,12 @@ class GroupMapping:
             targets.add(OPERATORS_GROUP)
         return frozenset(targets)
 
-    def verdict(self, idp_groups: Iterable[str]) -> Verdict:
+    def verdict(self, idp_groups: Iterable[str]) -> GroupsVerdict:
         idp = set(idp_groups)
         hub = {g for name in idp for g in self.groups.get(name, ())}
         if idp & self.operators:
             hub.add(OPERATORS_GROUP)
-        return Verdict(allowed=bool(idp & self.allowed), admin=bool(idp & self.admins),
+        return GroupsVerdict(allowed=bool(idp & self.allowed), admin=bool(idp & self.admins),
                        groups=frozenset(hub))
 
 
@@ -225,10 +225,10 @@ class ProviderPart(Authenticator):
 
     # ------------------------------------------------------------------ decisions
 
-    def _verdict(self, auth_state: Mapping) -> Verdict:
+    def _verdict(self, auth_state: Mapping) -> GroupsVerdict:
         return self.mapping.verdict(self.identity_of(auth_state)[1])
 
-    def _wanted_groups(self, name: str, verdict: Verdict | None) -> set[str]:
+    def _wanted_groups(self, name: str, verdict: GroupsVerdict | None) -> set[str]:
         wanted = set(verdict.groups) if verdict else set()
         if name in self.hub_operators:
             wanted.add(OPERATORS_GROUP)

@@ -22,7 +22,7 @@ import asyncssh
 from tornado.websocket import WebSocketClientConnection
 
 from gpulab.hubapi import HubApiError
-from gpulab.ssh.terminal import TIMEOUT, HubError, hub_api
+from gpulab.ssh.terminal import TIMEOUT, ServerUnreachable, hub_api
 
 STDOUT, STDERR = 1, 2
 CHUNK = 32 * 1024
@@ -32,7 +32,7 @@ OLD_IMAGE = ("Your server was started before gpulab-ssh could run commands witho
              "again; `ssh -t` works meanwhile.")
 
 
-class Unavailable(HubError):
+class Unavailable(ServerUnreachable):
     """The member's server has no gpulab_channels (an older image)."""
 
 
@@ -47,7 +47,7 @@ async def _connect(hub_url: str, server_path: str, token: str, tls_trust: Path |
     except HubApiError as e:
         if e.status == 404:
             raise Unavailable(OLD_IMAGE) from None
-        raise HubError(f"could not open gpulab/{endpoint} in {server.url}/: "
+        raise ServerUnreachable(f"could not open gpulab/{endpoint} in {server.url}/: "
                        f"{e.message}") from None
 
 
@@ -177,7 +177,7 @@ async def open_port(hub_url: str, server_path: str, token: str, tls_trust: Path 
     client then reports the reason, as for a refused port on any SSH server)."""
     try:
         ws = await _connect(hub_url, server_path, token, tls_trust, f"tcp/{port}")
-    except HubError as e:
+    except ServerUnreachable as e:
         raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
     try:
         first = await asyncio.wait_for(ws.read_message(), TIMEOUT)

@@ -63,7 +63,7 @@ from gpulab import compat
 from gpulab.hubapi import HubApiError
 from gpulab.login.throttle import LockoutPolicy, Throttle, address_key
 from gpulab.ssh import channels, execwrap, hostkey, limits, policy
-from gpulab.ssh.terminal import HubError, Terminal, hub_api, resolve_below_the_hub
+from gpulab.ssh.terminal import ServerUnreachable, Terminal, hub_api, resolve_below_the_hub
 
 log = logging.getLogger("gpulab.ssh")
 
@@ -82,7 +82,7 @@ ACCESS_ENDED = ("Your access has ended (your token was revoked or expired); ask 
 
 
 @dataclass(frozen=True)
-class Settings:
+class GatewaySettings:
     hub_url: str  # where the gateway reaches the hub's proxy (http://proxy:8000)
     public_url: str  # what members are told to open ("" when unknown)
     tls_trust: Path | None = None  # HTTPS: the proxy's certificate file, trusted as is
@@ -105,7 +105,7 @@ class Member:
 class Gateway:
     """What all connections share: the settings, the throttle and the hub client."""
 
-    def __init__(self, settings: Settings, throttle: Throttle,
+    def __init__(self, settings: GatewaySettings, throttle: Throttle,
                  limits_: limits.Limits | None = None):
         self.settings = settings
         self.throttle = throttle
@@ -125,16 +125,16 @@ class Gateway:
         """A new token of *name*'s, made with her *token*, that may only reach her own
         default server (``access:servers!server=NAME/``): what the gateway hands her
         server instead of her login token, which may carry an admin's scopes. Made by
-        her, it ends with her login token. ``(token, id)``; HubError if refused."""
+        her, it ends with her login token. ``(token, id)``; ServerUnreachable if refused."""
         try:
             model = await self.hub.new_token(
                 name, [f"access:servers!server={name}/"],
                 "gpulab-ssh: this SSH connection's way into your server", token=token)
         except HubApiError as e:
             if e.status:
-                raise HubError(f"the hub answered {e.status} to making a server token") \
+                raise ServerUnreachable(f"the hub answered {e.status} to making a server token") \
                     from None
-            raise HubError(f"could not make a server token: {e.message}") from None
+            raise ServerUnreachable(f"could not make a server token: {e.message}") from None
         return model["token"], model["id"]
 
     async def sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
@@ -168,7 +168,7 @@ class Gateway:
                 scoped, scoped_id = await self.server_token(name, token)
             except BaseException as e:  # a cancelled sign-in too (timeout, client gone)
                 self.counts.give_back(name, limits.CONNECTIONS)
-                if not isinstance(e, HubError):
+                if not isinstance(e, ServerUnreachable):
                     raise
                 log.warning("ssh sign-in of %s from %s: %s", name, address, e)
                 _banner(conn, "The hub is not answering; try again in a minute.")
@@ -242,7 +242,7 @@ class Gateway:
         except channels.Unavailable as e:
             stderr.write(f"{e}\r\n".encode())
             status = 1
-        except HubError as e:
+        except ServerUnreachable as e:
             log.warning("ssh session of %s: %s", member.name, e)
             stderr.write(b"Could not reach your server; try again, or open it in "
                          b"JupyterLab.\r\n")
@@ -281,7 +281,7 @@ class Gateway:
         answer (a hub restart must not cut every SSH session)."""
         try:
             code, model = await self.whoami(member.token)
-        except HubError as e:
+        except ServerUnreachable as e:
             log.warning("ssh: could not recheck %s's token with the hub: %s", member.name, e)
             return True
         if code in (401, 403):
@@ -797,7 +797,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         service_token = ""
         log.warning("SSH keys are off: cannot read the gateway's hub token (%s)", e)
-    gateway = Gateway(Settings(args.hub_url, args.public_url, args.tls_trust,
+    gateway = Gateway(GatewaySettings(args.hub_url, args.public_url, args.tls_trust,
                                service_token), throttle, how_much)
     asyncio.run(serve(args.listen, args.host_key, gateway))
 

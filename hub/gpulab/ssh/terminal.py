@@ -60,7 +60,7 @@ def resolve_below_the_hub(hub_url: str) -> None:
         Resolver.configure(BelowTheHubResolver, hub_host=host)
 
 
-class HubError(Exception):
+class ServerUnreachable(Exception):
     """The hub or the member's server did not answer as expected (not a policy refusal)."""
 
 
@@ -87,13 +87,14 @@ class Terminal:
                                                  token=self.token)
             self.name = model["name"]
         except (HubApiError, TypeError, KeyError) as e:
-            raise HubError(f"could not open a terminal in {self.server.url}/: {e}") from None
+            raise ServerUnreachable(
+                f"could not open a terminal in {self.server.url}/: {e}") from None
         try:
             self.ws = await self.server.websocket(
                 f"terminals/websocket/{quote(self.name)}", token=self.token, ping_interval=30)
         except HubApiError as e:
             await self._delete()
-            raise HubError(f"could not attach to terminal {self.name}: {e}") from None
+            raise ServerUnreachable(f"could not attach to terminal {self.name}: {e}") from None
         return self
 
     async def __aexit__(self, *exc) -> None:
