@@ -233,3 +233,13 @@ def test_a_shared_budget_counts_the_groups_use():
     assert (state.used, state.refuses) == (pytest.approx(2.1), True)
     assert admission.budget_of(ask, seen(config=BUDGETED),
                                policy_for(BUDGETED, "bob", ["lab"])) is None  # unknown
+
+
+def test_an_admitted_server_gets_the_cpus_and_memory_of_its_gpus():
+    sized = parse_gpus_config("defaults: {gpus: 1, max_gpus: 2, cpus: 2, cpus_per_gpu: 4, "
+                              "memory_per_gpu: 16g}\n")
+    s = Seen(sized, TWO, (), NOW, base_cpus=8.0, base_memory=4 << 30)
+    one = admission.decide(Ask("ann"), s).resources
+    assert (one.cpus, one.memory, one.threads) == (6.0, 20 << 30, 6)
+    none = admission.decide(Ask("ann", options={"gpus": 0}), s).resources
+    assert (none.cpus, none.memory) == (2.0, 4 << 30)  # memory: the lab's spawn.mem_limit

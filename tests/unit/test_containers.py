@@ -1,3 +1,5 @@
+import pytest
+
 from gpulab.contract import label_claims
 from gpulab.settings import Settings, defaults
 from gpulab.spawn.containers import container_options, home_volume_create
@@ -29,10 +31,22 @@ def test_cpu_only_container_matches_expected_structure():
             "org.gpulab.gpus": "",
         },
     }
-    # An image that sets NVIDIA_VISIBLE_DEVICES=all still sees no GPU.
-    assert opts.environment == {"NVIDIA_VISIBLE_DEVICES": "void", "GPULAB_GPUS": ""}
+    # An image that sets NVIDIA_VISIBLE_DEVICES=all still sees no GPU; its libraries start
+    # a thread per CPU it has (spawn.cpu_limit), not per CPU of the machine.
+    assert opts.environment == {"NVIDIA_VISIBLE_DEVICES": "void", "GPULAB_GPUS": "",
+                                "OMP_NUM_THREADS": "4"}
     assert opts.mem_limit == 8 * 1024**3
     assert opts.cpu_limit == 4.0
+
+
+@pytest.mark.parametrize("cpus,threads", [(6.0, "6"), (2.5, "2"), (0.5, "1")])
+def test_cpus_and_memory_by_gpu_count_replace_the_settings_own(cpus, threads):
+    from gpulab.gpus.policy import ServerResources
+
+    opts = container_options(defaults(), "bob", "", ["GPU-aaaa"],
+                             resources=ServerResources(cpus, 40 * 1024**3))
+    assert (opts.cpu_limit, opts.mem_limit) == (cpus, 40 * 1024**3)
+    assert opts.environment["OMP_NUM_THREADS"] == threads
 
 
 def test_gpus_become_one_device_request_for_exactly_those_uuids():

@@ -40,7 +40,7 @@ def test_only_an_image_that_says_its_torch_takes_the_cap_gets_it():
 
 def test_a_gpu_of_its_own_gets_no_cap_and_a_shared_one_gets_its_share():
     assert container_options(defaults(), "alice", "", ["GPU-a"]).environment == {
-        "NVIDIA_VISIBLE_DEVICES": "GPU-a", "GPULAB_GPUS": "GPU-a"}
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a", "GPULAB_GPUS": "GPU-a", "OMP_NUM_THREADS": "4"}
     env = container_options(defaults(), "alice", "", ["GPU-a"], gpu_share=3).environment
     assert env[CAP] == "per_process_memory_fraction:0.3333"
     # no GPU, no cap, whatever the share; and an admin may turn it off

@@ -153,6 +153,17 @@ users:
         ("users:\n  bob:\n    no_gpu: yes please\n", "gpus.yaml:3: users.bob.no_gpu",
          "expected true or false"),
         ("users:\n  bob: 3\n", "gpus.yaml:2: users.bob", "expected a mapping"),
+        # a server's CPUs and memory
+        ("defaults:\n  cpus: -2\n", "gpus.yaml:2: defaults.cpus", "number of CPUs above 0"),
+        ("defaults:\n  cpus: four\n", "gpus.yaml:2: defaults.cpus", "number of CPUs"),
+        ("defaults:\n  cpus: 4000\n", "gpus.yaml:2: defaults.cpus", "at most 1024"),
+        ("groups:\n  lab:\n    memory: 16\n", "gpus.yaml:3: groups.lab.memory",
+         "a size with its unit, such as 8g"),
+        ("users:\n  bob:\n    memory_per_gpu: lots\n", "gpus.yaml:3: users.bob.memory_per_gpu",
+         "a size such as 2g"),
+        ("defaults:\n  cpus: 8\n  max_cpus: 4\n", "gpus.yaml:2: defaults.cpus",
+         "cpus: 8 is more than max_cpus: 4 here"),
+        ("defaults:\n  cpu: 8\n", "gpus.yaml:2: defaults.cpu", "did you mean cpus?"),
         ("groups: [staff]\n", "gpus.yaml:1: groups", "expected a mapping of group name"),
         ("pools:\n  a: {mode: sharing}\n", "gpus.yaml:2: pools.a.mode",
          "expected one of exclusive, shared"),
@@ -313,3 +324,43 @@ def test_machines_in_pools_and_pins_are_checked(text, where, words):
 ])
 def test_which_gpu_a_pin_names(pin, gpu, names_it):
     assert pin_matches(pin, *gpu) is names_it
+
+
+RESOURCES = """\
+defaults: {max_gpus: 4, cpus: 2, memory: 8g, cpus_per_gpu: 4, memory_per_gpu: 32g,
+           max_cpus: 12, max_memory: 96g}
+groups:
+  vision: {cpus_per_gpu: 6}
+  theory: {cpus_per_gpu: 2, memory: 4g}
+users:
+  ann: {memory: 16g, max_cpus: 32}
+"""
+
+
+@pytest.mark.parametrize("user,groups,gpus,cpus,gib", [
+    ("bob", [], 0, 2, 8),
+    ("bob", [], 1, 6, 40),
+    ("bob", [], 4, 12, 96),  # 18 CPUs and 136 GB asked: the caps
+    ("cat", ["vision"], 1, 8, 40),
+    ("cat", ["vision", "theory"], 1, 8, 36),  # groups: the most each sets, over defaults
+    ("ann", ["vision"], 4, 26, 96),  # her own entry: hers, key by key
+])
+def test_cpus_and_memory_follow_the_gpus_within_the_caps(user, groups, gpus, cpus, gib):
+    from gpulab.gpus.policy import server_resources
+
+    got = server_resources(policy_for(parse_gpus_config(RESOURCES), user, groups), gpus,
+                           base_cpus=4.0, base_memory=8 << 30)
+    assert (got.cpus, got.memory) == (cpus, gib << 30)
+
+
+def test_unset_the_labs_spawn_limits_hold_and_the_form_says_what_a_server_gets():
+    from gpulab.gpus.policy import resources_note, server_resources
+
+    plain = policy_for(parse_gpus_config(""), "bob")
+    got = server_resources(plain, 2, base_cpus=4.0, base_memory=8 << 30)
+    assert (got.cpus, got.memory, got.threads) == (4.0, 8 << 30, 4)
+    assert resources_note(plain, 4.0, 8 << 30) == "A server gets 4 CPUs and 8 GB of memory."
+    sized = policy_for(parse_gpus_config(RESOURCES), "bob")
+    assert resources_note(sized, 4.0, 8 << 30) == (
+        "A server gets 2 CPUs and 8 GB of memory, and 4 CPUs and 32 GB of memory more for "
+        "each GPU (at most 12 CPUs and 96 GB).")

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.contract import GPU_UUID
-from gpulab.settings import parse_bool, parse_duration
+from gpulab.settings import parse_bool, parse_bytes, parse_duration
 from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
@@ -78,6 +78,7 @@ __all__ = [
     "DEFAULT_MAX_SERVER_AGE",
     "MAX_GPUS_LIMIT",
     "LIMIT_KEYS",
+    "RESOURCE_KEYS",
     "Override",
     "Pin",
     "Pool",
@@ -107,9 +108,15 @@ _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
 LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
-_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS, "budget")
+# A server's CPUs and memory, set in defaults:, groups: and users: alike: what a server
+# without GPUs gets, what each GPU adds, and the most any one server gets.
+CPU_KEYS = ("cpus", "cpus_per_gpu", "max_cpus")
+MEMORY_KEYS = ("memory", "memory_per_gpu", "max_memory")
+RESOURCE_KEYS = (*CPU_KEYS, *MEMORY_KEYS)
+MAX_CPUS_LIMIT = 1024  # far above any one machine; catches 4000 for 4
+_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS, "budget", *RESOURCE_KEYS)
 _OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
-                  "line_priority", "budget")
+                  "line_priority", "budget", *RESOURCE_KEYS)
 _BUDGET_KEYS = ("gpu_hours", "per", "enforce", "shared")
 WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from the 1st)
 SOFT, HARD = "soft", "hard"  # spent: she waits behind the others in line / GPUs refused
@@ -198,6 +205,8 @@ class Override:
     line_priority: int | None = None  # higher goes first in line (gpulab.line.order)
     budget: Budget | None = None
     no_budget: bool = False  # ``budget: none``: her own entry lifts her groups' budget
+    # the RESOURCE_KEYS set here: CPUs (a number), memory (bytes)
+    resources: Mapping[str, float] = field(default_factory=dict)
     line: int | None = None
 
 
@@ -249,6 +258,9 @@ class GpusConfig:
     default_gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     default_max_server_age: int = DEFAULT_MAX_SERVER_AGE
     default_budget: Budget | None = None
+    # the RESOURCE_KEYS defaults: sets; unset, gpulab.yaml's spawn.cpu_limit and
+    # spawn.mem_limit, and nothing per GPU
+    default_resources: Mapping[str, float] = field(default_factory=dict)
     culling: Culling = field(default_factory=Culling)
     line: Line = field(default_factory=Line)
     bookings: Bookings = field(default_factory=Bookings)
@@ -268,6 +280,44 @@ def _gpu_count(value: Any, what: str = "a number of GPUs") -> int:
             f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}"
         )
     return value
+
+
+def _cpus(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value <= MAX_CPUS_LIMIT):
+        raise ValueError(f"expected a number of CPUs above 0 and at most {MAX_CPUS_LIMIT} "
+                         f"(0.5 is half a core), got {value!r}")
+    return float(value)
+
+
+def _cpus_per_gpu(value: Any) -> float:
+    return 0.0 if value == 0 and not isinstance(value, bool) else _cpus(value)
+
+
+def _memory(value: Any) -> int:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(f"expected a size with its unit, such as 8g or 512m, got {value!r}")
+    return parse_bytes(value)
+
+
+def _memory_per_gpu(value: Any) -> int:
+    return 0 if value == 0 and not isinstance(value, bool) else _memory(value)
+
+
+_RESOURCE_CHECKS = {"cpus": _cpus, "cpus_per_gpu": _cpus_per_gpu, "max_cpus": _cpus,
+                    "memory": _memory, "memory_per_gpu": _memory_per_gpu,
+                    "max_memory": _memory}
+
+
+def _resources(r: _Reader, path: Path_, body: Mapping[str, Any]) -> dict[str, float]:
+    """The RESOURCE_KEYS *body* sets, checked; a base above its own cap is refused."""
+    out = {key: r.check(path + (key,), _RESOURCE_CHECKS[key], body[key])
+           for key in RESOURCE_KEYS if key in body}
+    for base, cap in (("cpus", "max_cpus"), ("memory", "max_memory")):
+        if base in out and cap in out and out[base] > out[cap]:
+            raise r.doc.error(path + (base,), f"{base}: {body[base]} is more than "
+                                              f"{cap}: {body[cap]} here")
+    return out
 
 
 def _max_users(value: Any) -> int:
@@ -462,8 +512,8 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
 
     # defaults
     d = r.mapping(("defaults",), top.get("defaults"), _DEFAULT_KEYS,
-                  "a mapping with gpus:, max_gpus:, pools:, gpu_idle_timeout: and "
-                  "max_server_age:")
+                  "a mapping with gpus:, max_gpus:, pools:, gpu_idle_timeout:, "
+                  "max_server_age:, budget:, cpus:, memory: and their _per_gpu and max_")
     default_gpus = r.check(("defaults", "gpus"), _gpu_count, d.get("gpus", 0))
     default_max = r.check(("defaults", "max_gpus"), _gpu_count, d.get("max_gpus", 1))
     if default_gpus > default_max:
@@ -480,6 +530,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
     default_age = r.check(("defaults", "max_server_age"), _seconds,
                           d.get("max_server_age", DEFAULT_MAX_SERVER_AGE))
     default_budget = _budget(r, ("defaults", "budget"), d.get("budget"))
+    default_resources = _resources(r, ("defaults",), d)
     culling = _culling(r, top.get("culling"))
     line = _line(r, top.get("line"))
     bookings = _bookings(r, top.get("bookings"))
@@ -499,6 +550,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         default_gpu_idle_timeout=default_idle,
         default_max_server_age=default_age,
         default_budget=default_budget,
+        default_resources=default_resources,
         culling=culling,
         line=line,
         bookings=bookings,
@@ -707,7 +759,8 @@ def _overrides(
         seen[name] = doc.line_of(path)
         body = r.mapping(path, body, _OVERRIDE_KEYS,
                          "a mapping with gpus:, max_gpus:, pinned:, pools:, no_gpu:, "
-                         "gpu_idle_timeout:, max_server_age:, line_priority: or budget:")
+                         "gpu_idle_timeout:, max_server_age:, line_priority:, budget:, "
+                         "cpus: or memory: (and their _per_gpu and max_)")
         o = Override(
             name=name,
             gpus=r.check(path + ("gpus",), _gpu_count, body["gpus"]) if "gpus" in body else None,
@@ -726,6 +779,7 @@ def _overrides(
             budget=_budget(r, path + ("budget",), body.get("budget"),
                            name if section == "groups" else ""),
             no_budget="budget" in body and body["budget"] in (None, "none"),
+            resources=_resources(r, path, body),
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:

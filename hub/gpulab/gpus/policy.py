@@ -8,7 +8,8 @@ Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, u
 ``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
 never, is the longest, the highest ``line_priority``), except that ``no_gpu: true`` in
 any of them wins; then every field set under ``users:`` replaces the combined value
-(``no_gpu: false`` there lifts a group's ``no_gpu``). Pinned GPUs always fit in the
+(``no_gpu: false`` there lifts a group's ``no_gpu``); CPUs and memory (``cpus:``,
+``memory:``, their ``_per_gpu`` and ``max_``) likewise, key by key. Pinned GPUs always fit in the
 quota (the effective ``max_gpus`` is at least the number of pins) and are kept for the
 users and groups that pin them.
 Usernames are not case-sensitive.
@@ -16,13 +17,15 @@ Usernames are not case-sensitive.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpulab.gpus.config import (
     DEFAULT_GPU_IDLE_TIMEOUT,
     DEFAULT_MAX_SERVER_AGE,
     LIMIT_KEYS,
+    RESOURCE_KEYS,
     Budget,
     Culling,
     GpusConfig,
@@ -31,7 +34,8 @@ from gpulab.gpus.config import (
 )
 from gpulab.settings import duration_text
 
-__all__ = ["Policy", "all_pins", "pin_matches", "policy_for", "policy_note", "user_override"]
+__all__ = ["Policy", "ServerResources", "all_pins", "pin_matches", "policy_for", "policy_note",
+           "cpus_text", "memory_text", "resources_note", "server_resources", "user_override"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Policy:
     max_server_age: int = DEFAULT_MAX_SERVER_AGE
     line_priority: int = 0  # higher goes first in line (gpulab.line.order)
     budget: Budget | None = None  # GPU-hours per week or month; None: no budget
+    # CPUs and memory (gpus.config.RESOURCE_KEYS) as set for her; unset: the lab's
+    # spawn.cpu_limit and spawn.mem_limit, nothing per GPU, no cap
+    resources: Mapping[str, float] = field(default_factory=dict)
 
 
 def pin_matches(pin: Pin, index: int, uuid: str, machine: str = "") -> bool:
@@ -93,6 +100,9 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
     priorities = [g.line_priority for g in mine if g.line_priority is not None]
     line_priority = max(priorities, default=0)
     budget = _most_generous_budget(mine, config.default_budget)
+    resources = dict(config.default_resources)  # groups: the most of each; hers: hers
+    resources.update({key: max(g.resources[key] for g in mine if key in g.resources)
+                      for key in RESOURCE_KEYS if any(key in g.resources for g in mine)})
     own = user_override(config, user)
     if own is not None:
         if own.line_priority is not None:
@@ -105,9 +115,11 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         pinned = list(own.pinned) if own.pinned is not None else pinned
         no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
         limits.update({k: getattr(own, k) for k in LIMIT_KEYS if getattr(own, k) is not None})
+        resources.update(own.resources)
     if no_gpu:
         return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True,
-                      line_priority=line_priority, budget=budget, **limits)
+                      line_priority=line_priority, budget=budget, resources=resources,
+                      **limits)
     max_gpus = max(max_gpus, len(pinned))
     gpus = min(max(gpus, len(pinned)), max_gpus)
     return Policy(
@@ -117,8 +129,65 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         pinned=tuple(pinned),
         line_priority=line_priority,
         budget=budget,
+        resources=resources,
         **limits,
     )
+
+
+@dataclass(frozen=True)
+class ServerResources:
+    """What one server gets: CPUs (a CFS quota: 2.5 is two and a half cores' time) and
+    memory (bytes); *threads*: the threads its libraries should start (OMP_NUM_THREADS:
+    PyTorch, NumPy's BLAS, and `nproc`, which reads it), its whole CPUs, at least 1."""
+
+    cpus: float
+    memory: int
+
+    @property
+    def threads(self) -> int:
+        return max(1, math.floor(self.cpus))
+
+
+def server_resources(policy: Policy, gpus: int, base_cpus: float, base_memory: int
+                     ) -> ServerResources:
+    """CPUs and memory for her server holding *gpus* GPUs: her base (the lab's
+    spawn.cpu_limit and spawn.mem_limit unless gpus.yaml sets cpus: and memory:), plus
+    cpus_per_gpu and memory_per_gpu for each GPU, within max_cpus and max_memory."""
+    r = policy.resources
+    cpus = r.get("cpus", base_cpus) + gpus * r.get("cpus_per_gpu", 0.0)
+    memory = int(r.get("memory", base_memory) + gpus * r.get("memory_per_gpu", 0))
+    return ServerResources(min(cpus, r.get("max_cpus", math.inf)),
+                           int(min(memory, r.get("max_memory", math.inf))))
+
+
+def resources_note(policy: Policy, base_cpus: float, base_memory: int) -> str:
+    """What the spawn form says she gets in CPUs and memory, by GPU count."""
+    r = policy.resources
+    none = server_resources(policy, 0, base_cpus, base_memory)
+    said = f"A server gets {cpus_text(none.cpus)} and {memory_text(none.memory)} of memory"
+    per_cpu, per_mem = r.get("cpus_per_gpu", 0.0), int(r.get("memory_per_gpu", 0))
+    if policy.max_gpus and (per_cpu or per_mem):
+        adds = [x for x in (per_cpu and cpus_text(per_cpu),
+                            per_mem and f"{memory_text(per_mem)} of memory") if x]
+        said += f", and {' and '.join(adds)} more for each GPU"
+        caps = [x for x in ("max_cpus" in r and cpus_text(r["max_cpus"]),
+                            "max_memory" in r and memory_text(int(r["max_memory"]))) if x]
+        if caps:
+            said += f" (at most {' and '.join(caps)})"
+    return said + "."
+
+
+def memory_text(size: int) -> str:
+    """8589934592 -> '8 GB', 536870912 -> '512 MB' (binary units, as Docker counts)."""
+    for unit, word in ((1 << 40, "TB"), (1 << 30, "GB"), (1 << 20, "MB")):
+        if size >= unit:
+            return f"{round(size / unit, 1):g} {word}"
+    return f"{size} bytes"
+
+
+def cpus_text(cpus: float) -> str:
+    n = f"{cpus:g}"
+    return f"{n} CPU" if cpus == 1 else f"{n} CPUs"
 
 
 def _most_generous_budget(groups: Sequence[Override], default: Budget | None

@@ -34,7 +34,7 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.budget import BudgetState, budget_state
 from gpulab.gpus.config import GpusConfig
-from gpulab.gpus.policy import Policy, policy_for
+from gpulab.gpus.policy import Policy, ServerResources, policy_for, server_resources
 from gpulab.line.order import Entry
 from gpulab.line.plan import keeps
 from gpulab.line.spawning import HINT
@@ -77,6 +77,9 @@ class Seen:
     usage: Usage = NONE
     mail_on: bool = False
     lists_environments: bool = False  # the lab lists several: the line keeps hers
+    # a server's CPUs and memory where gpus.yaml sets none (spawn.cpu_limit, mem_limit)
+    base_cpus: float = 4.0
+    base_memory: int = 8 << 30
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Admitted:
     taken: tuple[Lease, ...]
     leaves_line: bool = False
     booked_note: str = ""  # another member booked one of these GPUs: when it stops
+    resources: ServerResources | None = None  # its CPUs and memory, by its GPUs
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,8 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
     leaves_line = any(e.key == (ask.user, ask.server) and e.offered_at is None
                       for e in seen.line or ())
     return Admitted(tuple(gpus), policy, request, tuple(all_taken), leaves_line,
-                    booked_note(ask, seen, policy, gpus))
+                    booked_note(ask, seen, policy, gpus),
+                    server_resources(policy, len(gpus), seen.base_cpus, seen.base_memory))
 
 
 def booked_note(ask: Ask, seen: Seen, policy: Policy, gpus: Sequence[Gpu]) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulab.contract import ASSISTANT_ON_CONFIG, LOG_DRIVER, lease_labels, log_options
+from gpulab.gpus.policy import ServerResources
 from gpulab.gpus.sharing import alloc_conf
 from gpulab.spawn.naming import volume_name
 
@@ -49,6 +50,7 @@ def container_options(
     servername: str = "",
     gpu_uuids: Sequence[str] = (),
     gpu_share: int = 1,
+    resources: ServerResources | None = None,
 ) -> ContainerOptions:
     """Everything about a user's container that gpulab decides.
 
@@ -57,7 +59,12 @@ def container_options(
     there are none (so an image that sets ``all`` still sees no GPU). ``gpu_share``: how
     many servers may hold the most shared of them at once (max_users; 1: none shared),
     whose PyTorch memory cap (gpulab.gpus.sharing) then applies to all of them.
+    ``resources``: its CPUs and memory by its GPUs (gpulab.gpus.policy.server_resources;
+    None: spawn.cpu_limit and spawn.mem_limit); OMP_NUM_THREADS says its whole CPUs, so
+    that PyTorch, BLAS and ``nproc`` count the CPUs it has, not the machine's.
     """
+    if resources is None:
+        resources = ServerResources(settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
     volumes = {
         volume_name(settings["spawn.home_volume"], username, servername): {
             "bind": settings["spawn.home_path"],
@@ -95,6 +102,7 @@ def container_options(
     environment = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else "void",
         "GPULAB_GPUS": ",".join(gpu_uuids),
+        "OMP_NUM_THREADS": str(resources.threads),
     }
     if gpu_uuids and settings["spawn.shared_gpu_memory_cap"]:
         environment.update(alloc_conf(gpu_share))
@@ -106,7 +114,7 @@ def container_options(
         environment=environment,
         host_config=host_config,
         create_kwargs={"user": f"{CONTAINER_UID}:{CONTAINER_UID}", "labels": labels},
-        mem_limit=settings["spawn.mem_limit"],
-        cpu_limit=settings["spawn.cpu_limit"],
+        mem_limit=resources.memory,
+        cpu_limit=resources.cpus,
         labels=labels,
     )

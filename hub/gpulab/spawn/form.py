@@ -39,6 +39,7 @@ class SpawnForm:
     waiting: int = 0  # members waiting in it now
     email: bool = False  # the lab sends e-mail: offer to tell her by e-mail when her turn comes
     budget: str = ""  # her GPU-hour budget and its use (gpulab.gpus.budget)
+    resources: str = ""  # the CPUs and memory she gets (gpulab.gpus.policy.resources_note)
     environments: tuple[tuple[str, str], ...] = ()  # (name, label) to choose from, if several
     environments_without_gpus: bool = False  # one of them starts without GPUs
 

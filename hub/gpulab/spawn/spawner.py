@@ -50,7 +50,14 @@ from gpulab.environments import (
     with_environment,
 )
 from gpulab.gpus.leases import LeaseBook, lease_book, log_orphans
-from gpulab.gpus.policy import policy_for, policy_note
+from gpulab.gpus.policy import (
+    ServerResources,
+    cpus_text,
+    memory_text,
+    policy_for,
+    policy_note,
+    resources_note,
+)
 from gpulab.gpus.sharing import merged_env, server_share
 from gpulab.line import usage as line_usage
 from gpulab.line.spawning import LINE_HOME_LINK, LineAtSpawn
@@ -163,6 +170,7 @@ class GpulabSpawner(DockerSpawner):
     _image_labels = Dict(help="the labels of the image of the spawn in progress")
     _booked_note = Unicode(help="what she is told of a booking of her GPUs by another "
                                 "member (admission.booked_note), for the spawn in progress")
+    _resources = Any(help="the CPUs and memory of the spawn in progress (ServerResources)")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -226,7 +234,9 @@ class GpulabSpawner(DockerSpawner):
         """What a decision reads, besides the lease table: read under its lock, so that a
         booking that starts now or a place the line just offered is counted."""
         settings = self._lab_config[0] if self._lab_config else None
-        return Seen(config, tuple(inventory), tuple(leases), time.time(),
+        base = ({"base_cpus": settings["spawn.cpu_limit"],
+                 "base_memory": settings["spawn.mem_limit"]} if settings else {})
+        return Seen(config, tuple(inventory), tuple(leases), time.time(), **base,
                     bookings=tuple(self._bookings()),
                     line=tuple(line_store(self.line_file).entries()) if self.line_file
                     else None,
@@ -282,11 +292,13 @@ class GpulabSpawner(DockerSpawner):
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
         budget = admission.budget_of(ask, seen, policy)
         line = seen.line is not None
+        sized = resources_note(policy, settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
         return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
                          policy_note(policy, config.culling), line=line,
                          waiting=sum(e.offered_at is None for e in seen.line or ()),
                          email=line and mail_enabled(settings),
-                         budget=budget.note() if budget else "", environments=choices,
+                         budget=budget.note() if budget else "", resources=sized,
+                         environments=choices,
                          environments_without_gpus=without)
 
     # ------------------------------------------------------------- progress
@@ -305,13 +317,39 @@ class GpulabSpawner(DockerSpawner):
 
     # ------------------------------------------------------------- start / stop
 
-    def apply_settings(self, settings: Settings, gpu_uuids=(), gpu_share: int = 1) -> None:
+    def apply_settings(self, settings: Settings, gpu_uuids=(), gpu_share: int = 1,
+                       resources: ServerResources | None = None) -> None:
         """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
         admin's own config-file traits are already in *settings*, or refused)."""
-        opts = container_options(settings, self.user.name, self.name, gpu_uuids, gpu_share)
+        opts = container_options(settings, self.user.name, self.name, gpu_uuids, gpu_share,
+                                 resources)
         for name, value in trait_values(settings, opts).items():
             setattr(self, name, value)
         self._gpulab_env = opts.environment
+
+    async def _within_the_machine(self, resources: ServerResources | None
+                                  ) -> ServerResources | None:
+        """Her CPUs, said, and no more than the machine has: a CFS quota above its cores
+        gives nothing, and her libraries would start a thread per CPU she does not get."""
+        if resources is None:
+            return None
+        cores = await self._machine_cpus()
+        if cores and resources.cpus > cores:
+            self._report(17, f"Your server gets {cpus_text(cores)}: gpulab.yaml and "
+                             f"gpus.yaml give you {cpus_text(resources.cpus)}, but the "
+                             f"machine it runs on has only {cores}")
+            resources = ServerResources(float(cores), resources.memory)
+        self._report(18, f"Your server has {cpus_text(resources.cpus)} and "
+                         f"{memory_text(resources.memory)} of memory")
+        return resources
+
+    async def _machine_cpus(self) -> int | None:
+        """The CPUs of the machine her server runs on (None: not known)."""
+        try:
+            return int((await self.docker("info")).get("NCPU") or 0) or None
+        except Exception as e:  # a start never fails for want of this figure
+            self.log.warning("Could not ask Docker how many CPUs this host has: %s", e)
+            return None
 
     def get_env(self):
         return merged_env(super().get_env(), self._gpulab_env)
@@ -368,6 +406,7 @@ class GpulabSpawner(DockerSpawner):
                                                                      self.name):
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         self._booked_note = decision.booked_note
+        self._resources = decision.resources
         return list(decision.gpus)
 
     async def _join_line(self, ask: Ask, gpus_config, join: JoinLine) -> web.HTTPError:
@@ -530,7 +569,8 @@ class GpulabSpawner(DockerSpawner):
                     self._report(15, f"Leased {names} for you")
                     if self._booked_note:
                         self._report(16, self._booked_note)
-                self.apply_settings(settings, self.gpu_uuids, self._gpu_share)
+                self._resources = await self._within_the_machine(self._resources)
+                self.apply_settings(settings, self.gpu_uuids, self._gpu_share, self._resources)
                 self._report(20, f"Creating your container from {self.image}")
                 try:
                     ip, port = await super().start()

@@ -220,6 +220,17 @@ class GpulabSwarmSpawner(GpulabSpawner):
                                    "again later, or tell an admin.")
         return gpus
 
+    async def _machine_cpus(self) -> int | None:
+        """The CPUs of the machine the Swarm will run her server on (its node's)."""
+        try:
+            nodes = await self.docker("nodes")
+        except Exception as e:  # a start never fails for want of this figure
+            self.log.warning("Could not ask the Swarm for its machines' CPUs: %s", e)
+            return None
+        node = next((n for n in nodes if n.get("ID") == self.node_id), None)
+        nano = ((node or {}).get("Description") or {}).get("Resources", {}).get("NanoCPUs")
+        return int(nano // 1e9) if nano else None
+
     async def get_object(self):
         try:
             return await self.docker("inspect_service", self.object_name)
@@ -230,7 +241,7 @@ class GpulabSwarmSpawner(GpulabSpawner):
         settings = self._lab_config[0]
         spec = service_spec(settings, self.user.name, self.name, self.gpu_uuids,
                             self.node_id, self.image_id, env=self.get_env(),
-                            gpu_share=self._gpu_share,
+                            gpu_share=self._gpu_share, resources=self._resources,
                             command=await self.get_command())
         return await self.docker(
             "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],

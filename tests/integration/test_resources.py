@@ -1,0 +1,58 @@
+"""A server's CPUs and memory follow its GPUs (gpus.yaml's cpus:, memory:, their _per_gpu
+and max_), seen from inside members' servers on the real stack: the memory limit and CPU
+quota of their cgroups, what `nproc` and PyTorch count, and what the spawn form and the
+progress bar tell the member before and while her server starts."""
+
+from __future__ import annotations
+
+import html
+
+from .stack import HUB_URL, container_logs, docker, form_login
+from .standin import STANDIN_GPUS
+
+SIZED = STANDIN_GPUS + """\
+  cpus: 1
+  memory: 1g
+  cpus_per_gpu: 1
+  memory_per_gpu: 512m
+  max_memory: 1280m
+"""
+# run in her server: what its cgroup allows (v2, else v1) and what its threads count
+INSIDE = (
+    "nproc; "
+    "cat /sys/fs/cgroup/memory.max 2>/dev/null || "
+    "cat /sys/fs/cgroup/memory/memory.limit_in_bytes; "
+    "if [ -f /sys/fs/cgroup/cpu.max ]; then cut -d' ' -f1 /sys/fs/cgroup/cpu.max; "
+    "else cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us; fi; "
+    "python -c 'import torch; print(torch.get_num_threads())'"
+)
+
+
+def seen_inside(container: str) -> dict[str, int]:
+    nproc, memory, quota, torch_threads = docker("exec", container, "sh", "-c",
+                                                 INSIDE).split()
+    return {"nproc": int(nproc), "memory": int(memory), "cpu_quota_us": int(quota),
+            "torch_threads": int(torch_threads)}
+
+
+def test_a_servers_cpus_and_memory_follow_its_gpus(lab_config, gpus_yaml, lab_user):
+    lab_config.write("gpus.yaml", SIZED)
+    notes, gpu = lab_user("notes"), lab_user("train")
+
+    # the form says what a server gets, before she starts one
+    page = form_login(gpu.name, gpu.token).session.get(f"{HUB_URL}/hub/spawn", timeout=30)
+    assert page.status_code == 200, page.text[:300]
+    assert ("A server gets 1 CPU and 1 GB of memory, and 1 CPU and 512 MB of memory more "
+            "for each GPU (at most 1.2 GB)." in html.unescape(page.text)), page.text[-2000:]
+
+    notes.start_server({"gpus": 0})
+    gpu.start_server({"gpus": 1})
+    assert seen_inside(notes.container) == {
+        "nproc": 1, "memory": 1 << 30, "cpu_quota_us": 100_000, "torch_threads": 1}
+    # 1 GB + 512 MB asked, capped at max_memory
+    assert seen_inside(gpu.container) == {
+        "nproc": 2, "memory": 1280 << 20, "cpu_quota_us": 200_000, "torch_threads": 2}
+
+    # her progress bar said so while it started (each step is in the hub's log too)
+    log = container_logs("gpulab-hub", 400)
+    assert f"{gpu.name}: Your server has 2 CPUs and 1.2 GB of memory" in log, log[-3000:]
