@@ -47,7 +47,7 @@ from gpulab.login.roles import prune_hub_db, roles_from_settings
 from gpulab.login.sshkeys import SSH_SERVICE
 from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from gpulab.notices import home_page_notices
-from gpulab.settings import ConfigError
+from gpulab.settings import ConfigError, Settings
 
 # Paths inside the hub container (docker-compose.yml mounts them).
 CONFIG_DIR = Path(os.environ.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config"))
@@ -323,6 +323,20 @@ def configure(c) -> None:
     c.JupyterHub.custom_scopes = {ASSISTANT_SCOPE: {"description": ASSISTANT_SCOPE_HELP}}
     c.GpulabSpawner.server_token_scopes = [*SERVER_ROLE_SCOPES, ASSISTANT_SCOPE]
 
+    c.JupyterHub.services, c.JupyterHub.load_roles = hub_services(
+        settings, roles.load_roles, hub_host=hub_host, public_url=public_url)
+
+
+def hub_services(settings: Settings, member_roles: list[dict], *, hub_host: str,
+                 public_url: str) -> tuple[list[dict], list[dict]]:
+    """The hub's services (gpulab's CLI, Prometheus, the SSH gateway, the GPU dashboard,
+    the GPU culler, the line, JupyterHub's idle culler) with their commands, and the
+    roles that say what each may do, with *member_roles* (admins, operators) among them:
+    JupyterHub's ``services`` and ``load_roles``."""
+    settings_path, gpus_path = CONFIG_DIR / "gpulab.yaml", CONFIG_DIR / "gpus.yaml"
+    notices_path = DATA_DIR / CULLER_NOTICES_FILE
+    line_path, line_notices_path = DATA_DIR / LINE_FILE, DATA_DIR / LINE_NOTICES_FILE
+    bookings_path = DATA_DIR / BOOKINGS_FILE
     services = [
         {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
         {"name": METRICS_SERVICE, "api_token": read_secret("metrics-token")},
@@ -375,7 +389,7 @@ def configure(c) -> None:
         # of the groups gpulab.yaml's assistant.groups names only may, checked per request)
         {"name": "user", "description": "Standard user privileges, and the lab assistant",
          "scopes": ["self", ASSISTANT_SCOPE]},
-        *roles.load_roles,
+        *member_roles,
     ]
     # What the GPU culler and the line service need of the hub's environment (JupyterHub
     # starts a managed service with only the environment it is given).
@@ -433,5 +447,4 @@ def configure(c) -> None:
             "scopes": CULLER_SCOPES,
             "services": ["idle-culler"],
         })
-    c.JupyterHub.services = services
-    c.JupyterHub.load_roles = load_roles
+    return services, load_roles
