@@ -128,7 +128,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "asyncssh.stream.SSHServerStreamSession._chan, ._conn, ._session_factory",
         "asyncssh", "2.24.1",
-        "gpulab.ssh.gateway._StreamSession.session_started (start_stream_session)",
+        "gpulab.ssh.connection._StreamSession.session_started (start_stream_session)",
         "every subsystem, sftp included, goes to the gateway's handler (the member's own "
         "sftp-server in her server) instead of asyncssh's built-in SFTP server, which "
         "would serve the gateway's files",

@@ -13,11 +13,17 @@ service gpulab-ssh) serves key sign-ins only (:mod:`gpulab.login.sshkeys`).
   it may open the server, where the server is, the messages members see.
 * :mod:`gpulab.ssh.execwrap`: pure: a command (``ssh -t alice@lab CMD``) typed into a
   terminal with markers around it, and the parser that finds its output and exit status.
-* :mod:`gpulab.ssh.terminal`: the Jupyter terminal client (REST + terminado websocket).
+* :mod:`gpulab.ssh.terminal`: the Jupyter terminal client (REST + terminado websocket),
+  and the pump between it and an SSH session.
 * :mod:`gpulab.ssh.channels`: commands with plain pipes and the server's own loopback
   ports (``ssh host CMD``, sftp, scp, ``-L``/``-D``, VS Code's Remote-SSH), through the
   single-user image's gpulab_channels extension.
 * :mod:`gpulab.ssh.hostkey`: the host key, made once and kept.
-* :mod:`gpulab.ssh.gateway`: the asyncssh server, the throttle (:mod:`gpulab.login.throttle`)
-  and the ``gpulab-ssh`` command.
+* :mod:`gpulab.ssh.gateway`: what a connection asks of the hub: sign-ins (with the
+  throttle, :mod:`gpulab.login.throttle`), her server token, sessions, forwards, and the
+  watch that closes her connection when her access ends.
+* :mod:`gpulab.ssh.connection`: asyncssh's side: one connection per client, its limits
+  and callbacks, handed to the gateway; :func:`~gpulab.ssh.connection.serve` listens.
+* :mod:`gpulab.ssh.cli`: the ``gpulab-ssh`` command (``serve``, ``keygen``,
+  ``fingerprint``).
 """

@@ -1,3 +1,3 @@
-from gpulab.ssh.gateway import main
+from gpulab.ssh.cli import main
 
 main()

@@ -13,16 +13,20 @@ server and no other. Tokens travel only in ``Authorization`` headers, never in U
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import json
 import socket
 import ssl
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
+import asyncssh
 from tornado.netutil import DefaultLoopResolver, Resolver
 from tornado.websocket import WebSocketClientConnection
 
 from gpulab.hubapi import HubApi, HubApiError
+from gpulab.ssh import execwrap
 
 TIMEOUT = 15.0  # seconds for any one request to the hub or the member's server
 
@@ -133,3 +137,91 @@ class Terminal:
         if kind == "disconnect":
             return None
         return ""  # "setup" and anything newer
+
+
+PROMPT_WAIT = 5.0  # seconds to wait for the shell's first prompt before typing a command
+
+
+async def pipe(chan, term: Terminal, stdin, stdout, line: str | None, nonce: str) -> int:
+    """Terminal output to the client, the client's input (and window size) to the
+    terminal, until the shell or the command ends or the client goes; the exit status.
+    The session carries bytes and the terminal text: UTF-8 between them."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    parser = execwrap.ExecOutput(nonce) if line is not None else None
+    first_output = asyncio.Event()
+    command_started = asyncio.Event()
+    if parser is None:
+        command_started.set()
+
+    async def to_client() -> int:
+        while True:
+            text = await term.read()
+            if text is None:
+                return 0 if parser is None else 255  # the shell ended before the command
+            if text:
+                first_output.set()
+            if parser is not None:
+                text = parser.feed(text)
+                if parser.started:
+                    command_started.set()
+            if text:
+                stdout.write(text.encode())
+                await stdout.drain()  # the terminal is read as fast as the client reads
+            if parser is not None and parser.done:
+                return parser.status
+
+    async def type_command() -> None:
+        try:  # after the shell's prompt: it then reads the line in raw mode
+            await asyncio.wait_for(first_output.wait(), PROMPT_WAIT)
+        except TimeoutError:
+            pass
+        await term.send_stdin(line)
+
+    async def from_client() -> None:
+        last = "\n"
+        while True:
+            try:
+                raw = await stdin.read(4096)
+                data = decoder.decode(raw)
+            except asyncssh.TerminalSizeChanged as e:
+                await term.set_size(e.height, e.width)
+                continue
+            except asyncssh.BreakReceived:
+                raw = data = "\x03"
+            except asyncssh.SignalReceived:
+                continue
+            await command_started.wait()  # input is for the command, never the shell
+            if not raw:
+                # End of the client's input. A command gets ^D, as from a keyboard (twice
+                # after a line without a newline), and the session ends with its output.
+                # An interactive shell gets nothing, as from OpenSSH's sshd: what was
+                # typed ahead (`printf 'make\nexit\n' | ssh -tt ...`) still runs, and the
+                # session ends when the shell does.
+                if parser is not None:
+                    await term.send_stdin("\x04" if last.endswith(("\n", "\r"))
+                                          else "\x04\x04")
+                return
+            if data:  # "" while a character's UTF-8 bytes are still arriving
+                await term.send_stdin(data)
+                last = data
+
+    out_task = asyncio.create_task(to_client())
+    in_task = asyncio.create_task(from_client())
+    closed = asyncio.create_task(chan.wait_closed())
+    tasks = [out_task, in_task, closed]
+    if line is not None:
+        tasks.append(asyncio.create_task(type_command()))
+    try:
+        waiting = {out_task, in_task, closed}
+        while True:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if out_task in done:
+                return out_task.result()
+            if closed in done:
+                return 255  # the client went away
+            waiting.discard(in_task)  # the client's input ended (or the terminal went)
+            if in_task.exception() is not None:
+                return 255
+    finally:
+        for t in tasks:
+            t.cancel()
