@@ -18,7 +18,8 @@ settings.py, live_config.py and yamlfile.py (config/gpulab.yaml, read again at e
 errors with file:line), environments.py (the images members choose from), hubapi.py and
 prometheus_api.py (the hub's and Prometheus' APIs), service_loop.py (how hub services
 run), private_db.py (gpulab's sqlite files beside the hub's), notices.py (what a member is
-told), gpu_hours.py (GPU-hours from Prometheus), mail.py and email_address.py (e-mail to
+told), refusal.py (a request not done: its status and message), gpu_hours.py
+(GPU-hours from Prometheus), mail.py and email_address.py (e-mail to
 members), netguard.py (gpulab-netguard: the users' network closed), upgrade.py
 (`make upgrade`'s config changes), compat.py (upstream private names), hubconfig.py (the
 hub's wiring), cli.py (`gpulab`).

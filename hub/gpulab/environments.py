@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpulab.refusal import Refusal
+
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,39}")
 KEYS = ("name", "image", "description", "gpus", "groups")
 
@@ -41,12 +43,8 @@ class EnvironmentError_(ValueError):  # noqa: N801 (OSError's EnvironmentError i
         self.where = where
 
 
-class EnvironmentRefused(Exception):
+class EnvironmentRefused(Refusal):
     """A member's choice refused; ``str(e)`` is safe to show her."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 def parse_environments(value: Any) -> tuple[Environment, ...]:

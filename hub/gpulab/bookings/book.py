@@ -29,6 +29,7 @@ from gpulab.gpus.allocator import Gpu, Lease, Request, usable_gpus
 from gpulab.gpus.budget import period_start
 from gpulab.gpus.config import HARD, Budget, GpusConfig
 from gpulab.gpus.policy import policy_for
+from gpulab.refusal import Refusal
 from gpulab.settings import duration_text
 
 __all__ = ["BOOKED", "Booked", "Booking", "BookingRefused", "choose", "first_booked",
@@ -56,12 +57,8 @@ class Booking:
         return self.start < end and start < self.end
 
 
-class BookingRefused(Exception):
+class BookingRefused(Refusal):
     """A booking that is not made; ``str(e)`` says why, for her."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 def when(t: float) -> str:

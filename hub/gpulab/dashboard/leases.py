@@ -44,6 +44,7 @@ from gpulab.hubapi import HubApi, HubApiError, user_path
 from gpulab.line.plan import HELD
 from gpulab.line.spawning import kept as kept_by_line
 from gpulab.line.store import line_store
+from gpulab.refusal import Refusal
 from gpulab.settings import ConfigError
 
 log = logging.getLogger("gpulab.dashboard")
@@ -269,13 +270,8 @@ async def server_active(hub: HubApi, user: str, server: str) -> bool:
     return server in servers
 
 
-class ReleaseRefused(Exception):
+class ReleaseRefused(Refusal):
     """An admin's release that is not done; ``status`` is the HTTP answer."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def default_gpus_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from gpulab.hubapi import HubApi, HubApiError
+from gpulab.refusal import Refusal
 from gpulab.settings import parse_duration
 
 # JupyterHub accepts more; a lab's member names are kept to what works everywhere
@@ -29,14 +30,9 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 DEFAULT_EXPIRY = "90d"
 
 
-class MemberError(ValueError):
+class MemberError(Refusal, ValueError):
     """What was wrong with an admin's request or what the hub refused, with the HTTP
     status to answer."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from gpulab.dockerapi import policy as docker_policy
 from gpulab.dockerapi.policy import ProxyVerdict
 from gpulab.dockerapi.schema import IMAGE_ID
 from gpulab.environments import lab_images
+from gpulab.refusal import Refusal
 
 log = logging.getLogger("gpulab.dockerapi.proxy")
 
@@ -62,12 +63,6 @@ _FULL_ID = re.compile(r"[0-9a-f]{64}")
 _SERVICE_ID = re.compile(r"[0-9a-z]{25}")  # swarmkit's identity.NewID()
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 411: "Length Required",
             413: "Payload Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
-
-
-class Refusal(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

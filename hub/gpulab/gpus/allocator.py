@@ -38,6 +38,7 @@ from typing import Any
 from gpulab.contract import label_claims
 from gpulab.gpus.config import DEFAULT_POOL, EXCLUSIVE, MAX_GPUS_LIMIT, GpusConfig, Pin
 from gpulab.gpus.policy import Policy, all_pins, pin_matches, policy_for, user_override
+from gpulab.refusal import Refusal
 
 __all__ = [
     "AllocationError",
@@ -120,7 +121,7 @@ class Request:
 # ---------------------------------------------------------------- errors
 
 
-class AllocationError(Exception):
+class AllocationError(Refusal):
     """A request that policy or capacity refuses; ``str(e)`` is safe to show the user.
 
     ``status`` is the HTTP status to answer with, ``reason`` a stable machine-readable
@@ -131,8 +132,7 @@ class AllocationError(Exception):
     reason = "allocation_error"
 
     def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+        super().__init__(self.status, message)
 
 
 class InvalidRequest(AllocationError):
