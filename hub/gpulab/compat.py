@@ -159,6 +159,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "own HTTPError, handed to the page (JupyterHub's template does not use it), names "
         "her home page, where she is sent",
         "none found (the page's variables are not documented)"),
+    PrivateName(
+        "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token", "jupyterhub", "6.1.1",
+        "gpulab.login.tokens (hub_orm): issue, user_tokens, the login-token API",
+        "login tokens are JupyterHub API tokens gpulab issues, finds and lists for a member "
+        "in the running hub's database, as JupyterHub's own token handlers do",
+        "none found (the REST API's token endpoints cannot issue for another user with "
+        "an expiry an admin chooses and a record of who issued it)"),
 )
 
 

@@ -201,6 +201,24 @@ def hub_orm():
         assert prune_hub_db(url, {"operators": {"users": []}}) == {}
 
 
+def hub_tokens():
+    orm = compat.hub_orm()
+    assert "kind" in inspect.signature(orm.APIToken.find).parameters
+    with tempfile.TemporaryDirectory() as tmp:
+        db = orm.new_session_factory(f"sqlite:///{tmp}/jupyterhub.sqlite")()
+        carol = orm.User(name="carol")
+        db.add(carol)
+        db.add(orm.OAuthClient(identifier="jupyterhub"))  # the hub makes it at its start
+        db.commit()
+        token = carol.new_api_token(note="gpulab login token: issued by root",
+                                    expires_in=3600)
+        found = orm.APIToken.find(db, token, kind="user")
+        assert found is not None and found.user_id == carol.id and found.expires_at
+        assert db.query(orm.APIToken).filter(orm.APIToken.user_id == carol.id).all() == [found]
+        db.close()
+        db.get_bind().dispose()
+
+
 def not_running_exception():
     get = source(SpawnPendingHandler.get)
     failed = get[get.index("exc = spawner._spawn_future.exception()"):]
@@ -233,6 +251,7 @@ PROBES = {
         hub_orm,
     "jupyterhub.handlers.pages.SpawnPendingHandler.get: not_running.html's exception":
         not_running_exception,
+    "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token": hub_tokens,
 }
 ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
 

@@ -38,13 +38,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
 from gpulab import compat, private_db
+
+orm = compat.hub_orm()  # JupyterHub's tokens and users (gpulab.compat)
 
 LOGIN_TOKEN_NOTE = "gpulab-login"  # prefix of the note, for people; recognises nothing
 JUPYTERHUB_CLIENT = "jupyterhub"  # client_id of API tokens; anything else is an OAuth token
