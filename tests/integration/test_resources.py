@@ -1,11 +1,14 @@
 """A server's CPUs and memory follow its GPUs (gpus.yaml's cpus:, memory:, their _per_gpu
 and max_), seen from inside members' servers on the real stack: the memory limit and CPU
 quota of their cgroups, what `nproc` and PyTorch count, and what the spawn form and the
-progress bar tell the member before and while her server starts."""
+progress bar tell the member before and while her server starts; and that she may ask
+for fewer CPUs or less memory through the REST API, never more."""
 
 from __future__ import annotations
 
 import html
+
+import requests
 
 from .stack import HUB_URL, container_logs, docker, form_login
 from .standin import STANDIN_GPUS
@@ -56,3 +59,16 @@ def test_a_servers_cpus_and_memory_follow_its_gpus(lab_config, gpus_yaml, lab_us
     # her progress bar said so while it started (each step is in the hub's log too)
     log = container_logs("gpulab-hub", 400)
     assert f"{gpu.name}: Your server has 2 CPUs and 1.2 GB of memory" in log, log[-3000:]
+
+    # through the REST API she may ask for less, never more; a bad value starts nothing
+    notes.stop_server()
+    for bad, said in (({"gpus": 0, "cpus": 2}, "at most 1 (with 0 GPUs)"),
+                      ({"gpus": 0, "memory": "2g"}, "from 256m to 1g (with 0 GPUs)"),
+                      ({"gpus": 0, "memory": 0.5}, 'a size such as "4g"')):
+        r = requests.post(f"{notes.hub.api}/users/{notes.name}/server", json=bad,
+                          headers={"Authorization": f"token {notes.token}"}, timeout=60)
+        assert r.status_code == 400 and said in r.json()["message"], (bad, r.text)
+        assert docker("ps", "-aq", "--filter", f"name=^{notes.container}$") == ""
+    notes.start_server({"gpus": 0, "cpus": 0.5, "memory": "512m"})
+    assert seen_inside(notes.container) == {
+        "nproc": 1, "memory": 512 << 20, "cpu_quota_us": 50_000, "torch_threads": 1}

@@ -243,3 +243,36 @@ def test_an_admitted_server_gets_the_cpus_and_memory_of_its_gpus():
     assert (one.cpus, one.memory, one.threads) == (6.0, 20 << 30, 6)
     none = admission.decide(Ask("ann", options={"gpus": 0}), s).resources
     assert (none.cpus, none.memory) == (2.0, 4 << 30)  # memory: the lab's spawn.mem_limit
+
+
+SIZED = parse_gpus_config("defaults: {gpus: 0, max_gpus: 2, cpus: 2, memory: 4g, "
+                          "cpus_per_gpu: 4, memory_per_gpu: 16g}\n")
+
+
+@pytest.mark.parametrize("options,expected", [
+    ({}, (2.0, 4 << 30)),  # all that no GPU brings
+    ({"cpus": "", "memory": ""}, (2.0, 4 << 30)),  # the form's fields left empty
+    ({"cpus": 1.5, "memory": "1g"}, (1.5, 1 << 30)),
+    ({"cpus": "0.5", "memory": 536870912}, (0.5, 512 << 20)),  # the form's text; bytes
+    ({"gpus": 1, "cpus": 6, "memory": "20g"}, (6.0, 20 << 30)),  # what one GPU brings
+    ({"cpus": 3}, (400, '"cpus" must be a number above 0 and at most 2 (with 0 GPUs)')),
+    ({"cpus": 0}, (400, '"cpus" must be a number above 0')),
+    ({"cpus": -1}, (400, '"cpus" must be a number above 0')),
+    ({"cpus": "two"}, (400, '"cpus" must be a number above 0')),
+    ({"cpus": True}, (400, '"cpus" must be a number above 0')),
+    ({"gpus": 1, "cpus": 7}, (400, "at most 6 (with 1 GPU)")),
+    ({"memory": "8g"}, (400, '"memory" must be from 256m to 4g (with 0 GPUs), got 8g')),
+    ({"memory": "1.5"}, (400, '"memory" must be from 256m')),  # 1.5 bytes: too little
+    ({"memory": 1.5e9}, (400, '"memory" must be a size such as "4g"')),
+    ({"memory": "lots"}, (400, '"memory" must be a size such as "4g"')),
+    ({"memory": "100m"}, (400, '"memory" must be from 256m')),
+])
+def test_she_may_ask_for_fewer_cpus_or_less_memory_than_her_gpus_bring(options, expected):
+    s = Seen(SIZED, TWO, (), NOW, base_cpus=8.0, base_memory=8 << 30)
+    decision = admission.decide(Ask("ann", options=options, from_form=False), s)
+    if isinstance(expected[0], float):
+        assert isinstance(decision, Admitted), decision
+        assert (decision.resources.cpus, decision.resources.memory) == expected
+    else:
+        assert isinstance(decision, Refused), decision
+        assert decision.status == expected[0] and expected[1] in decision.message, decision

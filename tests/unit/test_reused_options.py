@@ -37,6 +37,10 @@ def test_what_she_can_still_choose_is_kept_but_never_the_line():
     assert kept == {"gpus": 2} and said == []
     kept, said = still_choosable({"gpus": 0}, most_gpus=0, environments=ENVS)
     assert kept == {"gpus": 0} and said == []
+    # fewer CPUs or less memory: not kept (the lab's limits may have gone down since)
+    kept, said = still_choosable({"gpus": 1, "cpus": 2, "memory": "4g"}, most_gpus=1,
+                                 environments=ENVS)
+    assert kept == {"gpus": 1} and said == []
 
 
 def test_an_environment_no_longer_open_to_her_falls_back_to_her_first():

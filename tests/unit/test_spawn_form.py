@@ -78,6 +78,16 @@ def test_where_the_lab_sends_email_the_line_asks_for_an_address():
     assert 'name="email"' not in render_spawn_form(SpawnForm(1, 1, rows, email=True))
 
 
+def test_the_form_says_what_a_server_gets_and_takes_fewer_cpus_or_less_memory():
+    rows = gpu_rows([EXCLUSIVE], HOLDERS, is_admin=False)
+    said = "A server gets 2 CPUs and 8 GB of memory."
+    page = Page(render_spawn_form(SpawnForm(1, 1, rows, resources=said)))
+    assert page.paragraphs["gpulab-resources"] == said
+    html = render_spawn_form(SpawnForm(1, 1, rows, resources=said))
+    assert 'name="cpus"' in html and 'name="memory"' in html
+    assert 'name="cpus"' not in render_spawn_form(SpawnForm(1, 1, rows))
+
+
 def test_on_a_swarm_the_form_names_each_gpus_machine_and_where_the_server_goes():
     rows = gpu_rows([Gpu(0, "GPU-a", "A100", node="n1", machine="gpu-1")], {}, is_admin=False)
     page = Page(render_spawn_form(SpawnForm(1, 0, rows, landing="Your server would start "

@@ -535,7 +535,7 @@ def reconcile(
 _DIGITS = re.compile(r"[0-9]{1,6}")
 # What user_options may hold (environment: checked by gpulab.environments; email, where
 # she is told of her turn in line, by gpulab.mail).
-OPTIONS = ("gpus", "wait", "environment", "email")
+OPTIONS = ("gpus", "wait", "environment", "email", "cpus", "memory")
 
 
 def wants_to_wait(raw: Any) -> bool:
@@ -574,8 +574,9 @@ def validate_user_options(raw: Any, max_gpus: int) -> int | None:
             f"Unknown server option(s): {', '.join(unknown)}. The options are "
             f"\"gpus\": the number of GPUs (0 to {max_gpus}; GPUs are chosen by the hub), "
             f"\"wait\": true to wait in line when they are not free, \"email\": where "
-            f"you are told when your turn in line comes, and \"environment\": the name of "
-            f"one of the lab's environments."
+            f"you are told when your turn in line comes, \"environment\": the name of "
+            f"one of the lab's environments, and \"cpus\" and \"memory\" (such as 2 and "
+            f"\"8g\"): fewer than your GPUs bring."
         )
     wants_to_wait(raw)
     value = raw.get("gpus")

@@ -14,6 +14,7 @@ she asked to (:class:`JoinLine`: the shell writes her entry) or is told how to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from gpulab.line.plan import keeps
 from gpulab.line.spawning import HINT
 from gpulab.line.usage import NONE, Usage
 from gpulab.mail import address_in_options
+from gpulab.settings import bytes_text, parse_bytes
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,9 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
                 count = gpu_count(ask.environment, count, from_form=ask.from_form)
             except EnvironmentRefused as e:
                 return Refused(e.status, str(e))
+        gpus_asked = policy.gpus if count is None else count
+        allowed = server_resources(policy, gpus_asked, seen.base_cpus, seen.base_memory)
+        resources = chosen_resources(ask.options, allowed, gpus_asked)
         wait = wants_to_wait(ask.options)
         try:
             email = address_in_options(ask.options, wait, seen.mail_on,
@@ -217,8 +222,42 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
     leaves_line = any(e.key == (ask.user, ask.server) and e.offered_at is None
                       for e in seen.line or ())
     return Admitted(tuple(gpus), policy, request, tuple(all_taken), leaves_line,
-                    booked_note(ask, seen, policy, gpus),
-                    server_resources(policy, len(gpus), seen.base_cpus, seen.base_memory))
+                    booked_note(ask, seen, policy, gpus), resources)
+
+
+MIN_MEMORY = 256 << 20  # less, and JupyterLab itself does not start
+
+
+def chosen_resources(options: Any, allowed: ServerResources, gpus: int) -> ServerResources:
+    """The CPUs and memory she asked for (``"cpus"``, ``"memory"``; unset or empty: all
+    that *gpus* GPUs bring her, *allowed*), or InvalidRequest naming the limit."""
+    raw = options if isinstance(options, dict) else {}
+    with_gpus = f"with {gpus} GPU{'' if gpus == 1 else 's'}"
+    cpus, memory = raw.get("cpus"), raw.get("memory")
+    if cpus in (None, ""):
+        cpus = allowed.cpus
+    else:
+        if isinstance(cpus, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", cpus):
+            cpus = float(cpus)
+        if isinstance(cpus, bool) or not isinstance(cpus, int | float) or not (
+                0 < cpus <= allowed.cpus):
+            raise InvalidRequest(f"\"cpus\" must be a number above 0 and at most "
+                                 f"{allowed.cpus:g} ({with_gpus}), got {cpus!r}.")
+    if memory in (None, ""):
+        memory = allowed.memory
+    else:
+        try:
+            if isinstance(memory, float):
+                raise ValueError("a size")
+            memory = parse_bytes(memory)
+        except ValueError:
+            raise InvalidRequest(f"\"memory\" must be a size such as \"4g\" or \"512m\" "
+                                 f"(or whole bytes), got {memory!r}.") from None
+        if not MIN_MEMORY <= memory <= allowed.memory:
+            raise InvalidRequest(f"\"memory\" must be from 256m to "
+                                 f"{bytes_text(allowed.memory)} ({with_gpus}), got "
+                                 f"{bytes_text(memory)}.")
+    return ServerResources(float(cpus), int(memory))
 
 
 def booked_note(ask: Ask, seen: Seen, policy: Policy, gpus: Sequence[Gpu]) -> str:

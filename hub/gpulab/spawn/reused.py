@@ -24,11 +24,13 @@ def still_choosable(options: Mapping[str, Any], *, most_gpus: int,
     tell her about it. *most_gpus*: the most GPUs she could ask for now (0: none for
     her, or none in the lab); *environments*: those open to her now, in order, as
     ``(name, whether its servers may have GPUs)``. Waiting in line is never carried
-    over (nor where she is told of her turn): she waits when she asks to."""
+    over (nor where she is told of her turn): she waits when she asks to. Nor are fewer
+    CPUs or less memory: she gets all that her GPUs bring, which the lab may have
+    lowered since, so a start in which she asked for nothing is never refused for them."""
     kept = dict(options)
     said = []
-    kept.pop("wait", None)
-    kept.pop("email", None)
+    for once in ("wait", "email", "cpus", "memory"):
+        kept.pop(once, None)
     env = kept.get("environment")
     names = [name for name, _ in environments]
     if env is not None and env not in names:
