@@ -19,9 +19,20 @@ from gpulab.dashboard.leases import lease_row
 from gpulab.gpus.allocator import NotEnoughGpus, Request, leases_from_labels, resolve_inventory
 from gpulab.gpus.leases import LeaseBook
 from gpulab.settings import ConfigError, settings_from_yaml
+from gpulab.spawn import admission
+from gpulab.spawn.admission import Ask, Seen
 from gpulab.spawn.form import gpu_rows
 from gpulab.yamlfile import parse_yaml
-from tests.unit.test_leases import G0, G1, T0, TWO_GPUS, FakeDocker, container, no_nvml
+from tests.unit.test_leases import (
+    G0,
+    G1,
+    T0,
+    TWO_GPUS,
+    FakeDocker,
+    acquire,
+    container,
+    no_nvml,
+)
 
 ON = "assistant:\n  model: m.gguf\n"
 
@@ -72,13 +83,13 @@ def test_leases_of_the_named_gpus_and_a_warning_for_one_the_hub_cannot_lease():
 async def test_the_allocator_never_gives_a_member_the_assistants_gpu():
     docker = FakeDocker()
     b = book(docker, holding(0))
-    assert [g.uuid for g in await b.acquire(TWO_GPUS, Request("alice"))] == [G1]
+    assert [g.uuid for g in await acquire(b, TWO_GPUS, Request("alice"))] == [G1]
     with pytest.raises(NotEnoughGpus) as e:
-        await b.acquire(TWO_GPUS, Request("bob"))
+        await acquire(b, TWO_GPUS, Request("bob"))
     assert e.value.free == 0
     # two at once: only one GPU is not the assistant's
     with pytest.raises(NotEnoughGpus):
-        await book(FakeDocker(), holding(0)).acquire(TWO_GPUS, Request("carol", count=2))
+        await acquire(book(FakeDocker(), holding(0)), TWO_GPUS, Request("carol", count=2))
 
 
 async def test_the_lease_table_shows_it_held_for_a_service_and_not_releasable():
@@ -93,8 +104,10 @@ async def test_the_lease_table_shows_it_held_for_a_service_and_not_releasable():
 
 async def test_the_spawn_form_says_whose_it_is_to_members_too():
     b = book(FakeDocker(), holding(1))
-    holders = await b.holders([G0, G1], TWO_GPUS)
     inventory = b.inventory(TWO_GPUS)
+    async with b.locked(inventory) as table:  # as GpulabSpawner._spawn_form reads it
+        seen = Seen(TWO_GPUS, tuple(inventory), table.leases, T0.timestamp())
+    holders = admission.holders(Ask("alice"), seen, [G0, G1])
     for is_admin in (False, True):
         assert [r.status for r in gpu_rows(inventory, holders, is_admin)] == [
             "free", "held for the lab assistant"]

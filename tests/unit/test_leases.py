@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
-from gpulab.gpus.allocator import NotEnoughGpus, Request
+from gpulab.gpus.allocator import NotEnoughGpus, Request, allocate
 from gpulab.gpus.config import parse_gpus_config
 from gpulab.gpus.leases import LeaseBook, lease_containers
 
@@ -60,11 +60,21 @@ def book(docker):
     return LeaseBook(docker.list, discover=no_nvml, now=lambda: T0)
 
 
+async def acquire(b: LeaseBook, config, request: Request) -> list:
+    """A lease taken as the spawner takes one (GpulabSpawner._lease): the table read, the
+    GPUs chosen and the lease recorded under the lock, nothing awaited in between."""
+    inventory = await b.current_inventory(config)
+    async with b.locked(inventory) as table:
+        gpus = allocate(config, inventory, table.leases, request)
+        table.record(request, gpus, table.leases)
+    return gpus
+
+
 async def test_twenty_concurrent_acquires_for_two_gpus_never_double_book():
     docker = FakeDocker()
     b = book(docker)
     results = await asyncio.gather(
-        *(b.acquire(TWO_GPUS, Request(f"user{i}")) for i in range(20)),
+        *(acquire(b, TWO_GPUS, Request(f"user{i}")) for i in range(20)),
         return_exceptions=True)
     won = [(i, r) for i, r in enumerate(results) if isinstance(r, list)]
     lost = [r for r in results if isinstance(r, NotEnoughGpus)]
@@ -77,13 +87,13 @@ async def test_twenty_concurrent_acquires_for_two_gpus_never_double_book():
 async def test_pending_lease_counts_until_settled_then_the_labels_take_over():
     docker = FakeDocker()
     b = book(docker)
-    [g] = await b.acquire(TWO_GPUS, Request("alice"))
+    [g] = await acquire(b, TWO_GPUS, Request("alice"))
     assert g.uuid == G0
     rows = await b.view(TWO_GPUS)
     assert [(r.lease.user, r.state, r.container_state) for r in rows] == \
         [("alice", "pending", None)]
     # a second spawn sees alice's pending lease and gets the other GPU
-    [g2] = await b.acquire(TWO_GPUS, Request("bob"))
+    [g2] = await acquire(b, TWO_GPUS, Request("bob"))
     assert g2.uuid == G1
     # alice's container now exists; settling drops the pending copy for the label one
     docker.containers.append(container("alice", [G0], created=1_767_225_700))
@@ -96,19 +106,19 @@ async def test_pending_lease_counts_until_settled_then_the_labels_take_over():
 
 async def test_failed_spawn_settles_and_frees_the_gpu():
     b = book(FakeDocker())
-    await b.acquire(TWO_GPUS, Request("alice"))
-    await b.acquire(TWO_GPUS, Request("bob"))
+    await acquire(b, TWO_GPUS, Request("alice"))
+    await acquire(b, TWO_GPUS, Request("bob"))
     with pytest.raises(NotEnoughGpus):
-        await b.acquire(TWO_GPUS, Request("carol"))
+        await acquire(b, TWO_GPUS, Request("carol"))
     b.settle("alice")  # alice's spawn failed: no container holds it
-    [g] = await b.acquire(TWO_GPUS, Request("carol"))
+    [g] = await acquire(b, TWO_GPUS, Request("carol"))
     assert g.uuid == G0
 
 
 async def test_restart_of_a_server_gets_its_own_gpu_back():
     docker = FakeDocker([container("alice", [G1])])
     b = book(docker)
-    [g] = await b.acquire(TWO_GPUS, Request("alice"))
+    [g] = await acquire(b, TWO_GPUS, Request("alice"))
     assert g.uuid == G1  # from the labels, not the lowest free index
 
 
@@ -121,7 +131,7 @@ async def test_exited_containers_hold_nothing_and_states_are_reported():
     rows = await b.view(TWO_GPUS)
     assert [(r.lease.user, r.container_state, r.container_id) for r in rows] == \
         [("alice", "created", "id-alice--created")]
-    [g] = await b.acquire(TWO_GPUS, Request("carol"))
+    [g] = await acquire(b, TWO_GPUS, Request("carol"))
     assert g.uuid == G1  # bob's exited container does not hold GPU 1
 
 
@@ -137,12 +147,11 @@ async def test_lease_on_a_gpu_gone_from_the_inventory_is_orphaned_and_kept():
     assert j["container_state"] == "running"
 
 
-async def test_holders_lists_every_lease_per_gpu():
+async def test_the_locked_table_lists_every_lease_of_every_container():
     docker = FakeDocker([container("alice", [G0, G1]), container("bob", [G1], "x")])
-    holders = await book(docker).holders([G0, G1, G9])
-    assert [le.user for le in holders[G0]] == ["alice"]
-    assert sorted((le.user, le.server) for le in holders[G1]) == [("alice", ""), ("bob", "x")]
-    assert holders[G9] == []
+    async with book(docker).locked(()) as table:
+        held = sorted((le.gpu_uuid, le.user, le.server) for le in table.leases)
+    assert held == [(G0, "alice", ""), (G1, "alice", ""), (G1, "bob", "x")]
 
 
 def test_lease_containers_maps_each_lease_to_the_first_holding_container():
@@ -165,22 +174,8 @@ async def test_a_removed_services_gpu_stays_busy_while_its_container_stops(monke
     b = book(docker)
     b.cool([G0], 12)  # alice's service was just removed
     with pytest.raises(NotEnoughGpus):  # G0 cools, G1 is bob's
-        await b.acquire(TWO_GPUS, Request("alice"))
+        await acquire(b, TWO_GPUS, Request("alice"))
     assert [(le.gpu_uuid, le.user) for le in await b._table()][-1] == (G0, leases.STOPPING)
     clock[0] += 13
-    [g] = await b.acquire(TWO_GPUS, Request("alice"))
+    [g] = await acquire(b, TWO_GPUS, Request("alice"))
     assert g.uuid == G0
-
-
-async def test_a_preview_says_what_acquire_would_give_and_leases_nothing():
-    docker = FakeDocker([container("alice", [G0])])
-    leases = book(docker)
-    bob, carol, bob2 = (Request("bob", count=1), Request("carol", count=1),
-                        Request("bob", count=2))
-    got = await leases.preview(TWO_GPUS, [bob, carol, bob2])
-    assert [[g.uuid for g in got[0]], [g.uuid for g in got[1]]] == [[G1], [G1]]
-    assert isinstance(got[2], NotEnoughGpus)
-    assert docker.calls == 1  # one look at the table for all of them
-    assert [g.uuid for g in await leases.acquire(TWO_GPUS, carol)] == [G1]
-    [after] = await leases.preview(TWO_GPUS, [bob])  # now carol's pending lease counts
-    assert isinstance(after, NotEnoughGpus)

@@ -23,12 +23,10 @@ from typing import Any
 
 from gpulab.contract import LABEL_MANAGED, label_claims
 from gpulab.gpus.allocator import (
-    AllocationError,
     Gpu,
     Lease,
     Request,
     add_leases,
-    allocate,
     leases_from_labels,
     reconcile,
     resolve_inventory,
@@ -227,33 +225,6 @@ class LeaseBook:
         async with self._lock:
             yield Table(self, tuple(await self._table(inventory)))
 
-    async def acquire(self, config: GpusConfig, request: Request) -> list[Gpu]:
-        """Lease GPUs for *request* or raise an AllocationError (never a half lease), the
-        table alone counting as taken (a spawn counts bookings and the line too:
-        :mod:`gpulab.spawn.admission`)."""
-        inventory = await self.current_inventory(config)
-        async with self.locked(inventory) as table:
-            log_orphans(config, inventory, table.leases)
-            gpus = allocate(config, inventory, table.leases, request)
-            table.record(request, gpus, table.leases)
-        return gpus
-
-    async def preview(self, config: GpusConfig, requests: Sequence[Request]
-                      ) -> list[list[Gpu] | AllocationError]:
-        """What :meth:`acquire` would give each of *requests* now, or the AllocationError
-        it would raise, leasing nothing. The inventory is the one
-        :meth:`current_inventory` last found."""
-        inventory = self.inventory(config, quiet=True)
-        async with self.locked(inventory) as table:
-            leases = table.leases
-        out: list[list[Gpu] | AllocationError] = []
-        for request in requests:
-            try:
-                out.append(allocate(config, inventory, leases, request))
-            except AllocationError as e:
-                out.append(e)
-        return out
-
     async def snapshot(self, config: GpusConfig) -> tuple[list[Gpu], list[Lease]]:
         """The inventory and every lease held now (containers and spawns in flight), for
         what plans ahead of spawns (the line, :mod:`gpulab.line.plan`)."""
@@ -265,14 +236,6 @@ class LeaseBook:
         """The spawn's container exists now (its labels hold the lease), or the spawn
         failed and nothing holds it: either way, drop the in-memory pending lease."""
         self._pending.pop((user, server), None)
-
-    async def holders(self, gpu_uuids: Sequence[str], config: GpusConfig | None = None
-                      ) -> dict[str, list[Lease]]:
-        inventory = self.inventory(config, quiet=True) if config is not None else ()
-        async with self.locked(inventory) as table:
-            leases = table.leases
-        return {u: [le for le in leases if le.gpu_uuid == u] for u in gpu_uuids}
-
 
 def docker_client():
     """The one way gpulab's hub-side code talks to Docker: the engine DOCKER_HOST names
