@@ -7,6 +7,7 @@ for fewer CPUs or less memory through the REST API, never more."""
 from __future__ import annotations
 
 import html
+import os
 
 import requests
 
@@ -16,7 +17,7 @@ from .standin import STANDIN_GPUS
 SIZED = STANDIN_GPUS + """\
   cpus: 1
   memory: 1g
-  cpus_per_gpu: 1
+  cpus_per_gpu: 63
   memory_per_gpu: 512m
   max_memory: 1280m
 """
@@ -45,20 +46,26 @@ def test_a_servers_cpus_and_memory_follow_its_gpus(lab_config, gpus_yaml, lab_us
     # the form says what a server gets, before she starts one
     page = form_login(gpu.name, gpu.token).session.get(f"{HUB_URL}/hub/spawn", timeout=30)
     assert page.status_code == 200, page.text[:300]
-    assert ("A server gets 1 CPU and 1 GB of memory, and 1 CPU and 512 MB of memory more "
+    assert ("A server gets 1 CPU and 1 GB of memory, and 63 CPUs and 512 MB of memory more "
             "for each GPU (at most 1.2 GB)." in html.unescape(page.text)), page.text[-2000:]
 
     notes.start_server({"gpus": 0})
     gpu.start_server({"gpus": 1})
     assert seen_inside(notes.container) == {
         "nproc": 1, "memory": 1 << 30, "cpu_quota_us": 100_000, "torch_threads": 1}
-    # 1 GB + 512 MB asked, capped at max_memory
+    # 1 + 63 CPUs asked: no more than the machine has (this one's, where the lane's
+    # engine runs its containers); 1 GB + 512 MB, capped at max_memory
+    cores = min(64, len(os.sched_getaffinity(0)))
     assert seen_inside(gpu.container) == {
-        "nproc": 2, "memory": 1280 << 20, "cpu_quota_us": 200_000, "torch_threads": 2}
+        "nproc": cores, "memory": 1280 << 20, "cpu_quota_us": cores * 100_000,
+        "torch_threads": cores}
 
     # her progress bar said so while it started (each step is in the hub's log too)
     log = container_logs("gpulab-hub", 400)
-    assert f"{gpu.name}: Your server has 2 CPUs and 1.2 GB of memory" in log, log[-3000:]
+    assert f"{gpu.name}: Your server has {cores} CPUs and 1.2 GB of memory" in log, log[-3000:]
+    if cores < 64:
+        assert (f"{gpu.name}: Your server gets {cores} CPUs: gpulab.yaml and gpus.yaml give "
+                f"you 64 CPUs, but the machine it runs on has only {cores}") in log, log[-3000:]
 
     # through the REST API she may ask for less, never more; a bad value starts nothing
     notes.stop_server()
