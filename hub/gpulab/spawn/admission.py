@@ -41,7 +41,9 @@ from gpulab.line.plan import keeps
 from gpulab.line.spawning import HINT
 from gpulab.line.usage import NONE, Usage
 from gpulab.mail import address_in_options
-from gpulab.settings import bytes_text, parse_bytes
+from gpulab.settings import bytes_text, defaults, parse_bytes
+
+_LAB = defaults()  # gpulab.yaml's own defaults, where a Seen is not given the lab's
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,8 @@ class Seen:
     mail_on: bool = False
     lists_environments: bool = False  # the lab lists several: the line keeps hers
     # a server's CPUs and memory where gpus.yaml sets none (spawn.cpu_limit, mem_limit)
-    base_cpus: float = 4.0
-    base_memory: int = 8 << 30
+    base_cpus: float = _LAB["spawn.cpu_limit"]
+    base_memory: int = _LAB["spawn.mem_limit"]
 
 
 @dataclass(frozen=True)
