@@ -241,9 +241,11 @@ def _cmd_token_revoke(args) -> int:
         print(f"API tokens an admin made for {user} stand on their own and still work "
               f"({', '.join(result['admin_api_tokens_left'])}): gpulab access end {user} "
               f"revokes them too")
-    if args.stop_server:
-        stopped = hub.stop_server(user)
-        print(f"stopped {user}'s server" if stopped else f"{user} has no running server")
+    if args.stop_server:  # every server of hers: her default one and her named ones
+        servers = sorted((hub.user(user) or {}).get("servers") or {})
+        stopped = [n or "default" for n in servers if hub.stop_server(user, n)]
+        print(f"stopped {user}'s servers: {', '.join(stopped)}" if stopped
+              else f"{user} has no running server")
     return 0
 
 

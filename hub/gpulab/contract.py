@@ -191,3 +191,16 @@ DEMO_GPUS = 2
 
 def demo_gpu_uuid(index: int) -> str:
     return f"GPU-fa4e0000-0000-4000-8000-{index:012x}"
+
+
+# On a Swarm whose homes are on the machines, a member's server remembers in its saved
+# state (JupyterHub's spawner state) the node its home volume is on, and its hostname.
+def shared_home(states: Mapping[str, Mapping[str, Any] | None], server: str | None
+                ) -> tuple[str, str]:
+    """(node ID, hostname) of her home as her servers' saved *states* (by server name)
+    remember it, other than *server*'s ("", "" if none does): a new server of hers runs
+    there, and her bookings' GPUs are there."""
+    for name, state in sorted(states.items()):
+        if name != server and (state or {}).get("home_node"):
+            return str(state["home_node"]), str(state.get("home_machine") or "")
+    return "", ""

@@ -296,14 +296,14 @@ class HubApi:
 
     # ------------------------------------------------------ SSH key sign-ins (the gateway)
 
-    async def ssh_key_sign_in(self, user: str, key: str, *, check: bool,
+    async def ssh_key_sign_in(self, user: str, key: str, *, check: bool, server: str = "",
                               token: str | None = None) -> dict[str, Any]:
         """As the gpulab-ssh service: is *key* (``ALGORITHM BASE64``) *user*'s, with
-        access (*check*); else a token of hers for one connection (``token``, ``id``).
-        HubApiError 403 with why not."""
-        return (await self.request("POST", "gpulab/ssh-sign-in",
-                                   {"user": user, "key": key, "check": check},
-                                   token=token))[1]
+        access (*check*); else a token of hers for one connection (``token``, ``id``)
+        to her *server* ("" her default one). HubApiError 403 with why not."""
+        body = {"user": user, "key": key, "check": check, **({"server": server} if server
+                                                              else {})}
+        return (await self.request("POST", "gpulab/ssh-sign-in", body, token=token))[1]
 
     async def ssh_key_signed_out(self, user: str, token_id: str, *,
                                  token: str | None = None) -> None:

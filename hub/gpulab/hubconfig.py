@@ -37,6 +37,7 @@ from gpulab.contract import (
     scrape_seconds,
 )
 from gpulab.gpus.leases import hold_for_services
+from gpulab.gpus.policy import policy_for
 from gpulab.line import api as line_api
 from gpulab.line import metrics as line_metrics
 from gpulab.line.store import line_store
@@ -155,6 +156,19 @@ def services_on_the_hubs_host(name: str, domain: str, kind: str) -> str:
     return domain if kind == "service" else subdomain_hook_idna(name, domain, kind)
 
 
+def named_servers_limit(gpus_path: Path):
+    """JupyterHub's ``named_server_limit_per_user``: a member may keep as many named
+    servers as gpus.yaml's ``max_servers`` lets her run at once (the spawn refuses more
+    running: :mod:`gpulab.spawn.admission`); admins and services, any (0)."""
+    def limit(handler) -> int:
+        user = handler.current_user
+        if getattr(user, "kind", "") != "user" or user.admin:
+            return 0
+        config = live_config.gpus_file.load(gpus_path)
+        return policy_for(config, user.name, [g.name for g in user.groups]).max_servers
+    return limit
+
+
 def read_secret(name: str) -> str:
     path = SECRETS_DIR / name
     try:
@@ -218,6 +232,10 @@ def configure(c) -> None:
     c.JupyterHub.db_url = f"sqlite:///{DATA_DIR}/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = str(DATA_DIR / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = False  # servers keep running across hub restarts
+    # Several servers per member ("writing" beside "train"), as many running at once as
+    # gpus.yaml's max_servers; her GPUs (max_gpus) and budget count over all of them.
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = named_servers_limit(gpus_path)
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     # The GPU culler's warnings and stop notices, on the member's home page.
     notices_path = DATA_DIR / CULLER_NOTICES_FILE

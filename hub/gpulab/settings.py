@@ -134,6 +134,11 @@ def _volume_template(value: Any) -> str:
             f"the home volume name must contain {{username}} so that each user gets "
             f"their own volume, got {value!r}"
         )
+    if "{servername}" in s and "{username}--{servername}" not in s:
+        raise ValueError(
+            f"{{servername}} must follow {{username}}-- (as in gpulab-home-{{username}}--"
+            f"{{servername}}), or one member's server and another member's could share a "
+            f"home (alice's server b-c and alice-b's server c), got {value!r}")
     # Could some username turn it into the name of one of the stack's own volumes?
     pattern = re.escape(s).replace(r"\{username\}", "[a-z0-9].*").replace(
         r"\{servername\}", ".*")

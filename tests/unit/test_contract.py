@@ -183,3 +183,11 @@ def test_a_gpu_uuid_is_one_shape_in_gpus_yaml_gpulab_yaml_and_the_docker_proxy(u
     except ValueError:
         in_settings = False
     assert (in_gpus_yaml, in_settings) == (valid, valid)
+
+
+def test_a_new_server_finds_her_home_where_her_other_servers_remember_it():
+    states = {"": {"home_node": "n1", "home_machine": "gpu-1"}, "train": None, "b": {}}
+    assert contract.shared_home(states, "train") == ("n1", "gpu-1")
+    assert contract.shared_home(states, None) == ("n1", "gpu-1")  # any server of hers
+    assert contract.shared_home({"": {}, "train": None}, "train") == ("", "")
+    assert contract.shared_home({"": {"home_node": "n1"}}, "") == ("", "")  # its own: not here

@@ -47,7 +47,7 @@ def test_revoke_requests():
 def test_the_page_lists_members_with_their_tokens_and_never_a_token_itself():
     users = [
         {"name": "bob", "admin": False, "servers": {}, "last_activity": None},
-        {"name": "admin", "admin": True, "servers": {"": {"ready": True}},
+        {"name": "admin", "admin": True, "servers": {"train": {}, "": {"ready": True}},
          "last_activity": "2026-11-30T17:09:36.123456Z"},
     ]
     tokens = {"admin": [{"id": "a1", "created": "2026-11-01T10:00:00Z",
@@ -59,7 +59,8 @@ def test_the_page_lists_members_with_their_tokens_and_never_a_token_itself():
     model = members_model(users, tokens)
     assert [m["name"] for m in model["members"]] == ["admin", "bob"]
     admin, bob = model["members"]
-    assert admin["admin"] and admin["server"] == "running"
+    assert admin["admin"] and admin["server"] == "default, train"
+    assert bob["server"] == ""
     assert admin["last_activity"] == "2026-11-30 17:09"
     assert admin["tokens"] == [{"id": "a1", "created": "2026-11-01 10:00", "expires": "never",
                                 "last_used": "2026-11-30 17:00", "expired": False}]

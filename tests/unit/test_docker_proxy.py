@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from gpulab import live_config
+from gpulab.contract import LABEL_SERVER, LABEL_USER
 from gpulab.dockerapi.policy import CREATE_BODY, HOST_CONFIG, is_create, proxy_verdict, strict_json
 from gpulab.dockerapi.proxy import Proxy, parse_head, serve, watch_socket
 from gpulab.settings import Settings, defaults
@@ -338,6 +339,29 @@ def test_the_lease_the_gpus_and_the_visible_devices_must_agree():
 ])
 def test_user_containers_are_named_with_the_user_prefix(target):
     assert "user containers are named gpulab-user-" in refused_for(legit(), target)
+
+
+def test_a_named_servers_container_may_be_created_with_its_own_labels():
+    body = legit()
+    body["Labels"] = {**body["Labels"], LABEL_SERVER: "train"}
+    assert create(body, "/v1.41/containers/create?name=gpulab-user-alice--train").allowed
+
+
+@pytest.mark.parametrize("name, labels, why", [
+    # a container whose labels say another member's server: the culler, the exporter and
+    # the lease table would count it as hers
+    ("gpulab-user-alice", {LABEL_USER: "bob"},
+     "'gpulab-user-alice' is not the name of 'bob''s server ''"),
+    ("gpulab-user-alice", {LABEL_SERVER: "train"},
+     "'gpulab-user-alice' is not the name of 'alice''s server 'train'"),
+    ("gpulab-user-alice--train", {},
+     "'gpulab-user-alice--train' is not the name of 'alice''s server ''"),
+    ("gpulab-user-alice", {LABEL_SERVER: None}, f"{LABEL_SERVER} is required"),
+])
+def test_a_containers_name_is_its_labels_user_and_server(name, labels, why):
+    body = legit()
+    body["Labels"] = {k: v for k, v in {**body["Labels"], **labels}.items() if v is not None}
+    assert why in refused_for(body, f"/v1.41/containers/create?name={name}")
 
 
 def test_the_lab_settings_decide_image_and_network():

@@ -153,6 +153,12 @@ users:
         ("users:\n  bob:\n    no_gpu: yes please\n", "gpus.yaml:3: users.bob.no_gpu",
          "expected true or false"),
         ("users:\n  bob: 3\n", "gpus.yaml:2: users.bob", "expected a mapping"),
+        ("defaults:\n  max_servers: 0\n", "gpus.yaml:2: defaults.max_servers",
+         "from 1 (her default server only) to 100"),
+        ("groups:\n  lab: {max_servers: two}\n", "gpus.yaml:2: groups.lab.max_servers",
+         "a number of servers run at once"),
+        ("users:\n  bob: {max_server: 3}\n", "gpus.yaml:2: users.bob.max_server",
+         "did you mean max_servers?"),
         # a server's CPUs and memory
         ("defaults:\n  cpus: -2\n", "gpus.yaml:2: defaults.cpus", "number of CPUs above 0"),
         ("defaults:\n  cpus: four\n", "gpus.yaml:2: defaults.cpus", "number of CPUs"),
@@ -282,6 +288,19 @@ groups:
     p = policy_for(c, "zoe", groups)
     assert (p.gpu_idle_timeout, p.max_server_age) == expected
     assert (c.culling.idle_below, c.culling.warn_before, c.culling.check_every) == (0.1, 300, 30)
+
+
+@pytest.mark.parametrize("groups, user_entry, expected", [
+    ([], "", 2),                       # gpulab's default
+    (["one"], "", 1),                  # a group's own value replaces it
+    (["one", "many"], "", 5),          # the most of her groups
+    (["many"], "{max_servers: 1}", 1),  # her own value wins
+])
+def test_max_servers_precedence(groups, user_entry, expected):
+    text = "groups:\n  one: {max_servers: 1}\n  many: {max_servers: 5}\n" + (
+        f"users:\n  zoe: {user_entry}\n" if user_entry else "")
+    assert policy_for(parse_gpus_config(text), "zoe", groups).max_servers == expected
+    assert policy_for(parse_gpus_config("defaults: {max_servers: 4}\n"), "z").max_servers == 4
 
 
 def test_culling_defaults_and_the_shipped_file():

@@ -9,6 +9,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from traitlets.config import Config
@@ -240,3 +241,25 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     assert config["key_file"].endswith("/assistant-key")
     assert config["url"] == "http://assistant:8080"
 
+
+
+def test_named_servers_are_on_and_a_member_keeps_as_many_as_she_may_run(configured, tmp_path):
+    """JupyterHub asks the limit of the one who asks (a stand-in for its handler): a
+    member's is gpus.yaml's max_servers, her groups' and her own; admins' and services',
+    none (0)."""
+    assert configured.JupyterHub.allow_named_servers is True
+    limit = configured.JupyterHub.named_server_limit_per_user
+    (tmp_path / "config" / "gpus.yaml").write_text(
+        "defaults: {max_servers: 3}\ngroups: {big: {max_servers: 5}}\n"
+        "users: {zoe: {max_servers: 1}}\n")
+
+    def asked_by(name="ann", admin=False, groups=(), kind="user"):
+        user = SimpleNamespace(name=name, admin=admin, kind=kind,
+                               groups=[SimpleNamespace(name=g) for g in groups])
+        return limit(SimpleNamespace(current_user=user))
+
+    assert asked_by() == 3
+    assert asked_by(groups=("big",)) == 5
+    assert asked_by("zoe", groups=("big",)) == 1
+    assert asked_by(admin=True) == 0
+    assert asked_by("gpulab-line", kind="service") == 0

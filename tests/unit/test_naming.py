@@ -58,9 +58,16 @@ def test_container_and_volume_names():
     assert container_name("alice") == "gpulab-user-alice"
     assert container_name("alice", "train") == "gpulab-user-alice--train"
     assert volume_name("gpulab-home-{username}", "alice") == "gpulab-home-alice"
-    assert volume_name("home-{username}-{servername}", "alice", "Big Run").startswith(
-        "home-alice-big-run---"
+    assert volume_name("home-{username}--{servername}", "alice", "Big Run").startswith(
+        "home-alice--big-run---"
     )
+
+
+def test_a_named_servers_container_name_fits_a_swarm_service_name_and_stays_unique():
+    longest = "x" * 80, "y" * 48, "a" * 48
+    names = {container_name(u, s) for u in (*longest, "alice") for s in ("", "train", "s" * 30)}
+    assert len(names) == 12 and all(len(n) <= 63 for n in names), names
+    assert container_name("alice", "s" * 30) == "gpulab-user-alice--" + "s" * 30  # fits: kept
 
 
 @pytest.mark.parametrize("username", [
@@ -77,8 +84,8 @@ def test_no_username_takes_an_infrastructure_containers_name(username, servernam
                    for infra in INFRA_CONTAINERS), name
 
 
-@pytest.mark.parametrize("template", ["gpulab-home-{username}", "home-{username}-{servername}",
-                                      "lab.{servername}.{username}"])
+@pytest.mark.parametrize("template", ["gpulab-home-{username}", "home-{username}--{servername}",
+                                      "lab.{username}--{servername}.home"])
 def test_the_home_pattern_matches_every_home_name_and_no_other(template):
     pattern = home_volume_pattern(template)
     for username, servername in [("alice", ""), ("Zoë.K", ""), ("bob", "Big Run"),

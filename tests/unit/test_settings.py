@@ -42,6 +42,8 @@ def test_empty_file_gives_defaults():
         ("spawn:\n  home_volume: shared-home\n", "gpulab.yaml:2: spawn.home_volume", "{username}"),
         ("spawn:\n  home_volume: 'gpulab-{username}'\n", "gpulab.yaml:2: spawn.home_volume",
          "a user could get the volume gpulab-hub-data (gpulab's own)"),
+        ("spawn:\n  home_volume: 'home-{username}-{servername}'\n",
+         "gpulab.yaml:2: spawn.home_volume", "{servername} must follow {username}--"),
         ("hub:\n  trusted_proxies: [10.0.0.300]\n", "gpulab.yaml:2: hub.trusted_proxies",
          "not an IP address or network"),
         ("network:\n  allow: [10.0.5.20:99999]\n", "gpulab.yaml:2: network.allow",

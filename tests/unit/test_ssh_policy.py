@@ -24,8 +24,37 @@ def test_ssh_username_is_normalised_as_the_login_page_does(raw, expected):
     assert policy.ssh_username(raw) == expected
 
 
+@pytest.mark.parametrize("raw, expected", [
+    ("alice", ("alice", "")),
+    ("alice+train", ("alice", "train")),
+    ("Alice+train-2", ("alice", "train-2")),
+    ("j.smith+gpu", ("j.smith", "gpu")),
+    ("alice+", None),  # a named server needs its name
+    ("alice+Train", None),  # as JupyterHub 6 names servers: lowercase
+    ("alice+2run", None),  # from a letter
+    ("alice+a--b", None),
+    ("alice+../bob", None),
+    ("alice+a/b", None),
+    ("alice+" + "t" * 31, None),
+    ("bob+x+y", None),
+    ("+train", None),
+])
+def test_an_ssh_username_names_a_member_and_one_of_her_servers(raw, expected):
+    assert policy.ssh_login(raw) == expected
+    assert policy.ssh_username(raw) == (expected[0] if expected else None)
+
+
 def model(name="alice", scopes=("access:servers!user=alice",), servers=None, kind="user"):
     return {"kind": kind, "name": name, "scopes": list(scopes), "servers": servers or {}}
+
+
+def test_judge_a_named_server():
+    train = ["access:servers!server=alice/train"]
+    assert policy.judge("alice", 200, model(scopes=train), "train").outcome == OK
+    assert policy.judge("alice", 200, model(scopes=train), "").outcome == REFUSED
+    assert policy.judge("alice", 200, model(), "train").outcome == OK  # all her servers
+    refused = policy.judge("alice", 200, model(scopes=["access:servers!server=alice/"]), "x")
+    assert refused.outcome == REFUSED and "may not open your server x" in refused.message
 
 
 @pytest.mark.parametrize("status, answer, outcome", [
@@ -81,6 +110,21 @@ def test_server_location_only_for_a_ready_default_server():
 def test_server_location_under_the_hubs_own_names(url, where):
     ready = {"": {"ready": True, "url": url}}
     assert policy.server_location("https://gpu.lab.example:8000", model(servers=ready)) == where
+
+
+def test_a_named_servers_location_and_what_she_reads_when_it_is_not_running():
+    servers = {"": {"ready": True, "url": "/user/alice/"},
+               "train": {"ready": True, "url": "/user/alice/train/"},
+               "gpu": {"ready": False, "url": "/user/alice/gpu/", "pending": "spawn"}}
+    assert policy.server_location(HUB, model(servers=servers), "train") == (
+        HUB, "/user/alice/train/")
+    assert policy.server_location(HUB, model(servers=servers), "gpu") is None
+    assert policy.pending_of(model(servers=servers), "gpu") == "spawn"
+    assert policy.running_servers(model(servers=servers)) == ("", "train")
+    msg = policy.not_running_message("https://lab", None, "notes", ("", "train"), "alice")
+    assert msg == ("Your server notes is not running; start it at https://lab/hub/home, then "
+                   "connect again.\r\nRunning: your server (ssh alice@...).\r\n"
+                   "Running: your server train (ssh alice+train@...).\r\n")
 
 
 def test_not_running_message_names_where_to_start_it():

@@ -33,6 +33,7 @@ from tornado import web
 from gpulab import live_config
 from gpulab.bookings.book import Booking, BookingRefused
 from gpulab.bookings.store import BookingStore, booking_store
+from gpulab.contract import shared_home
 from gpulab.gpus.allocator import Gpu
 from gpulab.gpus.leases import LeaseBook, lease_book, swarm_lease_book
 from gpulab.gpus.policy import policy_for
@@ -181,7 +182,8 @@ class MemberBookingsAPIHandler(BookingsBase):
         settings = live_config.settings_file.load(self.bookings_settings["settings_file"])
         if settings["spawn.swarm_homes"] != "machine":
             return ""
-        return str(getattr(user.spawner, "home_node", "") or "")
+        states = {name: orm.state for name, orm in user.orm_user.orm_spawners.items()}
+        return shared_home(states, None)[0]
 
     def budget_use(self, config, user: str, groups: list[str]
                    ) -> tuple[float | None, tuple[str, ...]]:

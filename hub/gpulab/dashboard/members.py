@@ -100,7 +100,8 @@ def members_model(users: list[dict], tokens: dict[str, list[dict]]) -> dict[str,
         rows.append({
             "name": name,
             "admin": bool(user.get("admin")),
-            "server": "running" if (user.get("servers") or {}).get("") else "",
+            # her servers that run: "default" for her default one, named ones by name
+            "server": ", ".join(n or "default" for n in sorted(user.get("servers") or {})),
             "last_activity": _day(user.get("last_activity")),
             "tokens": [{
                 "id": t.get("id", ""),

@@ -54,8 +54,6 @@ from gpulab.contract import (
     GPU_UUID,
     INFRA_VOLUMES,
     LABEL_GPUS,
-    LABEL_MANAGED,
-    LABEL_USER,
     LOG_DRIVER,
     USER_CONTAINER_PREFIX,
     log_options,
@@ -263,7 +261,8 @@ def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str,
     hc = spec["HostConfig"]
     if name is None or not name.startswith(USER_CONTAINER_PREFIX) or not re.fullmatch(
             r"[A-Za-z0-9][A-Za-z0-9_.-]+", name) or name == USER_CONTAINER_PREFIX:
-        reasons.append(f"name: user containers are named {USER_CONTAINER_PREFIX}<user> "
+        reasons.append(f"name: user containers are named {USER_CONTAINER_PREFIX}<user>"
+                       f"[--<server>] "
                        f"(a valid Docker name), got {name!r}")
     images = lab_images(settings)
     if normal_image(spec["Image"]) not in {normal_image(i) for i in images}:
@@ -290,17 +289,10 @@ def _create_rules(spec: dict[str, Any], name: str | None, settings: Mapping[str,
     reasons += [r for path in spec.get("Volumes", {}) for r in abs_path(path, "Volumes")]
 
     labels = spec["Labels"]
-    if labels.get(LABEL_MANAGED) != "true":
-        reasons.append(f"Labels: {LABEL_MANAGED} must be 'true'")
-    if not labels.get(LABEL_USER):
-        reasons.append(f"Labels: {LABEL_USER} must name the user")
+    more, leased = swarm_policy.lease_label_reasons(labels, "Labels", name)
+    reasons += more
     if LABEL_GPUS not in labels:
-        reasons.append(f"Labels: {LABEL_GPUS} is required ('' for no GPU)")
         return reasons
-    leased = labels[LABEL_GPUS].split(",") if labels[LABEL_GPUS] else []
-    if any(not GPU_UUID.fullmatch(u) for u in leased) or len(set(leased)) != len(leased):
-        reasons.append(f"Labels: {LABEL_GPUS} must be distinct GPU UUIDs joined by ',', got "
-                       f"{labels[LABEL_GPUS]!r}")
     requested = [u for r in hc.get("DeviceRequests", []) for u in r["DeviceIDs"]]
     if sorted(requested) != sorted(set(leased)):
         reasons.append(f"HostConfig.DeviceRequests: the GPUs requested {requested} must be "

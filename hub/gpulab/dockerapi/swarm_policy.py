@@ -59,6 +59,7 @@ from gpulab.contract import (
     LABEL_GPUS,
     LABEL_MANAGED,
     LABEL_NODE,
+    LABEL_SERVER,
     LABEL_USER,
     LOG_DRIVER,
     USER_CONTAINER_PREFIX,
@@ -85,6 +86,7 @@ from gpulab.dockerapi.schema import (
     text,
     user,
 )
+from gpulab.spawn.naming import container_name
 
 MIN_API_VERSION = (1, 41)  # CapabilityDrop, Pids in service specs
 _CONSTRAINT = re.compile(r"node\.id==([0-9a-z]{25})")
@@ -163,13 +165,24 @@ SERVICE_SPEC = obj({
    unknown="gpulab's member servers never need it")
 
 
-def _lease_labels(labels: Mapping[str, str], where: str) -> tuple[list[str], list[str]]:
-    """(reasons, leased UUIDs) for the managed/user/GPU labels in *labels*."""
+def lease_label_reasons(labels: Mapping[str, str], where: str, name: str | None
+                        ) -> tuple[list[str], list[str]]:
+    """(reasons, leased UUIDs) for the lease's labels in *labels* (managed, user, server,
+    GPUs) and the container's or service's *name*, which must be its user's and server's
+    (:func:`gpulab.spawn.naming.container_name`): the exporter, the culler and the lease
+    table read a server from its labels, so no label may say another's."""
     reasons = []
     if labels.get(LABEL_MANAGED) != "true":
         reasons.append(f"{where}: {LABEL_MANAGED} must be 'true'")
     if not labels.get(LABEL_USER):
         reasons.append(f"{where}: {LABEL_USER} must name the user")
+    if LABEL_SERVER not in labels:
+        reasons.append(f"{where}: {LABEL_SERVER} is required ('' for her default server)")
+    elif labels.get(LABEL_USER) and name is not None and name != container_name(
+            labels[LABEL_USER], labels[LABEL_SERVER]):
+        reasons.append(f"{where}: {name!r} is not the name of {labels[LABEL_USER]!r}'s server "
+                       f"{labels[LABEL_SERVER]!r} "
+                       f"({container_name(labels[LABEL_USER], labels[LABEL_SERVER])!r})")
     if LABEL_GPUS not in labels:
         return [*reasons, f"{where}: {LABEL_GPUS} is required ('' for no GPU)"], []
     leased = labels[LABEL_GPUS].split(",") if labels[LABEL_GPUS] else []
@@ -207,7 +220,8 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
     reasons = []
     name = spec["Name"]
     if not name.startswith(USER_CONTAINER_PREFIX) or name == USER_CONTAINER_PREFIX:
-        reasons.append(f"Name: members' servers are named {USER_CONTAINER_PREFIX}<user>, "
+        reasons.append(f"Name: members' servers are named {USER_CONTAINER_PREFIX}<user>"
+                       f"[--<server>], "
                        f"got {name!r}")
     task = spec["TaskTemplate"]
     cs = task["ContainerSpec"]
@@ -241,13 +255,13 @@ def service_rules(spec: dict[str, Any], settings: Mapping[str, Any],
                            f"{datasets} is mounted read-only")
 
     labels = spec["Labels"]
-    more, leased = _lease_labels(labels, "Labels")
+    more, leased = lease_label_reasons(labels, "Labels", name)
     reasons += more
     node = _CONSTRAINT.fullmatch(task["Placement"]["Constraints"][0]).group(1)
     if labels.get(LABEL_NODE) != node:
         reasons.append(f"Labels: {LABEL_NODE} must be the node of the placement constraint "
                        f"{node!r}, got {labels.get(LABEL_NODE)!r}")
-    for key in (LABEL_MANAGED, LABEL_USER, LABEL_GPUS):
+    for key in (LABEL_MANAGED, LABEL_USER, LABEL_SERVER, LABEL_GPUS):
         if cs["Labels"].get(key) != labels.get(key):
             reasons.append(f"TaskTemplate.ContainerSpec.Labels: {key} must be the service's "
                            f"{labels.get(key)!r}, got {cs['Labels'].get(key)!r}")

@@ -15,14 +15,17 @@ Schema (every key optional; an empty or missing file means the defaults)::
     defaults:                  # what every user gets
       gpus: 0                  # GPUs given when the user does not choose (default 0)
       max_gpus: 1              # most GPUs one user may hold, all servers together
+      max_servers: 2           # most servers one user may run at once (her default one
+                               # and named ones, e.g. "writing" beside "train"); 1: one
       pools: [<pool>, ...]     # pools users may draw from (default: all pools)
       gpu_idle_timeout: 2h     # stop a server whose GPUs sat idle this long (0: never)
       max_server_age: 0        # stop a server holding GPUs this long after its start
       budget: none             # or {gpu_hours: 100, per: week | month, enforce: soft | hard}
                                # (a group's, with shared: true, its members' together)
     groups:                    # JupyterHub groups; see "precedence" below
-      <group>: {gpus, max_gpus, pinned, pools, no_gpu, gpu_idle_timeout, max_server_age,
-                line_priority, budget}  # line_priority: higher goes first in line (0)
+      <group>: {gpus, max_gpus, max_servers, pinned, pools, no_gpu, gpu_idle_timeout,
+                max_server_age, line_priority, budget}
+                               # line_priority: higher goes first in line (0)
     users:                     # one user's own settings win over everything else
       <user>: {the same keys as groups}
     culling:                   # how idle GPUs are found (gpulab.culler)
@@ -114,8 +117,8 @@ CPU_KEYS = ("cpus", "cpus_per_gpu", "max_cpus")
 MEMORY_KEYS = ("memory", "memory_per_gpu", "max_memory")
 RESOURCE_KEYS = (*CPU_KEYS, *MEMORY_KEYS)
 MAX_CPUS_LIMIT = 1024  # far above any one machine; catches 4000 for 4
-_DEFAULT_KEYS = ("gpus", "max_gpus", "pools", *LIMIT_KEYS, "budget", *RESOURCE_KEYS)
-_OVERRIDE_KEYS = ("gpus", "max_gpus", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
+_DEFAULT_KEYS = ("gpus", "max_gpus", "max_servers", "pools", *LIMIT_KEYS, "budget", *RESOURCE_KEYS)
+_OVERRIDE_KEYS = ("gpus", "max_gpus", "max_servers", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
                   "line_priority", "budget", *RESOURCE_KEYS)
 _BUDGET_KEYS = ("gpu_hours", "per", "enforce", "shared")
 WEEK, MONTH = "week", "month"  # a budget's period (UTC: from Monday 00:00, from the 1st)
@@ -125,9 +128,12 @@ _LINE_KEYS = ("claim_window", "order", "half_life", "max_wait", "alert_after")
 _BOOKINGS_KEYS = ("max_length", "max_ahead", "max_gpus")
 FIRST_COME, FAIR_SHARE = "first_come", "fair_share"  # line.order
 
-# Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever.
+# Where the file says nothing: a GPU idle for 2 hours comes back; servers may run for ever;
+# a member may run two servers at once (a notebook for writing beside a training server).
 DEFAULT_GPU_IDLE_TIMEOUT = 2 * 3600
 DEFAULT_MAX_SERVER_AGE = 0
+DEFAULT_MAX_SERVERS = 2
+MAX_SERVERS_LIMIT = 100
 
 
 # ---------------------------------------------------------------- the parsed file
@@ -197,6 +203,7 @@ class Override:
     name: str
     gpus: int | None = None
     max_gpus: int | None = None
+    max_servers: int | None = None
     pinned: tuple[Pin, ...] | None = None
     pools: tuple[str, ...] | None = None
     no_gpu: bool | None = None
@@ -252,6 +259,7 @@ class GpusConfig:
     pools: Mapping[str, Pool] = field(default_factory=lambda: {DEFAULT_POOL: Pool(DEFAULT_POOL)})
     default_gpus: int = 0
     default_max_gpus: int = 1
+    default_max_servers: int = DEFAULT_MAX_SERVERS
     default_pools: tuple[str, ...] | None = None  # None = every pool
     groups: tuple[Override, ...] = ()
     users: tuple[Override, ...] = ()
@@ -279,6 +287,14 @@ def _gpu_count(value: Any, what: str = "a number of GPUs") -> int:
         raise ValueError(
             f"expected {what}, a whole number from 0 to {MAX_GPUS_LIMIT}, got {value!r}"
         )
+    return value
+
+
+def _server_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_SERVERS_LIMIT):
+        raise ValueError(f"expected a number of servers run at once, a whole number from 1 "
+                         f"(her default server only) to {MAX_SERVERS_LIMIT}, got {value!r}")
     return value
 
 
@@ -512,8 +528,9 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
 
     # defaults
     d = r.mapping(("defaults",), top.get("defaults"), _DEFAULT_KEYS,
-                  "a mapping with gpus:, max_gpus:, pools:, gpu_idle_timeout:, "
-                  "max_server_age:, budget:, cpus:, memory: and their _per_gpu and max_")
+                  "a mapping with gpus:, max_gpus:, max_servers:, pools:, "
+                  "gpu_idle_timeout:, max_server_age:, budget:, cpus:, memory: and their "
+                  "_per_gpu and max_")
     default_gpus = r.check(("defaults", "gpus"), _gpu_count, d.get("gpus", 0))
     default_max = r.check(("defaults", "max_gpus"), _gpu_count, d.get("max_gpus", 1))
     if default_gpus > default_max:
@@ -522,6 +539,8 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
             f"default of {default_gpus} GPUs is more than defaults.max_gpus ({default_max}); "
             f"lower gpus or raise max_gpus",
         )
+    default_servers = r.check(("defaults", "max_servers"), _server_count,
+                              d.get("max_servers", DEFAULT_MAX_SERVERS))
     default_pools = (
         r.pool_list(("defaults", "pools"), d["pools"], pools) if "pools" in d else None
     )
@@ -544,6 +563,7 @@ def gpus_config_from_yaml(doc: LocatedYaml) -> GpusConfig:
         pools=pools,
         default_gpus=default_gpus,
         default_max_gpus=default_max,
+        default_max_servers=default_servers,
         default_pools=default_pools,
         groups=groups,
         users=users,
@@ -758,7 +778,8 @@ def _overrides(
                                   f"{seen[name]}; usernames are not case-sensitive)")
         seen[name] = doc.line_of(path)
         body = r.mapping(path, body, _OVERRIDE_KEYS,
-                         "a mapping with gpus:, max_gpus:, pinned:, pools:, no_gpu:, "
+                         "a mapping with gpus:, max_gpus:, max_servers:, pinned:, "
+                         "pools:, no_gpu:, "
                          "gpu_idle_timeout:, max_server_age:, line_priority:, budget:, "
                          "cpus: or memory: (and their _per_gpu and max_)")
         o = Override(
@@ -766,6 +787,8 @@ def _overrides(
             gpus=r.check(path + ("gpus",), _gpu_count, body["gpus"]) if "gpus" in body else None,
             max_gpus=(r.check(path + ("max_gpus",), _gpu_count, body["max_gpus"])
                       if "max_gpus" in body else None),
+            max_servers=(r.check(path + ("max_servers",), _server_count, body["max_servers"])
+                         if "max_servers" in body else None),
             pinned=_pins(r, path + ("pinned",), body["pinned"], gpus, auto)
             if "pinned" in body else None,
             pools=r.pool_list(path + ("pools",), body["pools"], pools)

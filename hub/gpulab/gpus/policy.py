@@ -4,7 +4,8 @@ The parser (:mod:`gpulab.gpus.config`) reads the file into data; this module dec
 with it, and the allocator (:mod:`gpulab.gpus.allocator`) calls it, never the other way
 round: parsing, policy and allocation are called downward only.
 
-Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``, union of
+Precedence: a user's groups combine generously (highest ``gpus``/``max_gpus``/
+``max_servers``, union of
 ``pools`` and ``pinned``, the longest ``gpu_idle_timeout``/``max_server_age``, where 0,
 never, is the longest, the highest ``line_priority``), except that ``no_gpu: true`` in
 any of them wins; then every field set under ``users:`` replaces the combined value
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from gpulab.gpus.config import (
     DEFAULT_GPU_IDLE_TIMEOUT,
     DEFAULT_MAX_SERVER_AGE,
+    DEFAULT_MAX_SERVERS,
     LIMIT_KEYS,
     RESOURCE_KEYS,
     Budget,
@@ -52,6 +54,7 @@ class Policy:
     gpu_idle_timeout: int = DEFAULT_GPU_IDLE_TIMEOUT
     max_server_age: int = DEFAULT_MAX_SERVER_AGE
     line_priority: int = 0  # higher goes first in line (gpulab.line.order)
+    max_servers: int = DEFAULT_MAX_SERVERS  # most servers she runs at once, hers by default too
     budget: Budget | None = None  # GPU-hours per week or month; None: no budget
     # CPUs and memory (gpus.config.RESOURCE_KEYS) as set for her; unset: the lab's
     # spawn.cpu_limit and spawn.mem_limit, nothing per GPU, no cap
@@ -97,6 +100,8 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
     limits = {key: _longest([getattr(g, key) for g in mine if getattr(g, key) is not None],
                             getattr(config, f"default_{key}"))
               for key in LIMIT_KEYS}
+    servers = [g.max_servers for g in mine if g.max_servers is not None]
+    max_servers = max(servers, default=config.default_max_servers)
     priorities = [g.line_priority for g in mine if g.line_priority is not None]
     line_priority = max(priorities, default=0)
     budget = _most_generous_budget(mine, config.default_budget)
@@ -111,6 +116,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
             budget = own.budget
         gpus = own.gpus if own.gpus is not None else gpus
         max_gpus = own.max_gpus if own.max_gpus is not None else max_gpus
+        max_servers = own.max_servers if own.max_servers is not None else max_servers
         pools = own.pools if own.pools is not None else pools
         pinned = list(own.pinned) if own.pinned is not None else pinned
         no_gpu = own.no_gpu if own.no_gpu is not None else no_gpu
@@ -118,13 +124,14 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         resources.update(own.resources)
     if no_gpu:
         return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True,
-                      line_priority=line_priority, budget=budget, resources=resources,
-                      **limits)
+                      max_servers=max_servers, line_priority=line_priority, budget=budget,
+                      resources=resources, **limits)
     max_gpus = max(max_gpus, len(pinned))
     gpus = min(max(gpus, len(pinned)), max_gpus)
     return Policy(
         gpus=gpus,
         max_gpus=max_gpus,
+        max_servers=max_servers,
         pools=tuple(config.pools) if pools is None else pools,
         pinned=tuple(pinned),
         line_priority=line_priority,

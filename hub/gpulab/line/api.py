@@ -64,6 +64,15 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
             "max_wait_reached": standing.waited_out if standing else False}
 
 
+def first_servers(entries) -> dict[str, str]:
+    """Each member in line and the server she waits with, the first in line where she
+    waits with several (her booking's GPUs go to that one)."""
+    out: dict[str, str] = {}
+    for e in entries:
+        out.setdefault(e.user, e.server)
+    return out
+
+
 class LineAPIBase(APIHandler):
     @property
     def line_settings(self) -> dict[str, Any]:
@@ -98,7 +107,7 @@ class LineAPIBase(APIHandler):
         booker (for the server she waits with)."""
         return booking_holds(bookings, time.time(),
                              capacity={g.uuid: g.capacity for g in inventory},
-                             waiting={e.user: e.server for e in entries})
+                             waiting=first_servers(entries))
 
     async def write_places(self, user: str = "", server: str = "") -> None:
         """The line's models, or only *user*'s (her *server*'s), with how it is ordered:

@@ -178,10 +178,18 @@ def key_model(row: dict) -> dict:
             "added": when(row["added_at"]), "last_used": when(row["last_used"])}
 
 
-def key_token_scopes(name: str) -> list[str]:
-    """What a key sign-in's token may do: reach and see her own default server."""
-    return [f"access:servers!server={name}/", f"read:servers!server={name}/",
+def key_token_scopes(name: str, server: str = "") -> list[str]:
+    """What a key sign-in's token may do: reach and see her own *server* ("" her default
+    one; ``ssh alice+train@`` names ``train``)."""
+    return [f"access:servers!server={name}/{server}", f"read:servers!server={name}/{server}",
             f"read:users:name!user={name}"]
+
+
+def is_key_token(name: str, scopes) -> bool:
+    """Whether *scopes* are exactly a key sign-in token's, for one of *name*'s servers."""
+    prefix = f"access:servers!server={name}/"
+    server = next((s[len(prefix):] for s in scopes if s.startswith(prefix)), None)
+    return server is not None and set(scopes) == set(key_token_scopes(name, server))
 
 
 # ------------------------------------------------------------------ REST API
@@ -257,9 +265,10 @@ class SshKeyAPIHandler(_SshKeys):
 
 class SshSignInAPIHandler(_SshKeys):
     """``POST /hub/api/gpulab/ssh-sign-in`` (the gpulab-ssh service only), body
-    ``{"user": name, "key": "ALGORITHM BASE64", "check": bool}``: 200 ``{"user"}``
-    when the key is the member's and she has access (with *check*), else 201 with a
-    token of hers for this connection (:func:`key_token_scopes`); 403 with why not.
+    ``{"user": name, "key": "ALGORITHM BASE64", "check": bool, "server": name?}``: 200
+    ``{"user"}`` when the key is the member's and she has access (with *check*), else 201
+    with a token of hers for this connection to her *server* (:func:`key_token_scopes`);
+    403 with why not.
     ``DELETE /hub/api/gpulab/ssh-sign-in`` body ``{"user", "token_id"}``: the
     connection ended, its token goes (only such a token)."""
 
@@ -292,8 +301,11 @@ class SshSignInAPIHandler(_SshKeys):
         if body.get("check"):
             self.write(json.dumps({"user": user.name}))
             return
+        server = body.get("server", "")
+        if not isinstance(server, str) or "/" in server or len(server) > 255:
+            raise web.HTTPError(400, '"server" must be the name of one of her servers')
         token = user.orm_user.new_api_token(
-            scopes=key_token_scopes(user.name), expires_in=KEY_TOKEN_SECONDS,
+            scopes=key_token_scopes(user.name, server), expires_in=KEY_TOKEN_SECONDS,
             note=f"{KEY_TOKEN_NOTE} {key.fingerprint}")
         orm_token = orm.APIToken.find(self.db, token, kind="user")
         self.ssh_keys.used(row["id"])
@@ -310,7 +322,7 @@ class SshSignInAPIHandler(_SshKeys):
             found = next((t for t in lt.user_tokens(self.db, user.orm_user)
                           if t.api_id == token_id
                           and (t.note or "").startswith(KEY_TOKEN_NOTE)
-                          and set(t.scopes) == set(key_token_scopes(user.name))
+                          and is_key_token(user.name, t.scopes)
                           and not self.store.is_recorded(t)
                           and not self.store.is_recorded(t, lt.KIND_API)), None)
         if found is None:

@@ -6,7 +6,8 @@ table's lock (:meth:`gpulab.gpus.leases.LeaseBook.locked`), calls :func:`decide`
 records the answer before it lets go of the lock: two spawns can never take the same GPU.
 Nothing here does I/O, and nothing in :mod:`gpulab.gpus` calls back into the spawner.
 
-The order of the checks is the order of what a member is told: her options, the
+The order of the checks is the order of what a member is told: how many servers she
+runs (gpus.yaml's ``max_servers``), her options, the
 environment, the e-mail for the line, her budget, then the GPUs (policy, quota, pools,
 bookings, the line's places); a spawn that finds too few free GPUs waits in line when
 she asked to (:class:`JoinLine`: the shell writes her entry) or is told how to.
@@ -63,6 +64,8 @@ class Ask:
     machine: str = ""
     line_machine: str = ""
     machine_name: str = ""
+    # her other servers running or starting now ("" her default one): max_servers
+    running: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,9 +184,25 @@ def where(ask: Ask, message: str) -> str:
             f"your server runs there: {message}")
 
 
+def servers_refusal(ask: Ask, policy: Policy) -> Refused | None:
+    """A 403 when she runs as many servers as gpus.yaml's max_servers gives her."""
+    if len(ask.running) < policy.max_servers:
+        return None
+    names = ", ".join(f'"{n}"' if n else "your default one" for n in ask.running)
+    most = policy.max_servers
+    return Refused(403, f"You already have {len(ask.running)} server"
+                        f"{'' if len(ask.running) == 1 else 's'} running ({names}), the most "
+                        f"the lab gives you at once (max_servers: {most}): stop one first.",
+                   reason="max_servers",
+                   log=f"{len(ask.running)} servers running, max_servers {most}")
+
+
 def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
     """Her start, admitted with its GPUs or refused with what she is told."""
     policy = policy_of(ask, seen.config)
+    too_many = servers_refusal(ask, policy)
+    if too_many is not None:
+        return too_many
     wait = False
     try:
         count = validate_user_options(ask.options, policy.max_gpus)

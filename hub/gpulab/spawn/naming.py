@@ -18,6 +18,7 @@ from gpulab.contract import USER_CONTAINER_PREFIX
 
 _PLAIN = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?!-))*")
 MAX_SLUG = 48  # leaves room for prefixes/suffixes within docker's and DNS's limits
+MAX_NAME = 63  # a Swarm service's name, and a DNS label: the longest a container's may be
 
 
 def _hash(name: str) -> str:
@@ -40,6 +41,9 @@ def container_name(username: str, servername: str = "") -> str:
     name = f"{USER_CONTAINER_PREFIX}{safe_slug(username)}"
     if servername:
         name += f"--{safe_slug(servername)}"
+    if len(name) > MAX_NAME:  # a long username with a named server: both parts shortened
+        room = (MAX_NAME - len(USER_CONTAINER_PREFIX) - 2) // 2
+        name = f"{USER_CONTAINER_PREFIX}{safe_slug(username, room)}--{safe_slug(servername, room)}"
     return name
 
 

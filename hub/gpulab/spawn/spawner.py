@@ -223,7 +223,12 @@ class GpulabSpawner(DockerSpawner):
         return Ask(self.user.name, self.name, tuple(g.name for g in self.user.groups),
                    admin=self.user.admin, options=self.user_options,
                    from_form=not compat.from_rest_api(getattr(self, "handler", None)),
-                   environment=self._environment)
+                   environment=self._environment, running=self._others_running())
+
+    def _others_running(self) -> tuple[str, ...]:
+        """Her other servers running or starting now (max_servers counts them)."""
+        return tuple(sorted(name for name, s in self.user.spawners.items()
+                            if name != self.name and s.active))
 
     def _usage(self) -> line_usage.Usage:
         """Members' GPU-hours as the line service last wrote them (budgets, fair share)."""

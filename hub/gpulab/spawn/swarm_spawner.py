@@ -31,7 +31,7 @@ import docker.errors
 from traitlets import Unicode, default
 
 from gpulab import live_config, notices
-from gpulab.contract import LABEL_MANAGED, LABEL_NODE
+from gpulab.contract import LABEL_MANAGED, LABEL_NODE, shared_home
 from gpulab.gpus.allocator import AllocationError, NotEnoughGpus
 from gpulab.gpus.leases import LeaseBook, swarm_lease_book
 from gpulab.gpus.policy import policy_for
@@ -132,9 +132,16 @@ class GpulabSwarmSpawner(GpulabSpawner):
         on the machines (docs/swarm.md: how images reach them), by the same ID."""
 
     def _home_machine(self, settings: Settings | None = None) -> str:
-        """The node this server must run on ("" = any): where its home volume is."""
-        homes = (settings or self._lab_config[0])["spawn.swarm_homes"]
-        return self.home_node if homes == "machine" else ""
+        """The node this server must run on ("" = any): where its home volume is. A
+        server that never ran finds her home where her other servers' is (one home per
+        member, unless spawn.home_volume names the server too)."""
+        settings = settings or self._lab_config[0]
+        if settings["spawn.swarm_homes"] != "machine":
+            return ""
+        if not self.home_node and "{servername}" not in settings["spawn.home_volume"]:
+            states = {n: orm.state for n, orm in self.user.orm_user.orm_spawners.items()}
+            self.home_node, self.home_machine = shared_home(states, self.name)
+        return self.home_node
 
     def _ask(self, settings: Settings | None = None) -> Ask:
         """This start, on the machine with her home where homes are on the machines: the

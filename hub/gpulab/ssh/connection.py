@@ -63,6 +63,7 @@ class _Connection(asyncssh.SSHServer):
         self.refusal_timer: asyncio.TimerHandle | None = None
         self.name = ""  # the member, once a password or key was accepted
         self.key: asyncssh.SSHKey | None = None  # the key accepted, for a key sign-in
+        self.server = ""  # the server her username names (alice+train), for a key sign-in
         # Her Member, once signed in: at once after a password; after a key, once the
         # hub gave the connection its token (sessions and forwards wait for it).
         self.ready: asyncio.Future[Member | None] = \
@@ -121,7 +122,7 @@ class _Connection(asyncssh.SSHServer):
         member = None
         try:
             member = await self.gateway.key_sign_in(self.conn, self.address, self.name,
-                                                    self.key)
+                                                    self.key, self.server)
         finally:
             if self.conn.is_closed() and member is not None:
                 # the client left meanwhile: its token goes at once
@@ -166,6 +167,7 @@ class _Connection(asyncssh.SSHServer):
         name = self.key_checks[asked]
         if name is not None:
             self.name, self.key = name, key
+            self.server = (policy.ssh_login(username) or ("", ""))[1]
         return name is not None
 
     def connection_lost(self, exc):

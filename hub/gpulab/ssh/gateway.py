@@ -87,9 +87,15 @@ class Member:
     server_token: str = ""  # reaches her own server only (Gateway.server_token)
     server_token_id: str = ""
     by_key: bool = False  # signed in with an SSH key: *token* is the server token
+    server: str = ""  # the server she named (``alice+train``); "" her default one
 
     def __repr__(self) -> str:  # never a token, whatever logs it
         return f"Member({self.name!r})"
+
+
+def _shown(name: str, server: str) -> str:
+    """alice, or alice+train, in the gateway's log."""
+    return f"{name}{policy.SERVER_SEPARATOR}{server}" if server else name
 
 
 class Gateway:
@@ -111,14 +117,14 @@ class Gateway:
         except HubApiError as e:
             return e.status, None
 
-    async def server_token(self, name: str, token: str) -> tuple[str, str]:
+    async def server_token(self, name: str, token: str, server: str = "") -> tuple[str, str]:
         """A new token of *name*'s, made with her *token*, that may only reach her own
-        default server (``access:servers!server=NAME/``): what the gateway hands her
+        *server* (``access:servers!server=NAME/SERVER``): what the gateway hands her
         server instead of her login token, which may carry an admin's scopes. Made by
         her, it ends with her login token. ``(token, id)``; ServerUnreachable if refused."""
         try:
             model = await self.hub.new_token(
-                name, [f"access:servers!server={name}/"],
+                name, [f"access:servers!server={name}/{server}"],
                 "gpulab-ssh: this SSH connection's way into your server", token=token)
         except HubApiError as e:
             if e.status:
@@ -129,7 +135,7 @@ class Gateway:
 
     async def sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
                       raw_username: str, token: str) -> Member | None:
-        name = policy.ssh_username(raw_username)
+        name, server = policy.ssh_login(raw_username) or (None, "")
         shown = name or f"{raw_username[:32]!r} (invalid)"
         decision = self.throttle.check(name, address)
         if decision.locked:
@@ -146,7 +152,7 @@ class Gateway:
             verdict = policy.Verdict(policy.FAILED, "malformed token")
         else:
             status, model = await self.whoami(token)
-            verdict = policy.judge(name, status, model)
+            verdict = policy.judge(name, status, model, server)
         if verdict.outcome == policy.OK:
             self.throttle.record_success(name)
             why = self.counts.take(name, limits.CONNECTIONS)
@@ -155,7 +161,7 @@ class Gateway:
                 conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, why)
                 return None
             try:
-                scoped, scoped_id = await self.server_token(name, token)
+                scoped, scoped_id = await self.server_token(name, token, server)
             except BaseException as e:  # a cancelled sign-in too (timeout, client gone)
                 self.counts.give_back(name, limits.CONNECTIONS)
                 if not isinstance(e, ServerUnreachable):
@@ -163,8 +169,8 @@ class Gateway:
                 log.warning("ssh sign-in of %s from %s: %s", name, address, e)
                 _banner(conn, "The hub is not answering; try again in a minute.")
                 return None
-            log.info("ssh sign-in: %s from %s", name, address)
-            return Member(name, token, scoped, scoped_id)
+            log.info("ssh sign-in: %s from %s", _shown(name, server), address)
+            return Member(name, token, scoped, scoped_id, server=server)
         if verdict.outcome == policy.FAILED:
             decision = self.throttle.record_failure(name, address)
             log.warning("failed ssh sign-in for %s from %s: %s", name, address, verdict.reason)
@@ -199,9 +205,9 @@ class Gateway:
         return name
 
     async def key_sign_in(self, conn: asyncssh.SSHServerConnection, address: str,
-                          name: str, key: asyncssh.SSHKey) -> Member | None:
+                          name: str, key: asyncssh.SSHKey, server: str = "") -> Member | None:
         """After the client proved it holds the private key: a token of hers from the hub
-        that may only reach and see her own server, for this connection."""
+        that may only reach and see her own *server*, for this connection."""
         why = self.counts.take(name, limits.CONNECTIONS)
         if why is not None:
             log.warning("ssh sign-in of %s from %s refused: %s", name, address, why)
@@ -209,7 +215,7 @@ class Gateway:
             return None
         line = " ".join(key.export_public_key("openssh").decode().split()[:2])
         try:
-            given = await self.hub.ssh_key_sign_in(name, line, check=False,
+            given = await self.hub.ssh_key_sign_in(name, line, check=False, server=server,
                                                    token=self.settings.service_token)
         except BaseException as e:  # a cancelled sign-in too
             self.counts.give_back(name, limits.CONNECTIONS)
@@ -219,9 +225,10 @@ class Gateway:
             conn.disconnect(asyncssh.DISC_BY_APPLICATION,
                             "The hub did not let this key sign in; try again in a minute.")
             return None
-        log.info("ssh sign-in: %s from %s with key %s", name, address,
+        log.info("ssh sign-in: %s from %s with key %s", _shown(name, server), address,
                  key.get_fingerprint("sha256"))
-        return Member(name, given["token"], given["token"], given["id"], by_key=True)
+        return Member(name, given["token"], given["token"], given["id"], by_key=True,
+                      server=server)
 
     async def session(self, member: Member, stdin: asyncssh.SSHReader,
                       stdout: asyncssh.SSHWriter, stderr: asyncssh.SSHWriter) -> None:
@@ -278,7 +285,7 @@ class Gateway:
             return False
         if code != 200:
             return True
-        return policy.judge(member.name, code, model).outcome == policy.OK
+        return policy.judge(member.name, code, model, member.server).outcome == policy.OK
 
     async def watch(self, member: Member, conn: asyncssh.SSHServerConnection,
                     every: float = RECHECK_EVERY) -> None:
@@ -297,15 +304,17 @@ class Gateway:
         (a token revoked meanwhile stops new sessions and forwards); None, with *say*
         told why, if none."""
         code, model = await self.whoami(member.token)
-        if code != 200 or policy.judge(member.name, code, model).outcome != policy.OK:
+        if code != 200 or policy.judge(member.name, code, model,
+                                       member.server).outcome != policy.OK:
             say("Your token no longer works here (revoked or expired?); ask the lab admin "
                 "for a new one.\r\n" if code in (401, 403) else
                 "The hub is not answering; try again in a minute.\r\n")
             return None
-        where = policy.server_location(self.settings.hub_url, model)
+        where = policy.server_location(self.settings.hub_url, model, member.server)
         if where is None:
-            say(policy.not_running_message(self.settings.public_url,
-                                           policy.pending_of(model)))
+            say(policy.not_running_message(
+                self.settings.public_url, policy.pending_of(model, member.server),
+                member.server, policy.running_servers(model), member.name))
         return where
 
     async def _session(self, member: Member, chan, stdin, stdout, stderr) -> int:

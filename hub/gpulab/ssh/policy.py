@@ -5,7 +5,8 @@ password as the token, and everything else follows from the answer:
 
 * :func:`judge` says whether the token signs *this* SSH username in (it must name the
   same member, after the hub's own normalisation, and may open her server);
-* :func:`server_location` says where her running default server is, or that there is none;
+* :func:`server_location` says where the server she named is running (``ssh alice@``: her
+  default server; ``ssh alice+train@``: her named server ``train``), or that it is not;
 * the ``*_message`` functions are what the member reads in her terminal.
 
 Standard library only; tested with literal hub answers (tests/unit/test_ssh_policy.py).
@@ -13,6 +14,7 @@ Standard library only; tested with literal hub answers (tests/unit/test_ssh_poli
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -33,21 +35,46 @@ class Verdict:
     message: str = ""  # for the member (an SSH auth banner); "" says nothing
 
 
+# Between a member's name and one of her named servers in an SSH username
+# (``alice+train``): "+" is in no lab username, and scp and rsync read it as part of the user.
+SERVER_SEPARATOR = "+"
+# A named server's name as JupyterHub 6 accepts new ones (lowercase, digits and single
+# hyphens, from a letter, at most 30 characters; the hub refuses any other)
+SERVER_NAME = re.compile(r"[a-z](?:-?[a-z0-9])*")
+
+
+def ssh_login(raw: str) -> tuple[str, str] | None:
+    """``(member, server)`` an SSH username names: ``alice`` her default server (""),
+    ``alice+train`` her named server ``train``; the member normalised as the hub's login
+    normalises her (``Alice`` is ``alice``). None when it cannot name one."""
+    who, plus, server = raw.partition(SERVER_SEPARATOR)
+    name = normalize(who)
+    if not is_valid(name) or (plus and not (len(server) <= 30
+                                            and SERVER_NAME.fullmatch(server))):
+        return None
+    return name, server
+
+
 def ssh_username(raw: str) -> str | None:
-    """The member an SSH username names, normalised as the hub's login normalises it
-    (``Alice`` is ``alice``), or None when it cannot be a lab username at all."""
-    name = normalize(raw)
-    return name if is_valid(name) else None
+    """The member an SSH username names (see :func:`ssh_login`), or None."""
+    login = ssh_login(raw)
+    return login[0] if login else None
 
 
-def server_scopes(name: str) -> set[str]:
-    """The scopes, any one of which lets a token open *name*'s default server."""
-    return {"access:servers", f"access:servers!user={name}", f"access:servers!server={name}/"}
+def shown_server(server: str) -> str:
+    """"your server", or "your server train", in what she reads."""
+    return f"your server {server}" if server else "your server"
 
 
-def judge(name: str, status: int, model: dict | None) -> Verdict:
+def server_scopes(name: str, server: str = "") -> set[str]:
+    """The scopes, any one of which lets a token open *name*'s *server*."""
+    return {"access:servers", f"access:servers!user={name}",
+            f"access:servers!server={name}/{server}"}
+
+
+def judge(name: str, status: int, model: dict | None, server: str = "") -> Verdict:
     """Does the hub's answer to ``GET /hub/api/user`` (HTTP *status*, JSON *model*)
-    sign in SSH user *name* (already normalised)?"""
+    sign in SSH user *name* (already normalised) to her *server*?"""
     if status in (401, 403):
         return Verdict(FAILED, "unknown, expired or revoked token")
     if status != 200 or not isinstance(model, dict):
@@ -56,23 +83,23 @@ def judge(name: str, status: int, model: dict | None) -> Verdict:
     if model.get("kind", "user") != "user" or model.get("name") != name:
         # a service's token, or another member's: as good as a wrong password
         return Verdict(FAILED, "token of another user or service")
-    if not server_scopes(name) & set(model.get("scopes") or ()):
+    if not server_scopes(name, server) & set(model.get("scopes") or ()):
         return Verdict(REFUSED, "token may not open the member's server",
-                       "This token may not open your server (it lacks the scope "
+                       f"This token may not open {shown_server(server)} (it lacks the scope "
                        f"access:servers!user={name}). Sign in with your login token.")
     return Verdict(OK, "login token accepted")
 
 
-def server_location(hub_url: str, model: dict) -> tuple[str, str] | None:
-    """Where the gateway reaches the member's running default server: ``(origin,
-    path)``, e.g. ``("http://proxy:8000", "/user/alice/")``; None when it is not running
-    or not ready yet.
+def server_location(hub_url: str, model: dict, name: str = "") -> tuple[str, str] | None:
+    """Where the gateway reaches the member's running server *name* ("" her default
+    one): ``(origin, path)``, e.g. ``("http://proxy:8000", "/user/alice/")``; None when
+    it is not running or not ready yet.
 
     With one origin per server (JupyterHub's subdomain_host), the hub gives its full URL
     (``https://alice.gpu.lab.example/user/alice/``): the origin is then the gateway's way
     to the proxy (*hub_url*'s scheme and port) under the server's own host name, which
     the proxy routes by and the certificate names (``*.gpu.lab.example``)."""
-    server = (model.get("servers") or {}).get("")
+    server = (model.get("servers") or {}).get(name)
     if not server or not server.get("ready") or server.get("stopped"):
         return None
     url = server.get("url") or ""
@@ -90,18 +117,31 @@ def server_location(hub_url: str, model: dict) -> tuple[str, str] | None:
     return f"{hub.scheme}://{parts.hostname}{port}", parts.path
 
 
-def not_running_message(public_url: str, pending: str | None = None) -> str:
-    """What a member reads when her server is not running (the gateway never starts it:
-    the spawn form, with its choice of GPUs, is in the browser)."""
+def not_running_message(public_url: str, pending: str | None = None, server: str = "",
+                        others: tuple[str, ...] = (), member: str = "") -> str:
+    """What a member reads when the server she named is not running (the gateway never
+    starts it: the spawn form, with its choice of GPUs, is in the browser); *others*: her
+    servers that are running, each with how to reach it."""
     where = f"{public_url.rstrip('/')}/hub/home" if public_url else "the hub's home page"
+    which = shown_server(server).capitalize()
     if pending == "spawn":
-        return (f"Your server is still starting; wait for it at {where}, then connect "
+        return (f"{which} is still starting; wait for it at {where}, then connect "
                 "again.\r\n")
-    return (f"Your server is not running; start it at {where}, then connect again.\r\n")
+    running = "".join(f"Running: {shown_server(o)} (ssh "
+                      f"{member + SERVER_SEPARATOR + o if o else member}@...).\r\n"
+                      for o in others)
+    return f"{which} is not running; start it at {where}, then connect again.\r\n{running}"
 
 
-def pending_of(model: dict) -> str | None:
-    return ((model.get("servers") or {}).get("") or {}).get("pending")
+def pending_of(model: dict, server: str = "") -> str | None:
+    return ((model.get("servers") or {}).get(server) or {}).get("pending")
+
+
+def running_servers(model: dict) -> tuple[str, ...]:
+    """Her servers that are ready, by name ("" her default one), as the hub's model
+    shows them to the token that asked."""
+    return tuple(sorted(n for n, s in (model.get("servers") or {}).items()
+                        if s and s.get("ready") and not s.get("stopped")))
 
 
 # Sessions without a terminal run as OpenSSH's sshd runs them: the member's shell
