@@ -262,8 +262,8 @@ def _cmd_access_end(args) -> int:
         stopped = ", ".join(repr(n) for n in result.get("stopped_servers") or [])
         print(f"stopped servers: {stopped or 'none was running'}")
     else:
-        print(f"{user}'s server (if any) keeps running, closed to them: gpulab access end "
-              f"{user} --stop-server stops it")
+        print(f"{user}'s servers (if any) keep running, closed to them: gpulab access end "
+              f"{user} --stop-server stops them")
     return 0
 
 
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("user")
     revoke.add_argument("token_id")
     revoke.add_argument("--stop-server", action="store_true",
-                        help="also stop the member's server now")
+                        help="also stop the member's servers now (named ones too)")
     revoke.set_defaults(func=_cmd_token_revoke)
 
     access = sub.add_parser("access", help="end a member's access")

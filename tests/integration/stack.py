@@ -135,7 +135,8 @@ class Hub:
         self.delete_users([name])
 
     def delete_users(self, names: Sequence[str]) -> None:
-        """Stop their servers, all at once, then delete them. A stop is asked again while
+        """Stop their servers (named ones too: the hub refuses to delete a member while one
+        runs), all at once, then delete them. A stop is asked again while
         a server is there and not stopping: one may have been starting when asked (the
         hub then refuses to stop it), and the line may start one at any moment (seen in
         CI: the line started carol's server as the teardown deleted bob, who held the
@@ -149,10 +150,12 @@ class Hub:
             r = self.request("GET", f"/users/{name}")
             if r.status_code == 404:
                 return True
-            server = r.json()["servers"].get("")
-            if server:
-                if server.get("pending") != "stop":
-                    self.request("DELETE", f"/users/{name}/server")
+            servers = r.json()["servers"]  # her default one and her named ones
+            for server, model in servers.items():
+                if model.get("pending") != "stop":
+                    self.request("DELETE", f"/users/{name}/servers/{server}" if server
+                                 else f"/users/{name}/server")
+            if servers:
                 return False
             r = self.request("DELETE", f"/users/{name}")
             said[name] = f"{r.status_code} {r.text[:200]}"
@@ -184,6 +187,14 @@ class LabUser:
     def container(self) -> str:
         return container_name(self.name)
 
+    def container_of(self, server: str = "") -> str:
+        """The container of her *server* ("" her default one)."""
+        return container_name(self.name, server)
+
+    def server_path(self, server: str = "") -> str:
+        return (f"{self.hub.api}/users/{self.name}/servers/{server}" if server
+                else f"{self.hub.api}/users/{self.name}/server")
+
     @property
     def home_volume(self) -> str:
         return volume_name("gpulab-home-{username}", self.name)
@@ -195,23 +206,25 @@ class LabUser:
     def _headers(self) -> dict:
         return {"Authorization": f"token {self.token}"}
 
-    def start_server(self, options: dict | None = None, timeout: float = 180) -> float:
-        """Start the default server and wait until the hub says it is ready; seconds taken."""
+    def start_server(self, options: dict | None = None, timeout: float = 180,
+                     server: str = "") -> float:
+        """Start her *server* ("" the default one) and wait until the hub says it is
+        ready; seconds taken."""
         t0 = time.monotonic()
-        r = requests.post(f"{self.hub.api}/users/{self.name}/server",
-                          json=options or {}, headers=self._headers(), timeout=timeout)
+        r = requests.post(self.server_path(server), json=options or {},
+                          headers=self._headers(), timeout=timeout)
         if r.status_code not in (201, 202):
             raise StackError(f"spawn of {self.name} failed: HTTP {r.status_code} {r.text}")
-        wait_for(lambda: (self.hub.server_model(self.name) or {}).get("ready"),
-                 timeout, interval=0.1, what=f"{self.name}'s server to be ready")
+        wait_for(lambda: (self.hub.server_model(self.name, server) or {}).get("ready"),
+                 timeout, interval=0.1, what=f"{self.name}'s server {server!r} to be ready")
         return time.monotonic() - t0
 
-    def stop_server(self, timeout: float = 60) -> None:
-        r = requests.delete(f"{self.hub.api}/users/{self.name}/server",
-                            headers=self._headers(), timeout=timeout)
+    def stop_server(self, timeout: float = 60, server: str = "") -> None:
+        r = requests.delete(self.server_path(server), headers=self._headers(),
+                            timeout=timeout)
         assert r.status_code in (202, 204), r.text
-        wait_for(lambda: self.hub.server_model(self.name) is None, timeout,
-                 what=f"{self.name}'s server to stop")
+        wait_for(lambda: self.hub.server_model(self.name, server) is None, timeout,
+                 what=f"{self.name}'s server {server!r} to stop")
 
     def api(self, method: str, path: str, **kw) -> requests.Response:
         kw.setdefault("timeout", 60)

@@ -261,6 +261,34 @@ def test_a_stopped_server_gets_a_clear_message(ssh, lab_user):
     assert erin.token not in r.stderr
 
 
+def test_name_plus_server_reaches_one_of_her_named_servers(ssh, lab_user, tmp_path):
+    """``ssh alice+train@`` opens her named server train, by token or by key, and her
+    plain name her default one; a server of hers that is not running is named, with
+    those that are."""
+    fay = lab_user("sshnamed")
+    fay.start_server({"gpus": 0})
+    fay.start_server({"gpus": 0}, server="train")
+    train = hostname_of(fay.container_of("train"))
+    assert train != hostname_of(fay.container)
+    r = ssh.run(f"{fay.name}+train", fay.token, command="hostname")
+    assert (r.returncode, r.stdout) == (0, f"{train}\n"), r
+    r = ssh.run(fay.name, fay.token, command="hostname")
+    assert (r.returncode, r.stdout) == (0, f"{hostname_of(fay.container)}\n"), r
+    key = registered_key(fay, tmp_path)
+    r = ssh.run_with_key(f"{fay.name}+train", key, command="hostname")
+    assert (r.returncode, r.stdout) == (0, f"{train}\n"), r
+    fay.stop_server()
+    r = ssh.run(fay.name, fay.token, command="true")
+    assert r.returncode == 1, r
+    assert "Your server is not running; start it at " in r.stderr, r
+    assert f"Running: your server train (ssh {fay.name}+train@...)." in r.stderr, r
+    r = ssh.run(f"{fay.name}+notes", fay.token, command="true")
+    assert r.returncode == 1 and "Your server notes is not running" in r.stderr, r
+    # a name that no server of hers can have is not hers to sign in with
+    r = ssh.run(f"{fay.name}+Bad/Name", fay.token, command="true")
+    assert refused(r), r
+
+
 def test_commands_without_a_terminal_get_plain_pipes_byte_for_byte(ssh, lab_user):
     """`ssh host CMD` as scripts and tools use it: binary stdin and stdout unchanged (no
     CRLF, no echo), stderr apart, a signal's exit status as a shell reports it."""

@@ -505,9 +505,26 @@ class TokenAuthenticator(Authenticator):
         if self.sso is not None:
             self.sso.access_given(username)
 
-    def delete_user(self, user):
+    async def delete_user(self, user):
         """A deleted user's login tokens and SSH keys go with her: a new user of the same
-        name later is someone else (seen in review: her keys would have signed in)."""
+        name later is someone else (seen in review: her keys would have signed in).
+
+        JupyterHub stops her default server before this, not her named ones, and would
+        fail (a 500) after this on one that runs, her tokens and keys already gone: they
+        are stopped here first, as its own stop does (her route off the proxy, then the
+        server); one still starting or stopping is a 400 that changes nothing more."""
+        servers = sorted((name, spawner) for name, spawner in
+                         getattr(user, "spawners", {}).items() if name and spawner.active)
+        busy = [f"{name} ({spawner.pending})" for name, spawner in servers if spawner.pending]
+        if busy:
+            raise web.HTTPError(400, f"{user.name}'s named servers {', '.join(busy)} are "
+                                     f"starting or stopping: try again once they are not.")
+        proxy = getattr(self.parent, "proxy", None)
+        for name, _ in servers:
+            if proxy is not None:
+                await proxy.delete_user(user, name)
+            await user.stop(name)
+            self.log.info("Stopped %s's named server %s: she is being deleted", user.name, name)
         self.login_tokens.forget_user(user.name)
         self.ssh_keys.forget_user(user.name)
         for forget in self.on_access_ended:

@@ -1,0 +1,125 @@
+"""Several servers per member (JupyterHub's named servers; gpus.yaml's max_servers), on
+the real stack, through the REST API a member's scripts use and the hub home page she
+clicks in Chromium: a named server beside her default one, each with its own GPU and her
+one home; a server past max_servers and GPUs past max_gpus refused with a 403 that starts
+nothing; the admins' lease page naming which of her servers holds which GPU; and the end
+of her access stopping all of them and giving their GPUs back."""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import urlsplit
+
+import requests
+
+from .browser import screenshot, start_without_a_gpu_if_asked, submit_login
+from .stack import HUB_URL, docker, wait_for
+from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
+
+TWO_EACH = STANDIN_GPUS.replace("  max_gpus: 1\n", "  max_gpus: 2\n  max_servers: 2\n")
+LEASES_API = f"{HUB_URL}/services/gpus/api/leases"
+
+
+def labels_of(container: str) -> dict:
+    return json.loads(docker("inspect", "--format", "{{json .Config.Labels}}", container))
+
+
+def gone(container: str) -> bool:
+    return docker("ps", "-aq", "--filter", f"name=^{container}$") == ""
+
+
+def post(member, server: str, options: dict) -> requests.Response:
+    return requests.post(member.server_path(server), json=options,
+                         headers={"Authorization": f"token {member.token}"}, timeout=120)
+
+
+def test_a_named_server_beside_her_default_one_within_her_limits(lab_config, gpus_yaml,
+                                                                 lab_user, hub, hub_admin):
+    lab_config.write("gpus.yaml", TWO_EACH)
+    ann = lab_user("named")
+    ann.start_server({"gpus": 1})
+    ann.start_server({"gpus": 1}, server="train")
+    default, train = ann.container_of(), ann.container_of("train")
+    assert train == f"{default}--train"
+
+    # each its own GPU, labelled with its server; one home, seen from both
+    assert labels_of(train)["org.gpulab.server"] == "train"
+    assert labels_of(default)["org.gpulab.server"] == ""
+    got = {gpus_of(default)["env"], gpus_of(train)["env"]}
+    assert got == {GPU0, GPU1}, got
+    docker("exec", default, "sh", "-c", "echo from-default > ~/shared.txt")
+    assert docker("exec", train, "cat", "/home/jovyan/shared.txt") == "from-default"
+
+    # the admins' lease page names which of her servers holds which GPU
+    r = requests.get(LEASES_API, headers={"Authorization": f"token {hub_admin.token}"},
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    held = sorted((le["server"], le["gpu_uuid"]) for le in r.json()["leases"]
+                  if le["user"] == ann.name)
+    assert [s for s, _ in held] == ["", "train"] and {u for _, u in held} == {GPU0, GPU1}
+
+    # a third server: past max_servers, a 403 that names what runs; nothing starts
+    r = post(ann, "notes", {"gpus": 0})
+    assert r.status_code == 403, r.text
+    assert ('You already have 2 servers running (your default one, "train"), the most the '
+            'lab gives you at once (max_servers: 2): stop one first.') in r.json()["message"]
+    assert gone(ann.container_of("notes"))
+
+    # her GPUs count over all her servers: train may not take two while default holds one
+    ann.stop_server(server="train")
+    assert gone(train)
+    r = post(ann, "train", {"gpus": 2})
+    assert r.status_code == 403, r.text
+    assert "already hold 1 on server(s) default and may use at most 2" in r.json()["message"]
+    assert gone(train)
+    ann.start_server({"gpus": 0}, server="train")  # her named server is hers to start again
+
+    # the end of her access stops every server of hers and gives their GPUs back
+    r = hub.request("DELETE", f"/gpulab/access/{ann.name}", json={"stop_servers": True})
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["stopped_servers"]) == ["", "train"]
+    wait_for(lambda: gone(default) and gone(train), 60, what="both her servers to be gone")
+    r = requests.get(LEASES_API, headers={"Authorization": f"token {hub_admin.token}"},
+                     timeout=30)
+    assert not [le for le in r.json()["leases"] if le["user"] == ann.name], r.text
+
+
+def test_deleting_a_member_stops_her_named_servers_too(gpus_yaml, lab_user, hub):
+    """JupyterHub stops only her default server when an admin deletes her, and then fails
+    (a 500) on a named one that runs, her tokens already gone: gpulab stops them first."""
+    cal = lab_user("named")
+    cal.start_server({"gpus": 0})
+    cal.start_server({"gpus": 0}, server="train")
+    r = hub.request("DELETE", f"/users/{cal.name}")
+    assert r.status_code == 204, r.text
+    assert hub.request("GET", f"/users/{cal.name}").status_code == 404
+    wait_for(lambda: gone(cal.container_of()) and gone(cal.container_of("train")), 60,
+             what="both her servers to be gone")
+
+
+def test_she_adds_and_opens_a_named_server_from_her_home_page(lab_config, gpus_yaml,
+                                                             lab_user, new_page):
+    lab_config.write("gpus.yaml", TWO_EACH)
+    bea = lab_user("named")
+    page = new_page()
+    submit_login(page, bea.name, bea.token, next_url="/hub/home")
+    page.wait_for_url(re.compile(r"/hub/home"), timeout=60_000)
+    assert "You may run 2 servers at once" in page.locator("#max-servers").inner_text()
+    # "Add New Server" names it (JupyterHub's page reloads with its row), "start" opens
+    # her spawn form for it
+    page.fill("input.new-server-name", "writing")
+    with page.expect_navigation(timeout=60_000):
+        page.click("button.new-server-btn")
+    with page.expect_navigation(timeout=60_000):
+        page.locator("#start-writing").click()
+    page.wait_for_url(re.compile(r"/hub/spawn"), timeout=60_000)
+    start_without_a_gpu_if_asked(page)
+    page.wait_for_url(re.compile(rf"/user/{bea.name}/writing/"), timeout=180_000)
+    assert urlsplit(page.url).path.startswith(f"/user/{bea.name}/writing/"), page.url
+    assert labels_of(bea.container_of("writing"))["org.gpulab.server"] == "writing"
+    page.goto(f"{HUB_URL}/hub/home")
+    row = page.locator('tr.home-server-row[data-server-name="writing"]')
+    assert f"/user/{bea.name}/writing/" in row.locator("a.server-link").inner_text()
+    screenshot(page, "named-servers-home.png")
+    bea.stop_server(server="writing")
