@@ -38,7 +38,9 @@ from tests.ports import free_port
 DOCKER_SOCKET = "/var/run/docker.sock"
 IMAGE = "gpulab/singleuser:latest"
 NETWORK = "gpulab-difftest"
-PREFIX = "gpulab-user-difftest-"
+# every container here is a named server of the member difftest (the proxy requires a
+# container's name to be its labels' user's and server's): PREFIX + its server's name
+PREFIX = "gpulab-user-difftest--"
 HOME_VOLUME = "gpulab-difftest-home"
 DATASETS_VOLUME = "gpulab-difftest-datasets"
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
@@ -192,7 +194,11 @@ class Client:
         return f"{PREFIX}{self.counter}"
 
     def create(self, body: bytes, name: str | None = None) -> tuple[int, object, str]:
+        """Create *name* (the next numbered one), its server label made its name's."""
         name = name or self.name()
+        if name.startswith(PREFIX):
+            body = body.replace(b'"org.gpulab.server": ""',
+                                f'"org.gpulab.server": "{name[len(PREFIX):]}"'.encode(), 1)
         status, payload = self.send(_request("POST", f"/v1.41/containers/create?name={name}",
                                              body))
         return status, payload, name
@@ -663,7 +669,8 @@ def test_the_calls_the_hub_makes_pass_through_docker_py(proxy):
         IMAGE, command=["sleep", "30"], name=name, user="1000:1000", ports=[8888],
         environment={"NVIDIA_VISIBLE_DEVICES": "void", "GPULAB_GPUS": ""},
         volumes=["/home/jovyan", "/datasets"], host_config=host_config,
-        labels={"org.gpulab.managed": "true", "org.gpulab.user": "py", "org.gpulab.server": "",
+        labels={"org.gpulab.managed": "true", "org.gpulab.user": "difftest",
+                "org.gpulab.server": "docker-py",
                 "org.gpulab.gpus": ""})
     cid = created["Id"]
     api.inspect_volume(DATASETS_VOLUME)
