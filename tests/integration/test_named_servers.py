@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import requests
 
 from .browser import screenshot, start_without_a_gpu_if_asked, submit_login
-from .stack import HUB_URL, docker, wait_for
+from .stack import HUB_URL, docker, form_login, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 TWO_EACH = STANDIN_GPUS.replace("  max_gpus: 1\n", "  max_gpus: 2\n  max_servers: 2\n")
@@ -69,6 +69,12 @@ def test_a_named_server_beside_her_default_one_within_her_limits(lab_config, gpu
     # her GPUs count over all her servers: train may not take two while default holds one
     ann.stop_server(server="train")
     assert gone(train)
+    page = form_login(ann.name, ann.token).session.get(f"{HUB_URL}/hub/spawn/{ann.name}/train",
+                                                      timeout=30)
+    assert page.status_code == 200, page.text[:300]
+    assert "yours (your default server)" in page.text, page.text[-3000:]
+    offered = re.findall(r'<option value="(\d+)"', page.text)
+    assert offered == ["0", "1"], offered  # the other of her 2 is her default server's
     r = post(ann, "train", {"gpus": 2})
     assert r.status_code == 403, r.text
     assert "already hold 1 on server(s) default and may use at most 2" in r.json()["message"]

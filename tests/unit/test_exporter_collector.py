@@ -223,11 +223,14 @@ def test_processes_in_and_out_of_containers(proc):
     assert v("gpulab_gpu_user_memory_used_bytes", {**gpu(1), "user": "ann"}) == 0
     assert v("gpulab_gpu_user_memory_used_bytes", {**gpu(0), "user": ""}) is None
     assert v("gpulab_gpu_process_info",
-             {**gpu(0), "pid": "101", "user": "ann", "container": "gpulab-ann"}) == 1
+             {**gpu(0), "pid": "101", "user": "ann", "server": "", "container": "gpulab-ann"}) == 1
+    assert v("gpulab_gpu_process_info", {**gpu(1), "pid": "201", "user": "bob", "server": "big",
+                                         "container": "gpulab-bob--big"}) == 1
     assert v("gpulab_gpu_process_info",
-             {**gpu(0), "pid": "301", "user": "", "container": STRANGER[:12]}) == 1
-    assert v("gpulab_gpu_process_info", {**gpu(0), "pid": "401", "user": "", "container": ""}) == 1
-    assert v("gpulab_gpu_process_info", {**gpu(0), "pid": "999", "user": "", "container": ""}) == 1
+             {**gpu(0), "pid": "301", "user": "", "server": "", "container": STRANGER[:12]}) == 1
+    for pid in ("401", "999"):
+        assert v("gpulab_gpu_process_info",
+                 {**gpu(0), "pid": pid, "user": "", "server": "", "container": ""}) == 1
     assert v("gpulab_gpu_lease_info", {**gpu(1), "user": "bob", "server": "big"}) == 1
     assert v("gpulab_exporter_docker_up") == 1
 

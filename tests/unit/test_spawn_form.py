@@ -57,6 +57,13 @@ def test_members_see_whether_a_gpu_is_free_admins_who_holds_it():
         "held by alice", "held by bob/train", "free"]
 
 
+def test_a_member_sees_which_of_her_servers_holds_a_gpu():
+    assert [r.status for r in gpu_rows([EXCLUSIVE, SHARED, IDLE], HOLDERS, is_admin=False,
+                                       member="bob")] == ["in use", "yours (train)", "free"]
+    assert [r.status for r in gpu_rows([EXCLUSIVE, SHARED, IDLE], HOLDERS, is_admin=False,
+                                       member="alice")][0] == "yours (your default server)"
+
+
 def test_the_form_offers_zero_to_the_quota_with_the_default_chosen():
     rows = gpu_rows([EXCLUSIVE, SHARED, IDLE], HOLDERS, is_admin=False)
     page = Page(render_spawn_form(SpawnForm(2, 1, rows, "A server holding GPUs is stopped.")))

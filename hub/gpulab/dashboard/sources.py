@@ -329,7 +329,8 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
             g["processes"] = [*(g["processes"] or []), {
                 "pid": int(pid) if pid.isdigit() else pid, "used_memory_bytes": None,
                 "container_id": None, "container": labels.get("container") or None,
-                "user": labels.get("user") or None, "server": None}]
+                "user": labels.get("user") or None,
+                "server": labels.get("server", "") if labels.get("user") else None}]
     for g in gpus.values():
         g["leases"].sort(key=lambda le: (le["user"], le["server"]))
     snap["gpus"] = sorted(gpus.values(), key=gpu_order)

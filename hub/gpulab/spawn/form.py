@@ -24,7 +24,7 @@ class GpuRow:
     index: int
     model: str
     pool: str
-    status: str  # free, in use, shared (1/2); for admins: held by alice, bob/train
+    status: str  # free, in use, shared (1/2), yours (train); for admins: held by alice, bob/train
     machine: str = ""  # on a Swarm: the machine it is in
 
 
@@ -50,14 +50,17 @@ class SpawnForm:
 
 
 def gpu_rows(inventory: Sequence[Gpu], holders: Mapping[str, Sequence[Lease]],
-             is_admin: bool) -> tuple[GpuRow, ...]:
+             is_admin: bool, member: str = "") -> tuple[GpuRow, ...]:
     """A row per GPU: free, or who holds it (admins), or in use / shared (members); the
-    lab assistant's GPUs say so to everyone."""
+    lab assistant's GPUs say so to everyone, and *member*'s own which server of hers."""
     rows = []
     for g in inventory:
         held = holders.get(g.uuid, [])
+        mine = [le.server for le in held if member and le.user == member]
         if not held:
             status = "free"
+        elif mine:
+            status = "yours (" + ", ".join(s or "your default server" for s in mine) + ")"
         elif any(le.user == ASSISTANT for le in held):  # the lab's, not a member's
             status = "held for the lab assistant"
         elif is_admin:

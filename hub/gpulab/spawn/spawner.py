@@ -299,7 +299,11 @@ class GpulabSpawner(DockerSpawner):
         budget = admission.budget_of(ask, seen, policy)
         line = seen.line is not None
         sized = resources_note(policy, settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
-        return SpawnForm(policy.max_gpus, policy.gpus, gpu_rows(inventory, holders, is_admin),
+        # her other servers' GPUs count toward max_gpus: she is offered what is left
+        left = max(0, policy.max_gpus - sum(le.user == self.user.name and le.server != self.name
+                                            for le in seen.leases))
+        return SpawnForm(left, min(policy.gpus, left),
+                         gpu_rows(inventory, holders, is_admin, self.user.name),
                          policy_note(policy, config.culling), line=line,
                          waiting=sum(e.offered_at is None for e in seen.line or ()),
                          email=line and mail_enabled(settings),

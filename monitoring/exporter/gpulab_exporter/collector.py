@@ -154,13 +154,14 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
 
     if process_info:
         procs = GaugeMetricFamily("gpulab_gpu_process_info",
-                                  "1 per process using the GPU (host PID), with its hub user "
-                                  "and container where known.",
-                                  labels=[*GPU, "pid", "user", "container"])
+                                  "1 per process using the GPU (host PID), with its hub user, "
+                                  "server (named or \"\", her default one) and container "
+                                  "where known.",
+                                  labels=[*GPU, "pid", "user", "server", "container"])
         for g in snap.gpus:
             for p in g.processes or ():
-                procs.add_metric([*_gpu_labels(g), str(p.pid), p.user or "", p.container or ""],
-                                 1.0)
+                procs.add_metric([*_gpu_labels(g), str(p.pid), p.user or "", p.server or "",
+                                  p.container or ""], 1.0)
         fams.append(procs)
     return fams
 
