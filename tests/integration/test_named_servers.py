@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import requests
 
 from .browser import screenshot, start_without_a_gpu_if_asked, submit_login
-from .stack import HUB_URL, docker, form_login, wait_for
+from .stack import HUB_URL, container_logs, docker, form_login, scrape_seconds, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 TWO_EACH = STANDIN_GPUS.replace("  max_gpus: 1\n", "  max_gpus: 2\n  max_servers: 2\n")
@@ -129,3 +129,46 @@ def test_she_adds_and_opens_a_named_server_from_her_home_page(lab_config, gpus_y
     assert f"/user/{bea.name}/writing/" in row.locator("a.server-link").inner_text()
     screenshot(page, "named-servers-home.png")
     bea.stop_server(server="writing")
+
+
+def test_a_named_server_waits_in_line_and_the_line_starts_it(lab_config, gpus_yaml,
+                                                            lab_user, hub):
+    """Her named server waits in the line on its own, beside her default one that runs;
+    when the GPU comes free, the line starts that server, not her default one."""
+    lab_config.write("gpus.yaml", TWO_EACH.replace("  - {index: 1", "  # - {index: 1"))
+    ann, dan = lab_user("named"), lab_user("named")
+    ann.start_server({"gpus": 1})
+    dan.start_server({"gpus": 0})
+    r = post(dan, "train", {"gpus": 1, "wait": True})
+    assert r.status_code == 202 and "number 1 in line" in r.json()["message"], r.text
+    r = requests.get(f"{hub.api}/gpulab/line/{dan.name}", timeout=30,
+                     headers={"Authorization": f"token {dan.token}"})
+    assert [(e["server"], e["state"]) for e in r.json()["line"]] == [("train", "waiting")]
+    ann.stop_server()
+    wait_for(lambda: (hub.server_model(dan.name, "train") or {}).get("ready"), 120,
+             interval=0.5, what="the line to start dan's server train with the freed GPU")
+    assert gpus_of(dan.container_of("train"))["device_ids"] == [GPU0]
+    assert gpus_of(dan.container_of())["device_ids"] == []  # her default one, as it was
+
+
+def test_the_gpu_culler_stops_her_idle_named_server_and_names_it(lab_config, gpus_yaml,
+                                                                lab_user, hub, fake_control):
+    """Her named server's GPU sits idle while her default one's works: the culler warns of
+    and stops that server, by name, and leaves the other running."""
+    idle_timeout, warn_before = max(20, 3 * scrape_seconds()), max(10, scrape_seconds())
+    lab_config.write("gpus.yaml", TWO_EACH + f"  gpu_idle_timeout: {idle_timeout}s\n"
+                     f"culling: {{idle_below: 5%, warn_before: {warn_before}s, "
+                     f"check_every: 2s}}\n")
+    fake_control({"utilization": {"0": 0, "1": 80}})
+    eve = lab_user("named")
+    eve.start_server({"gpus": 1}, server="train")  # the lowest free: GPU 0, idle
+    eve.start_server({"gpus": 1})  # GPU 1, at work
+    assert gpus_of(eve.container_of("train"))["label"] == GPU0
+    wait_for(lambda: hub.server_model(eve.name, "train") is None, idle_timeout + 120,
+             interval=1, what="the GPU culler to stop her idle server train")
+    assert hub.server_model(eve.name) is not None  # her working one runs on
+    log = container_logs("gpulab-hub", 600)
+    assert f"GPU culler: warned {eve.name} that their server 'train' stops at" in log, log[-3000:]
+    assert f"GPU culler: stopped {eve.name}'s server 'train'" in log, log[-3000:]
+    home = form_login(eve.name, eve.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
+    assert "server &#39;train&#39;" in home.text or "server 'train'" in home.text, home.text
