@@ -58,6 +58,7 @@ __all__ = [
     "PRIVATE_NAMES",
     "PrivateName",
     "expire_auth",
+    "forget_named_server",
     "from_rest_api",
     "hub_orm",
     "mark_cookie_request",
@@ -159,6 +160,15 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "own HTTPError, handed to the page (JupyterHub's template does not use it), names "
         "her home page, where she is sent",
         "none found (the page's variables are not documented)"),
+    PrivateName(
+        "jupyterhub.user.User._delete_spawner, .spawners.pop", "jupyterhub", "6.1.1",
+        "gpulab.spawn.servers_api.ServersAPIHandler (forget_named_server)",
+        "a named server whose first start is refused (a bad job, past max_servers or "
+        "max_gpus) is removed, as JupyterHub's own DELETE with {\"remove\": true} removes "
+        "one: JupyterHub keeps it, so each bad request would leave an entry on her home "
+        "page, counted in named_server_limit_per_user",
+        "none found (a refused first start of a named server could be discarded upstream, "
+        "or the REST API's remove exposed as a method)"),
     PrivateName(
         "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token", "jupyterhub", "6.1.1",
         "gpulab.login.tokens (hub_orm): issue, user_tokens, the login-token API",
@@ -276,6 +286,20 @@ def simple_options_from_form(spawner: Any) -> Callable[[dict], dict]:
 
 
 # ---------------------------------------------------------------- the hub's database
+
+
+async def forget_named_server(handler: Any, user: Any, name: str) -> bool:
+    """Remove *user*'s named server *name*, stopped, as JupyterHub's ``DELETE
+    /users/NAME/servers/SERVER`` with ``{"remove": true}`` does; False (kept) while it is
+    active or gone already."""
+    spawner = user.spawners.get(name) if name in user.orm_spawners else None
+    if spawner is None or spawner.active:
+        return False
+    await user._delete_spawner(spawner)
+    handler.db.delete(spawner.orm_spawner)
+    user.spawners.pop(name, None)
+    handler.db.commit()
+    return True
 
 
 def hub_orm() -> ModuleType:

@@ -49,6 +49,7 @@ from gpulab.login.sshkeys import SSH_SERVICE
 from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
 from gpulab.notices import home_page_notices
 from gpulab.settings import ConfigError, Settings
+from gpulab.spawn import servers_api
 
 # Paths inside the hub container (docker-compose.yml mounts them).
 CONFIG_DIR = Path(os.environ.get("GPULAB_CONFIG_DIR", "/srv/gpulab/config"))
@@ -56,8 +57,9 @@ SECRETS_DIR = Path(os.environ.get("GPULAB_SECRETS_DIR", "/srv/gpulab/secrets"))
 DATA_DIR = Path(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"))
 TEMPLATES = Path(__file__).parent / "templates"
 
-# What JupyterHub's `server` role gives a server's own token (JUPYTERHUB_API_TOKEN).
-SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server"]
+# What JupyterHub's `server` role gives a server's own token (JUPYTERHUB_API_TOKEN), and
+# servers!server: a job's server stops itself when its command ends (gpulab.spawn.jobs).
+SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server", "servers!server"]
 # The service that `gpulab` commands and the test suite use to manage users and tokens.
 ADMIN_SERVICE = "gpulab-admin"
 ADMIN_SERVICE_SCOPES = [
@@ -295,7 +297,8 @@ def configure(c) -> None:
         raise SystemExit(f"gpulab: {e}") from None
     # The line's and the bookings' REST API (and the bookings page); members whose
     # access ends leave the line and lose their bookings.
-    c.TokenAuthenticator.more_api_handlers = [*line_api.api_handlers(),
+    c.TokenAuthenticator.more_api_handlers = [*servers_api.api_handlers(),
+                                              *line_api.api_handlers(),
                                               *bookings_api.api_handlers(),
                                               *assistant_api.api_handlers()]
     c.TokenAuthenticator.on_access_ended = [

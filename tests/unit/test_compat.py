@@ -233,6 +233,22 @@ def not_running_exception():
     assert 'headers = getattr(e, "headers", None) or {}' in source(SpawnHandler._post)
 
 
+def delete_spawner():
+    """What JupyterHub's own DELETE with remove does, which forget_named_server repeats;
+    and the POST it wraps, which keeps a refused named server."""
+    from jupyterhub.apihandlers.users import UserServerAPIHandler
+    remove = source(UserServerAPIHandler.delete)
+    for step in ("await maybe_future(user._delete_spawner(spawner))",
+                 "self.db.delete(spawner.orm_spawner)", "user.spawners.pop(server_name, None)",
+                 "self.db.commit()"):
+        assert step in remove, step
+    assert "if spawner.active:" in source(User._delete_spawner)
+    post = source(UserServerAPIHandler.post)
+    assert "spawner = user.get_or_create_spawner(" in post
+    assert "await self.spawn_single_user(user, server_name, display_name, options=options)" \
+        in post
+
+
 PROBES = {
     "jupyterhub.handlers.base.BaseHandler._jupyterhub_user": jupyterhub_user,
     "jupyterhub.handlers.base.BaseHandler._token_authenticated": token_authenticated,
@@ -252,6 +268,7 @@ PROBES = {
     "jupyterhub.handlers.pages.SpawnPendingHandler.get: not_running.html's exception":
         not_running_exception,
     "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token": hub_tokens,
+    "jupyterhub.user.User._delete_spawner, .spawners.pop": delete_spawner,
 }
 ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
 
@@ -310,7 +327,7 @@ def test_gpulabs_hub_code_names_no_private_name_of_upstream_but_through_compat()
     package = Path(compat.__file__).parent
     names = {"._jupyterhub_user", "._token_authenticated", "._auth_refreshed",
              "._set_cookie", "._render(", "._log_name", "._simple_options_from_form",
-             "._session_factory", "._spawn_future", "._reason"}
+             "._session_factory", "._spawn_future", "._reason", "._delete_spawner"}
     found = {(str(p.relative_to(package)), n) for p in package.rglob("*.py")
              if p.name != "compat.py" for n in names if n in p.read_text()}
     found |= {(str(p.relative_to(package)), n) for p in (package / "ssh").glob("*.py")

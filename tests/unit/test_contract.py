@@ -97,7 +97,8 @@ def test_every_metric_name_in_the_hubs_code_is_one_the_exporter_or_the_hub_produ
 
 
 # gpulab_* words in the hub's code that are not metrics: modules and packages.
-MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access", "gpulab_work"}
+MODULES = {"gpulab_exporter", "gpulab_gpus", "gpulab_channels", "gpulab_access", "gpulab_work",
+           "gpulab_job"}
 
 
 # The addresses' variables, and the contract's value for each.

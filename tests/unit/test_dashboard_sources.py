@@ -132,8 +132,8 @@ CANNED_SERIES = [
     sample("gpulab_gpu_lease_info", 1, user="alice", server="", **G0),
     sample("gpulab_gpu_lease_info", 1, user="bob", server="train", **G1),
     sample("gpulab_gpu_user_memory_used_bytes", 6 << 30, user="alice", **G0),
-    sample("gpulab_gpu_process_info", 1, pid="4242", user="alice", container="gpulab-alice",
-           **G0),
+    sample("gpulab_gpu_process_info", 1, pid="4242", user="alice", server="train",
+           container="gpulab-alice--train", **G0),
 ]
 SCRAPED = vector([{"metric": {}, "value": [SCRAPED_AT + 14, str(SCRAPED_AT)]}])
 
@@ -203,8 +203,8 @@ async def test_prometheus_source_canned_series(prometheus):
                   "leases": [{"user": "alice", "server": "", "container": None}],
                   "user_memory_bytes": {"alice": 6 << 30},
                   "processes": [{"pid": 4242, "used_memory_bytes": None, "container_id": None,
-                                 "container": "gpulab-alice", "user": "alice",
-                                 "server": None}]}
+                                 "container": "gpulab-alice--train", "user": "alice",
+                                 "server": "train"}]}
     assert g1["up"] is False and "lost" in g1["error"]
     assert g1["leases"] == [{"user": "bob", "server": "train", "container": None}]
     assert g1["processes"] is None  # no process_info series: not listed

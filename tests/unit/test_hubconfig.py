@@ -186,12 +186,14 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     from gpulab.gpus.config import parse_gpus_config
     from gpulab.line import api as line_api
     from gpulab.line.store import line_store
+    from gpulab.spawn import servers_api
 
     c = configured
     data = tmp_path / "data"
     assert c.GpulabSpawner.line_file == str(data / "gpulab-line.sqlite")
     assert c.JupyterHub.tornado_settings["gpulab-line"]["file"] == c.GpulabSpawner.line_file
-    wired = [*line_api.api_handlers(), *bookings_api.api_handlers()]
+    wired = [*servers_api.api_handlers(), *line_api.api_handlers(),
+             *bookings_api.api_handlers()]
     assert c.TokenAuthenticator.more_api_handlers[:len(wired)] == wired
     service = next(s for s in c.JupyterHub.services if s["name"] == "gpu-line")
     assert service["command"][1:3] == ["-m", "gpulab.line"]
@@ -234,7 +236,9 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     # JupyterHub's own `server` and `user` roles, each with the scope added (so that a
     # JupyterHub that changes them fails here rather than losing a scope silently)
     default = {r["name"]: r["scopes"] for r in get_default_roles()}
-    assert c.GpulabSpawner.server_token_scopes == [*default["server"], ASSISTANT_SCOPE]
+    # and servers!server: a job's server stops itself when its command ends
+    assert c.GpulabSpawner.server_token_scopes == [*default["server"], "servers!server",
+                                                   ASSISTANT_SCOPE]
     assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE]
     assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
     config = c.JupyterHub.tornado_settings["gpulab-assistant"]

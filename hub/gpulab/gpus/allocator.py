@@ -535,7 +535,7 @@ def reconcile(
 _DIGITS = re.compile(r"[0-9]{1,6}")
 # What user_options may hold (environment: checked by gpulab.environments; email, where
 # she is told of her turn in line, by gpulab.mail).
-OPTIONS = ("gpus", "wait", "environment", "email", "cpus", "memory")
+OPTIONS = ("gpus", "wait", "environment", "email", "cpus", "memory", "job")
 
 
 def wants_to_wait(raw: Any) -> bool:
@@ -575,8 +575,9 @@ def validate_user_options(raw: Any, max_gpus: int) -> int | None:
             f"\"gpus\": the number of GPUs (0 to {max_gpus}; GPUs are chosen by the hub), "
             f"\"wait\": true to wait in line when they are not free, \"email\": where "
             f"you are told when your turn in line comes, \"environment\": the name of "
-            f"one of the lab's environments, and \"cpus\" and \"memory\" (such as 2 and "
-            f"\"8g\"): fewer than your GPUs bring."
+            f"one of the lab's environments, \"cpus\" and \"memory\" (such as 2 and "
+            f"\"8g\"): fewer than your GPUs bring, and \"job\": a command a named server "
+            f"runs and ends with."
         )
     wants_to_wait(raw)
     value = raw.get("gpus")

@@ -13,4 +13,7 @@
     swarm_services.py  pure: the service spec, and whether a member's service runs
     naming.py          pure: collision-free container and volume names
     reused.py          pure: the options of her last start, when the hub reuses them
+    jobs.py            pure: whether a start's options ask for a job, and which
+    servers_api.py     JupyterHub's start API, less the named server a refused first
+                       start leaves behind
 """

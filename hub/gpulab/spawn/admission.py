@@ -43,6 +43,7 @@ from gpulab.line.spawning import HINT
 from gpulab.line.usage import NONE, Usage
 from gpulab.mail import address_in_options
 from gpulab.settings import bytes_text, defaults, parse_bytes
+from gpulab.spawn.jobs import Job, parse_job
 
 _LAB = defaults()  # gpulab.yaml's own defaults, where a Seen is not given the lab's
 
@@ -102,6 +103,7 @@ class Admitted:
     leaves_line: bool = False
     booked_note: str = ""  # another member booked one of these GPUs: when it stops
     resources: ServerResources | None = None  # its CPUs and memory, by its GPUs
+    job: Job | None = None  # the command it runs and ends with (gpulab.spawn.jobs)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,10 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
         allowed = server_resources(policy, gpus_asked, seen.base_cpus, seen.base_memory)
         resources = chosen_resources(ask.options, allowed, gpus_asked)
         wait = wants_to_wait(ask.options)
+        job = parse_job(ask.options, ask.server, policy.max_server_age)
+        if job is not None and wait:
+            raise InvalidRequest("A job does not wait in line yet: start it when its GPUs "
+                                 "are free (the spawn form shows which are).")
         try:
             email = address_in_options(ask.options, wait, seen.mail_on,
                                        from_form=ask.from_form)
@@ -243,7 +249,7 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
     leaves_line = any(e.key == (ask.user, ask.server) and e.offered_at is None
                       for e in seen.line or ())
     return Admitted(tuple(gpus), policy, request, tuple(all_taken), leaves_line,
-                    booked_note(ask, seen, policy, gpus), resources)
+                    booked_note(ask, seen, policy, gpus), resources, job)
 
 
 MIN_MEMORY = 256 << 20  # less, and JupyterLab itself does not start

@@ -26,10 +26,12 @@ def still_choosable(options: Mapping[str, Any], *, most_gpus: int,
     ``(name, whether its servers may have GPUs)``. Waiting in line is never carried
     over (nor where she is told of her turn): she waits when she asks to. Nor are fewer
     CPUs or less memory: she gets all that her GPUs bring, which the lab may have
-    lowered since, so a start in which she asked for nothing is never refused for them."""
+    lowered since, so a start in which she asked for nothing is never refused for them.
+    Nor is a job's command: a job's server started again is a notebook server, not a
+    second run."""
     kept = dict(options)
     said = []
-    for once in ("wait", "email", "cpus", "memory"):
+    for once in ("wait", "email", "cpus", "memory", "job"):
         kept.pop(once, None)
     env = kept.get("environment")
     names = [name for name, _ in environments]

@@ -69,6 +69,7 @@ from gpulab.spawn import admission
 from gpulab.spawn.admission import Admitted, Ask, JoinLine, Seen
 from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
+from gpulab.spawn.jobs import job_env
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.reused import still_choosable
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
@@ -172,6 +173,7 @@ class GpulabSpawner(DockerSpawner):
     _booked_note = Unicode(help="what she is told of a booking of her GPUs by another "
                                 "member (admission.booked_note), for the spawn in progress")
     _resources = Any(help="the CPUs and memory of the spawn in progress (ServerResources)")
+    _job = Any(None, help="the job the spawn in progress runs (gpulab.spawn.jobs.Job), if any")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -335,7 +337,8 @@ class GpulabSpawner(DockerSpawner):
                                  resources)
         for name, value in trait_values(settings, opts).items():
             setattr(self, name, value)
-        self._gpulab_env = opts.environment
+        self._gpulab_env = {**opts.environment,
+                            **(job_env(self._job, self.name) if self._job else {})}
 
     async def _within_the_machine(self, resources: ServerResources | None
                                   ) -> ServerResources | None:
@@ -415,6 +418,7 @@ class GpulabSpawner(DockerSpawner):
             self.log.info("%s left the line: it got its GPUs", self.log_name)
         self._booked_note = decision.booked_note
         self._resources = decision.resources
+        self._job = decision.job
         return list(decision.gpus)
 
     async def _join_line(self, ask: Ask, gpus_config, join: JoinLine) -> web.HTTPError:
@@ -579,6 +583,9 @@ class GpulabSpawner(DockerSpawner):
                         self._report(16, self._booked_note)
                 self._resources = await self._within_the_machine(self._resources)
                 self.apply_settings(settings, self.gpu_uuids, self._gpu_share, self._resources)
+                if self._job is not None:
+                    self._report(19, f"A job: it runs {self._job.command[:80]!r} and stops "
+                                     f"when that ends (~/jobs/{self.name}/)")
                 self._report(20, f"Creating your container from {self.image}")
                 try:
                     ip, port = await super().start()

@@ -1,0 +1,152 @@
+"""A job's server runs the member's command and stops when it ends (gpulab.spawn.jobs).
+
+The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "command",
+"time_limit"}``, as JSON). This extension then, in the member's home:
+
+* moves an earlier run's folder of the same ID aside (``~/jobs/ID.<time>``: nothing is
+  overwritten), and runs ``bash -lc COMMAND`` in ``~`` with stdout and stderr in
+  ``~/jobs/ID/log`` (``tail -f`` it, in JupyterLab or over SSH);
+* keeps ``~/jobs/ID/status.json`` true: ``running`` with its start, then ``exited``
+  (its exit code), ``timed out`` (stopped at its time limit: SIGTERM to its process group,
+  SIGKILL :data:`GRACE` seconds later) or ``stopped`` (the server was stopped under it),
+  with its end, its seconds and its GPU-hours (its GPUs x its hours);
+* counts as activity while the command runs (``gpulab_job_last_activity``, jupyter
+  server's hook), so the idle culler leaves a quiet job alone;
+* stops its own server once the command ended (``DELETE`` on the hub's REST API with the
+  server's own token, which may: hubconfig's server token scopes), so that its GPUs go
+  back at once; where the hub cannot be asked, the server exits and the hub sees it end.
+
+Enabled by jupyter_server_config.d/gpulab_job.json in the image; a server without
+``GPULAB_JOB`` is untouched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote
+
+from tornado import ioloop
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+ENV = "GPULAB_JOB"
+SETTING = "gpulab_job_last_activity"  # ends in _last_activity: jupyter_server's hook
+CHECK_EVERY = 1.0  # seconds between looks at the command
+GRACE = 30.0  # seconds between SIGTERM and SIGKILL at the time limit
+
+
+def now_text(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+
+
+def gpu_hours(gpus: str, seconds: float) -> float:
+    """*gpus*: the leased GPUs' UUIDs, comma-separated (GPULAB_GPUS)."""
+    return round(len([g for g in gpus.split(",") if g.strip()]) * seconds / 3600, 4)
+
+
+def ended_status(start: dict, state: str, exit_code: int | None, ended: float) -> dict:
+    seconds = max(0.0, ended - start["started_at"])
+    return {**start, "state": state, "exit_code": exit_code, "ended": now_text(ended),
+            "seconds": round(seconds, 1), "gpu_hours": gpu_hours(start["gpus"], seconds)}
+
+
+def write_json(path: Path, value: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def job_folder(home: Path, job_id: str, at: float) -> Path:
+    """``~/jobs/ID``, an earlier run's moved aside to ``~/jobs/ID.<time>`` first."""
+    folder = home / "jobs" / job_id
+    if folder.exists():
+        folder.rename(folder.with_name(f"{job_id}.{datetime.fromtimestamp(at, UTC):%Y%m%dT%H%M%S}"))
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "gpulab_job"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    raw = os.environ.get(ENV)
+    if not raw:
+        return
+    job = json.loads(raw)
+    log = serverapp.log
+    home = Path(os.environ.get("HOME") or "/home/jovyan")
+    started = time.time()
+    folder = job_folder(home, job["id"], started)
+    status_path = folder / "status.json"
+    out = (folder / "log").open("ab", buffering=0)
+    proc = subprocess.Popen(["bash", "-lc", job["command"]], cwd=home, stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != ENV})
+    start = {"id": job["id"], "command": job["command"], "started": now_text(started),
+             "started_at": started, "time_limit": job["time_limit"], "pid": proc.pid,
+             "gpus": os.environ.get("GPULAB_GPUS", "")}
+    write_json(status_path, {**start, "state": "running"})
+    log.info("gpulab_job: job %s runs %r (pid %s), its output in %s", job["id"],
+             job["command"][:200], proc.pid, folder / "log")
+    settings = serverapp.web_app.settings
+    state = {"timed_out_at": None, "done": False}
+
+    def end(kind: str, code: int | None) -> None:
+        state["done"] = True
+        status = ended_status(start, kind, code, time.time())
+        write_json(status_path, status)
+        log.info("gpulab_job: job %s %s (exit code %s) after %.0f s", job["id"], kind, code,
+                 status["seconds"])
+
+    def at_exit() -> None:  # the server stopped under a running command
+        if not state["done"] and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            end("stopped", None)
+
+    atexit.register(at_exit)
+
+    async def stop_server() -> None:
+        user = os.environ.get("JUPYTERHUB_USER", "")
+        url = (f"{os.environ.get('JUPYTERHUB_API_URL', '').rstrip('/')}/users/{quote(user)}"
+               f"/servers/{quote(os.environ.get('JUPYTERHUB_SERVER_NAME', ''))}")
+        try:
+            await AsyncHTTPClient().fetch(HTTPRequest(
+                url, method="DELETE", request_timeout=30,
+                headers={"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}))
+            log.info("gpulab_job: asked the hub to stop this server")
+        except Exception as e:  # the hub will see the server end
+            log.warning("gpulab_job: the hub did not stop this server (%s): exiting", e)
+            ioloop.IOLoop.current().call_later(1, serverapp.stop)
+
+    def look() -> None:
+        if state["done"]:
+            return
+        code = proc.poll()
+        now = time.time()
+        if code is not None:
+            end("timed out" if state["timed_out_at"] else "exited", code)
+            checker.stop()
+            ioloop.IOLoop.current().add_callback(stop_server)
+            return
+        settings[SETTING] = datetime.now(UTC)
+        limit = job["time_limit"]
+        if limit and state["timed_out_at"] is None and now - started > limit:
+            log.warning("gpulab_job: job %s reached its time limit (%s s): stopping it",
+                        job["id"], limit)
+            state["timed_out_at"] = now
+            os.killpg(proc.pid, signal.SIGTERM)
+        elif state["timed_out_at"] and now - state["timed_out_at"] > GRACE:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    checker = ioloop.PeriodicCallback(look, CHECK_EVERY * 1000)
+    checker.start()

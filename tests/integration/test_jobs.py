@@ -1,0 +1,117 @@
+"""Jobs on the real stack: a member's command run as a named server of its own, through
+the REST API her scripts use. It runs in her home on its leased GPU, writes ~/jobs/ID/log
+and status.json, and stops its own server when the command ends, so the GPU goes back.
+A job past its time limit is stopped and says so; a job cancelled (its server stopped)
+says so. Bad jobs are 400s or 403s that start nothing and leave no named server behind. Her default server, on the same
+home, watches ~/jobs as she would."""
+
+from __future__ import annotations
+
+import json
+
+import requests
+
+from .stack import HUB_URL, container_logs, docker, wait_for
+from .standin import GPU0, STANDIN_GPUS
+
+JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
+                            "  max_gpus: 1\n  max_servers: 3\n  max_server_age: 1h\n")
+LEASES_API = f"{HUB_URL}/services/gpus/api/leases"
+
+
+def post(member, server: str, options: dict, token: str | None = None) -> requests.Response:
+    return requests.post(member.server_path(server), json=options, timeout=120,
+                         headers={"Authorization": f"token {token or member.token}"})
+
+
+def status(member, job: str) -> dict | None:
+    """~/jobs/JOB/status.json, read in her default server (the same home)."""
+    text = docker("exec", member.container, "sh", "-c",
+                  f"cat /home/jovyan/jobs/{job}/status.json 2>/dev/null || true")
+    return json.loads(text) if text else None
+
+
+def gone(container: str) -> bool:
+    return docker("ps", "-aq", "--filter", f"name=^{container}$") == ""
+
+
+def her_leases(admin, member) -> list[tuple[str, str]]:
+    r = requests.get(LEASES_API, headers={"Authorization": f"token {admin.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return sorted((le["server"], le["gpu_uuid"]) for le in r.json()["leases"]
+                  if le["user"] == member.name)
+
+
+def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
+        lab_config, gpus_yaml, lab_user, hub, hub_admin):
+    lab_config.write("gpus.yaml", JOBS)
+    kim = lab_user("job")
+    kim.start_server({"gpus": 0})  # where she watches her jobs from
+    command = ("echo start; echo $NVIDIA_VISIBLE_DEVICES; pwd; sleep 3; echo oops >&2; "
+               "exit 3")
+    r = post(kim, "j1", {"gpus": 1, "job": {"command": command, "time": "10m"}})
+    assert r.status_code in (201, 202), r.text
+    running = wait_for(lambda: (s := status(kim, "j1")) and s["state"] == "running" and s,
+                       120, interval=0.5, what="her job to run")
+    assert (running["command"], running["gpus"], running["time_limit"]) == (command, GPU0, 600)
+    assert her_leases(hub_admin, kim) == [("j1", GPU0)]
+
+    ended = wait_for(lambda: (s := status(kim, "j1")) and s["state"] != "running" and s,
+                     120, interval=0.5, what="her job to end")
+    assert (ended["state"], ended["exit_code"]) == ("exited", 3), ended
+    assert ended["seconds"] >= 3 and ended["gpu_hours"] > 0, ended
+    log = docker("exec", kim.container, "cat", "/home/jovyan/jobs/j1/log")
+    assert log.splitlines() == ["start", GPU0, "/home/jovyan", "oops"], log
+    # the job's server stopped itself (its own token may), and its GPU went back
+    wait_for(lambda: hub.server_model(kim.name, "j1") is None and gone(kim.container_of("j1")),
+             60, interval=0.5, what="the job's server to be gone")
+    assert f"DELETE /hub/api/users/{kim.name}/servers/j1" in container_logs("gpulab-hub", 800)
+    assert her_leases(hub_admin, kim) == []
+    # started again, the same server is a notebook server: the job does not run twice
+    kim.start_server({"gpus": 0}, server="j1")
+    assert status(kim, "j1")["state"] == "exited"
+    kim.stop_server(server="j1")
+
+
+def test_a_job_past_its_time_or_cancelled_says_so(lab_config, gpus_yaml, lab_user, hub):
+    lab_config.write("gpus.yaml", JOBS)
+    lee = lab_user("job")
+    lee.start_server({"gpus": 0})
+    r = post(lee, "slow", {"gpus": 0, "job": {"command": "sleep 600", "time": "3s"}})
+    assert r.status_code in (201, 202), r.text
+    ended = wait_for(lambda: (s := status(lee, "slow")) and s["state"] != "running" and s,
+                     120, interval=0.5, what="her job to reach its time limit")
+    assert (ended["state"], ended["exit_code"]) == ("timed out", -15), ended
+
+    r = post(lee, "cancel", {"gpus": 0, "job": "sleep 600"})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: (s := status(lee, "cancel")) and s["state"] == "running", 120,
+             interval=0.5, what="the job to run")
+    lee.stop_server(server="cancel")  # what `gpulab job cancel` does
+    assert status(lee, "cancel")["state"] == "stopped"
+
+
+def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user, hub):
+    lab_config.write("gpus.yaml", JOBS)
+    ann, bob = lab_user("job"), lab_user("job")
+    for server, options, status_, said in (
+            ("b1", {"job": ""}, 400, "A job needs its command"),
+            ("b2", {"job": {"command": "x", "time": "2h"}}, 400,
+             "may be at most 1 h (max_server_age in the lab's gpus.yaml), got 2 h"),
+            ("b3", {"job": {"command": "x", "cpu": 2}}, 400, "Unknown job option(s): cpu"),
+            ("b4", {"job": "x" * (1 << 20)}, 400, "at most 64 KiB"),
+            ("b5", {"gpus": 2, "job": "x"}, 403, "you may use at most 1"),
+            ("b6", {"gpus": 1, "wait": True, "job": "x"}, 400, "does not wait in line yet"),
+            ("", {"job": "x"}, 400, "A job runs as a named server of its own")):
+        r = post(ann, server, options)
+        assert r.status_code == status_, (server, r.text)
+        assert said in r.json()["message"], (server, r.text)
+        assert gone(ann.container_of(server))
+    # none of them is kept as a stopped named server (JupyterHub would keep each)
+    r = hub.request("GET", f"/users/{ann.name}?include_stopped_servers=1")
+    assert r.status_code == 200 and [n for n in r.json()["servers"] if n] == [], r.text
+    # a job for another member: her token may not start his servers (JupyterHub says
+    # nothing of what it does not show her: a 404)
+    r = post(bob, "theirs", {"job": "id"}, token=ann.token)
+    assert r.status_code == 404 and "No access" in r.json()["message"], r.text
+    assert gone(bob.container_of("theirs"))

@@ -1,0 +1,72 @@
+"""Jobs (gpulab.spawn.jobs): what a member's "job" option may be, as a table, and the
+image's runner's pure parts (images/singleuser/gpulab_job.py). A job run end to end on
+the real stack is tests/integration/test_jobs.py's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulab.gpus.allocator import InvalidRequest
+from gpulab.spawn.jobs import MAX_COMMAND, Job, job_env, parse_job
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
+spec = importlib.util.spec_from_file_location("gpulab_job", IMAGE / "gpulab_job.py")
+runner = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+DAY = 86400
+
+
+@pytest.mark.parametrize("options, server, age, expected", [
+    ({"gpus": 1}, "train", 0, None),  # a server, not a job
+    (None, "train", 0, None),
+    ({"job": "python train.py"}, "j1", 0, Job("python train.py", 0)),
+    ({"job": {"command": "python train.py"}}, "j1", DAY, Job("python train.py", DAY)),
+    ({"job": {"command": "x", "time": "8h"}}, "j1", DAY, Job("x", 8 * 3600)),
+    ({"job": {"command": "x", "time": 60}}, "j1", 0, Job("x", 60)),  # no cap: any time
+    ({"job": "x"}, "", 0, "A job runs as a named server of its own"),
+    ({"job": ""}, "j1", 0, "A job needs its command"),
+    ({"job": {"command": "   "}}, "j1", 0, "A job needs its command"),
+    ({"job": {"command": ["python", "x.py"]}}, "j1", 0, "A job needs its command"),
+    ({"job": 3}, "j1", 0, "\"job\" must be an object"),
+    ({"job": {"command": "x", "gpus": 2}}, "j1", 0, "Unknown job option(s): gpus"),
+    ({"job": {"command": "x", "time": "2d"}}, "j1", DAY,
+     "A job's \"time\" may be at most 1 day (max_server_age in the lab's gpus.yaml), got 2 days."),
+    ({"job": {"command": "x", "time": "soon"}}, "j1", 0, "A job's \"time\": expected a duration"),
+    ({"job": {"command": "x", "time": 0}}, "j1", 0, "must be above 0"),
+    ({"job": "x" * (MAX_COMMAND + 1)}, "j1", 0, "at most 64 KiB"),
+    ({"job": "a\0b"}, "j1", 0, "at most 64 KiB"),
+])
+def test_a_job_option(options, server, age, expected):
+    if isinstance(expected, str):
+        with pytest.raises(InvalidRequest) as refused:
+            parse_job(options, server, age)
+        assert expected in str(refused.value)
+    else:
+        assert parse_job(options, server, age) == expected
+
+
+def test_the_job_reaches_its_server_as_json():
+    env = job_env(Job("echo 'hi'", 60), "j1")
+    assert json.loads(env["GPULAB_JOB"]) == {"id": "j1", "command": "echo 'hi'",
+                                             "time_limit": 60}
+
+
+def test_a_runs_gpu_hours_and_its_ended_status():
+    assert runner.gpu_hours("GPU-a,GPU-b", 1800) == 1.0
+    assert runner.gpu_hours("", 1800) == 0.0
+    start = {"id": "j1", "started_at": 1000.0, "gpus": "GPU-a"}
+    status = runner.ended_status(start, "exited", 3, 1000.0 + 7200)
+    assert (status["state"], status["exit_code"], status["seconds"], status["gpu_hours"]) == (
+        "exited", 3, 7200.0, 2.0)
+
+
+def test_a_second_run_of_an_id_moves_the_first_aside(tmp_path):
+    first = runner.job_folder(tmp_path, "j1", 0)
+    (first / "log").write_text("first run\n")
+    second = runner.job_folder(tmp_path, "j1", 86400)
+    assert second == first and not (second / "log").exists()
+    assert (tmp_path / "jobs" / "j1.19700102T000000" / "log").read_text() == "first run\n"
