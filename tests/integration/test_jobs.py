@@ -101,7 +101,6 @@ def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user,
             ("b3", {"job": {"command": "x", "cpu": 2}}, 400, "Unknown job option(s): cpu"),
             ("b4", {"job": "x" * (1 << 20)}, 400, "at most 64 KiB"),
             ("b5", {"gpus": 2, "job": "x"}, 403, "you may use at most 1"),
-            ("b6", {"gpus": 1, "wait": True, "job": "x"}, 400, "does not wait in line yet"),
             ("", {"job": "x"}, 400, "A job runs as a named server of its own")):
         r = post(ann, server, options)
         assert r.status_code == status_, (server, r.text)
@@ -115,3 +114,33 @@ def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user,
     r = post(bob, "theirs", {"job": "id"}, token=ann.token)
     assert r.status_code == 404 and "No access" in r.json()["message"], r.text
     assert gone(bob.container_of("theirs"))
+
+
+def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_yaml,
+                                                             lab_user, hub):
+    """No GPU free: her job waits in the same line as servers, and the line starts it
+    with its command when the GPU comes free; nobody opens it, and it is not stopped for
+    that: it runs to its end and gives the GPU back."""
+    lab_config.write("gpus.yaml", JOBS.replace("  - {index: 1", "  # - {index: 1"))
+    ann, mia = lab_user("job"), lab_user("job")
+    ann.start_server({"gpus": 1})
+    mia.start_server({"gpus": 0})
+    r = post(mia, "queued", {"gpus": 1, "wait": True,
+                             "job": {"command": "echo $NVIDIA_VISIBLE_DEVICES; sleep 2"}})
+    assert r.status_code == 202 and "Your job starts by itself" in r.json()["message"], r.text
+    r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
+                     headers={"Authorization": f"token {mia.token}"})
+    (entry,) = r.json()["line"]
+    assert (entry["server"], entry["state"], entry["job"]) == (
+        "queued", "waiting", {"command": "echo $NVIDIA_VISIBLE_DEVICES; sleep 2"})
+    assert status(mia, "queued") is None  # nothing ran yet
+    ann.stop_server()
+    ended = wait_for(lambda: (s := status(mia, "queued")) and s["state"] != "running" and s,
+                     180, interval=0.5, what="the line to start her job and the job to end")
+    assert (ended["state"], ended["exit_code"], ended["gpus"]) == ("exited", 0, GPU0), ended
+    assert docker("exec", mia.container, "cat", "/home/jovyan/jobs/queued/log") == GPU0
+    wait_for(lambda: hub.server_model(mia.name, "queued") is None, 60, interval=0.5,
+             what="the job's server to be gone")
+    r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
+                     headers={"Authorization": f"token {mia.token}"})
+    assert r.json()["line"] == [], r.text

@@ -313,6 +313,21 @@ def test_the_line_service_decides(entry_, server, now, ready_at, action):
     assert decide(entry_, server, now, 600, ready_at).action == action
 
 
+def test_a_job_in_line_is_started_with_its_options_and_is_hers_once_up(tmp_path):
+    store = LineStore(tmp_path / "line.sqlite")
+    job = '{"command": "python train.py", "time": "8h"}'
+    assert store.join("ann", "j1", 1, (), job=job).job == job
+    assert store.entry("ann", "j1").job == job and store.join("bob", "", 1).job == ""
+    ready = {**model(READY), "job": {"command": "python train.py", "time": "8h"}}
+    assert decide(ready, None, 100, 600, None).job == {"command": "python train.py",
+                                                        "time": "8h"}
+    # nobody opens a job: once it is up it is hers, with no claim window
+    up = {**model(OFFERED, 100), "job": {"command": "x"}}
+    assert decide(up, {"ready": True, "last_activity": iso(130)}, 131, 600, 130).action \
+        == CLAIMED
+    assert decide(up, {"pending": "spawn", "ready": False}, 110, 600, None).action == WAIT
+
+
 def test_what_she_is_told_says_why():
     expired = decide(model(OFFERED, 100), {"ready": True, "last_activity": iso(130)}, 730,
                      600, 130)

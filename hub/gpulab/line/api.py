@@ -50,6 +50,8 @@ def place_model(p: Place, waiting: int, eta: Estimate | None = None,
             "ready_at": e.ready_at,  # OFFERED: when her server was up (None: not yet)
             "environment": e.environment,  # "": the lab's one
             "email": e.email,  # where she is told that her turn came ("": not by e-mail)
+            # a job's options, which the line starts it with (None: a server)
+            "job": json.loads(e.job) if e.job else None,
             "position": p.position, "waiting": waiting,
             "gpu_uuids": [g.uuid for g in p.gpus], "reason": p.reason,
             # when her turn is expected (None: nobody knows): "age" at the latest,

@@ -48,6 +48,9 @@ class Entry:
     # when her server, started by the line, was first seen up (epoch seconds; None: not
     # yet): her claim window runs from then, since she cannot open it before
     ready_at: float | None = None
+    # a job's options ({"command", "time"}, as JSON; "": a server): the line starts the
+    # job when her turn comes, which is hers at once (nobody opens a job)
+    job: str = ""
 
     def request(self) -> Request:
         return Request(self.user, self.server, self.groups, self.gpus, machine=self.machine)

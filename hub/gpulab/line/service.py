@@ -59,6 +59,7 @@ class Decision:
     message: str = ""  # for her (a notice) and the log
     environment: str = ""  # START: the environment to start her server in ("": the lab's)
     email: str = ""  # START: where she is told that her turn came ("": not by e-mail)
+    job: Any = None  # START: the job's options to start it with (None: a server)
 
 
 def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: float,
@@ -73,7 +74,7 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
         return Decision(REFUSE, user, name, gpus, entry.get("reason") or "")
     if state == READY:
         return Decision(START, user, name, gpus, environment=entry.get("environment") or "",
-                        email=entry.get("email") or "")
+                        email=entry.get("email") or "", job=entry.get("job"))
     if state != OFFERED:
         return Decision(WAIT, user, name, gpus)
     if server is None or not (server.get("ready") or server.get("pending")):
@@ -83,6 +84,8 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
         return Decision(GONE, user, name, gpus)  # she (or an admin) stopped it
     if not server.get("ready") or ready_at is None:
         return Decision(WAIT, user, name, gpus)
+    if entry.get("job"):  # a job runs unattended: nobody opens it
+        return Decision(CLAIMED, user, name, gpus)
     if hub_time(server.get("last_activity")) > ready_at + CLAIM_MARGIN:
         return Decision(CLAIMED, user, name, gpus)
     if now >= ready_at + claim_window:
@@ -177,7 +180,8 @@ class LineService:
         if d.action == START:
             offered_at = await self.hub.offer(d.user, d.server)
             options = {"gpus": d.gpus, **({"environment": d.environment}
-                                          if d.environment else {})}
+                                          if d.environment else {}),
+                       **({"job": d.job} if d.job else {})}
             status, body = await self.hub.start_server(d.user, d.server, options)
             reason = (body or {}).get("message") if isinstance(body, dict) else ""
             if status == 409:  # the GPUs went in between (a race): she keeps her place

@@ -48,23 +48,25 @@ class LineAtSpawn:
         self.groups = tuple(groups)
 
     def join(self, config: GpusConfig, inventory: Sequence[Gpu], count: int,
-             environment: str = "", email: str = "", machine: str = "") -> Joined:
+             environment: str = "", email: str = "", machine: str = "",
+             job: str = "") -> Joined:
         """Put this server in line for *count* GPUs in *environment* (its name; "" where
         the lab has one), keeping its place if it is in line already, unless waiting
         could never serve it. The line starts her server in that environment, and tells
         her at *email* ("": on the hub's pages only). *machine*: the node her server must
-        run on ("": any; on a Swarm, the one with her home): she waits for GPUs there."""
+        run on ("": any; on a Swarm, the one with her home): she waits for GPUs there.
+        *job*: the job's options as JSON, which the line starts it with ("": a server)."""
         never = never_fits(config, inventory, Request(self.user, self.server, self.groups,
                                                       count, machine=machine))
         if never:
             return Joined(409, never)
         entry = self.store.join(self.user, self.server, count, self.groups, environment,
-                                email, machine)
+                                email, machine, job)
         position, waiting = position_of(entry, self.store.entries(), config,
                                         self.store.usage())
         gpus = "1 GPU" if count == 1 else f"{count} GPUs"
         told = " and an e-mail tells you so" if email else ""
         return Joined(202, f"No {gpus} free now: you are number {position} in line "
-                           f"({waiting} waiting). Your server starts by itself when it is "
-                           f"your turn{told}; your hub home page shows your place, and you "
-                           f"can leave the line there.")
+                           f"({waiting} waiting). Your {'job' if job else 'server'} starts "
+                           f"by itself when it is your turn{told}; your hub home page shows "
+                           f"your place, and you can leave the line there.")

@@ -22,22 +22,23 @@ _SCHEMA = (
     " user TEXT NOT NULL, server TEXT NOT NULL, gpus INTEGER NOT NULL,"
     " groups TEXT NOT NULL DEFAULT '[]', joined_at REAL NOT NULL, offered_at REAL,"
     " environment TEXT NOT NULL DEFAULT '', email TEXT NOT NULL DEFAULT '',"
-    " machine TEXT NOT NULL DEFAULT '', ready_at REAL,"
+    " machine TEXT NOT NULL DEFAULT '', ready_at REAL, job TEXT NOT NULL DEFAULT '',"
     " UNIQUE (user, server))",
 )
 # Columns added since the first version, for stores an older gpulab made (its rows:
 # the default).
 _ADDED = (("environment", "TEXT NOT NULL DEFAULT ''"), ("email", "TEXT NOT NULL DEFAULT ''"),
-          ("machine", "TEXT NOT NULL DEFAULT ''"), ("ready_at", "REAL"))
+          ("machine", "TEXT NOT NULL DEFAULT ''"), ("ready_at", "REAL"),
+          ("job", "TEXT NOT NULL DEFAULT ''"))
 _COLUMNS = ("id, user, server, gpus, groups, joined_at, offered_at, environment, email,"
-            " machine, ready_at")
+            " machine, ready_at, job")
 
 
 def _entry(row) -> Entry:
     (id_, user, server, gpus, groups, joined_at, offered_at, environment, email, machine,
-     ready_at) = row
+     ready_at, job) = row
     return Entry(id_, user, server, gpus, joined_at, tuple(json.loads(groups)), offered_at,
-                 environment, email, machine, ready_at)
+                 environment, email, machine, ready_at, job)
 
 
 class LineStore:
@@ -69,20 +70,21 @@ class LineStore:
         return _entry(row) if row else None
 
     def join(self, user: str, server: str, gpus: int, groups: Iterable[str] = (),
-             environment: str = "", email: str = "", machine: str = "") -> Entry:
+             environment: str = "", email: str = "", machine: str = "",
+             job: str = "") -> Entry:
         """Her entry for *server*, asking for *gpus* in *environment* ("": the lab's one)
         on *machine* ("": any), to be told at *email* ("": not by e-mail) when her turn
-        comes: a new one at the back of the line, or the one she has, keeping its place
-        (with what she asks now)."""
+        comes, to run *job* (its options as JSON; "": a server): a new one at the back
+        of the line, or the one she has, keeping its place (with what she asks now)."""
         with self._connect() as db:
             db.execute(
                 "INSERT INTO line (user, server, gpus, groups, joined_at, environment, email,"
-                " machine) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " machine, job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (user, server) DO UPDATE SET gpus = excluded.gpus,"
                 " groups = excluded.groups, environment = excluded.environment,"
-                " email = excluded.email, machine = excluded.machine",
+                " email = excluded.email, machine = excluded.machine, job = excluded.job",
                 (user, server, gpus, json.dumps(sorted(groups)), self.now(), environment,
-                 email, machine))
+                 email, machine, job))
         entry = self.entry(user, server)
         assert entry is not None
         return entry

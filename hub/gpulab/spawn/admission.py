@@ -15,6 +15,7 @@ she asked to (:class:`JoinLine`: the shell writes her entry) or is told how to.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from gpulab.line.spawning import HINT
 from gpulab.line.usage import NONE, Usage
 from gpulab.mail import address_in_options
 from gpulab.settings import bytes_text, defaults, parse_bytes
-from gpulab.spawn.jobs import Job, parse_job
+from gpulab.spawn.jobs import OPTION, Job, parse_job
 
 _LAB = defaults()  # gpulab.yaml's own defaults, where a Seen is not given the lab's
 
@@ -114,6 +115,7 @@ class JoinLine:
     environment: str  # its name where the lab lists several, else ""
     email: str
     machine: str
+    job: str = ""  # a job's options, as JSON, which the line starts it with ("": a server)
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
     too_many = servers_refusal(ask, policy)
     if too_many is not None:
         return too_many
-    wait = False
+    wait, job = False, None
     try:
         count = validate_user_options(ask.options, policy.max_gpus)
         if ask.environment is not None:
@@ -218,9 +220,6 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
         resources = chosen_resources(ask.options, allowed, gpus_asked)
         wait = wants_to_wait(ask.options)
         job = parse_job(ask.options, ask.server, policy.max_server_age)
-        if job is not None and wait:
-            raise InvalidRequest("A job does not wait in line yet: start it when its GPUs "
-                                 "are free (the spawn form shows which are).")
         try:
             email = address_in_options(ask.options, wait, seen.mail_on,
                                        from_form=ask.from_form)
@@ -239,8 +238,10 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
         if seen.line is not None and wait:
             environment = (ask.environment.name if ask.environment is not None
                            and seen.lists_environments else "")
+            waits = ask.options.get(OPTION) if job is not None else None
             return Refused(409, where(ask, message), log=e.detailed_message, reason=e.reason,
-                           join=JoinLine(e.requested, environment, email, ask.line_machine))
+                           join=JoinLine(e.requested, environment, email, ask.line_machine,
+                                         json.dumps(waits) if waits is not None else ""))
         if seen.line is not None:
             message += HINT
         return Refused(e.status, where(ask, message), log=e.detailed_message, reason=e.reason)

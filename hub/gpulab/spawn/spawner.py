@@ -428,7 +428,7 @@ class GpulabSpawner(DockerSpawner):
         inventory = await self.lease_book.current_inventory(gpus_config)
         line = LineAtSpawn(line_store(self.line_file), ask.user, ask.server, ask.groups)
         joined = line.join(gpus_config, inventory, join.count, join.environment,
-                           join.email, join.machine)
+                           join.email, join.machine, join.job)
         if joined.status != 202:
             return _http_error(joined.status, admission.where(ask, joined.message))
         said = _http_error(joined.status, joined.message)
