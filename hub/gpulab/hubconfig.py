@@ -58,8 +58,11 @@ DATA_DIR = Path(os.environ.get("GPULAB_DATA_DIR", "/srv/jupyterhub"))
 TEMPLATES = Path(__file__).parent / "templates"
 
 # What JupyterHub's `server` role gives a server's own token (JUPYTERHUB_API_TOKEN), and
-# servers!server: a job's server stops itself when its command ends (gpulab.spawn.jobs).
-SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server", "servers!server"]
+# her servers to start, stop and see: a job's server stops itself when its command ends,
+# and gpulab-job in any of her servers (a terminal, ssh) starts, lists and cancels her
+# jobs (gpulab.spawn.jobs). Only hers: the same member's, as she could from her browser.
+SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server", "servers!user",
+                      "read:servers!user"]
 # The service that `gpulab` commands and the test suite use to manage users and tokens.
 ADMIN_SERVICE = "gpulab-admin"
 ADMIN_SERVICE_SCOPES = [

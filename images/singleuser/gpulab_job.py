@@ -4,7 +4,7 @@ The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "
 "time_limit"}``, as JSON). This extension then, in the member's home:
 
 * moves an earlier run's folder of the same ID aside (``~/jobs/ID.<time>``: nothing is
-  overwritten), and runs ``bash -lc COMMAND`` in ``~`` with stdout and stderr in
+  overwritten), and runs ``bash -c COMMAND`` in ``~`` with stdout and stderr in
   ``~/jobs/ID/log`` (``tail -f`` it, in JupyterLab or over SSH);
 * keeps ``~/jobs/ID/status.json`` true: ``running`` with its start, then ``exited``
   (its exit code), ``timed out`` (stopped at its time limit: SIGTERM to its process group,
@@ -86,7 +86,9 @@ def _load_jupyter_server_extension(serverapp):
     folder = job_folder(home, job["id"], started)
     status_path = folder / "status.json"
     out = (folder / "log").open("ab", buffering=0)
-    proc = subprocess.Popen(["bash", "-lc", job["command"]], cwd=home, stdin=subprocess.DEVNULL,
+    # bash -c, not -lc: a login shell's /etc/profile sets Debian's PATH, without the
+    # image's Python (seen: "python: command not found")
+    proc = subprocess.Popen(["bash", "-c", job["command"]], cwd=home, stdin=subprocess.DEVNULL,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                             env={k: v for k, v in os.environ.items() if k != ENV})
     start = {"id": job["id"], "command": job["command"], "started": now_text(started),

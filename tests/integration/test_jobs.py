@@ -144,3 +144,34 @@ def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_y
     r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
                      headers={"Authorization": f"token {mia.token}"})
     assert r.json()["line"] == [], r.text
+
+
+def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_yaml,
+                                                              lab_user, hub, tmp_path):
+    """The member's command for jobs, as she runs it from her laptop: over real ssh into
+    her default server (her login token as the password)."""
+    from .test_ssh import SSH  # the OpenSSH client pointed at the gateway
+
+    lab_config.write("gpus.yaml", JOBS)
+    ned = lab_user("job")
+    ned.start_server({"gpus": 0})
+    ssh = SSH(tmp_path)
+    r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 1 --name sshjob -- "
+                                             "python -c 'print(6*7)'")
+    assert r.returncode == 0 and r.stdout.startswith("sshjob: "), r
+    r = ssh.run(ned.name, ned.token, command="gpulab-job logs sshjob -f", timeout=180)
+    assert (r.returncode, r.stdout) == (0, "42\n"), r
+    r = ssh.run(ned.name, ned.token, command="gpulab-job list")
+    (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith("sshjob")]
+    assert row[:3] == ["sshjob", "exited", "0"], r.stdout
+    r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name long -- "
+                                             "sleep 600")
+    assert r.returncode == 0, r
+    wait_for(lambda: (s := status(ned, "long")) and s["state"] == "running", 120,
+             interval=0.5, what="the long job to run")
+    r = ssh.run(ned.name, ned.token, command="gpulab-job cancel long")
+    assert (r.returncode, r.stdout) == (0, "long: stopped\n"), r
+    wait_for(lambda: status(ned, "long")["state"] == "stopped", 60, interval=0.5,
+             what="the cancelled job to say so")
+    r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name bad --")
+    assert r.returncode != 0 and "give the command after --" in r.stderr, r

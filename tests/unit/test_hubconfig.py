@@ -236,9 +236,9 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     # JupyterHub's own `server` and `user` roles, each with the scope added (so that a
     # JupyterHub that changes them fails here rather than losing a scope silently)
     default = {r["name"]: r["scopes"] for r in get_default_roles()}
-    # and servers!server: a job's server stops itself when its command ends
-    assert c.GpulabSpawner.server_token_scopes == [*default["server"], "servers!server",
-                                                   ASSISTANT_SCOPE]
+    # and her servers: a job's server stops itself, gpulab-job starts and lists her jobs
+    assert c.GpulabSpawner.server_token_scopes == [*default["server"], "servers!user",
+                                                   "read:servers!user", ASSISTANT_SCOPE]
     assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE]
     assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
     config = c.JupyterHub.tornado_settings["gpulab-assistant"]
