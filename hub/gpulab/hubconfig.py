@@ -264,6 +264,8 @@ def configure(c) -> None:
                         "releases_file": str(notices_path),
                         "bookings_file": str(bookings_path),
                         "swarm": bool(settings["hub.swarm"])},
+        # where gpulab.spawn.servers_api writes that a job ended (her home page shows it)
+        "gpulab-jobs": {"notices_file": str(server_notices_path)},
         # what gpulab.bookings.api's handlers read
         "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
                             "settings_file": str(settings_path),

@@ -34,6 +34,7 @@ LINE = "line"  # Stopped.reason of a member's place in line that ended (gpulab.l
 # CullWarning/Stopped.reason of a server in which nothing happened for hub.idle_timeout
 # (the hub's idle culler stops it; the GPU culler warns and tells: gpulab.culler.decide)
 INACTIVE = "inactive"
+JOB = "job"  # Stopped.reason of a job that ended (its server stopped itself: gpulab.spawn.jobs)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ def notices_for(notices: Notices, user: str, now: float) -> list[dict[str, Any]]
                         "text": f"Your place in line for GPUs ({server_label(s.server)}) "
                                 f"has ended: {s.message}. Ask again, with \"Wait in "
                                 f"line\" ticked, when you need them."})
+            continue
+        if s.reason == JOB:
+            out.append({"kind": "stopped", "server": s.server, "at": s.at,
+                        "text": f"Your job {s.server}: {s.message}. Its output is in "
+                                f"~/jobs/{s.server}/."})
             continue
         if s.reason == MACHINE:  # the hub found it stopped on a Swarm (gpulab.spawn.swarm_spawner)
             after = ("Your files are kept. Start it again when you need it; if they are on "

@@ -12,9 +12,11 @@ The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "
   with its end, its seconds and its GPU-hours (its GPUs x its hours);
 * counts as activity while the command runs (``gpulab_job_last_activity``, jupyter
   server's hook), so the idle culler leaves a quiet job alone;
-* stops its own server once the command ended (``DELETE`` on the hub's REST API with the
-  server's own token, which may: hubconfig's server token scopes), so that its GPUs go
-  back at once; where the hub cannot be asked, the server exits and the hub sees it end.
+* once the command ended, tells the hub (``POST /hub/api/gpulab/jobs/USER/SERVER``: her
+  home page says how it ended) and stops its own server (``DELETE`` on the hub's REST
+  API with the server's own token, which may: hubconfig's server token scopes), so that
+  its GPUs go back at once; where the hub cannot be asked, the server exits and the hub
+  sees it end.
 
 Enabled by jupyter_server_config.d/gpulab_job.json in the image; a server without
 ``GPULAB_JOB`` is untouched.
@@ -100,12 +102,13 @@ def _load_jupyter_server_extension(serverapp):
     settings = serverapp.web_app.settings
     state = {"timed_out_at": None, "done": False}
 
-    def end(kind: str, code: int | None) -> None:
+    def end(kind: str, code: int | None) -> dict:
         state["done"] = True
         status = ended_status(start, kind, code, time.time())
         write_json(status_path, status)
         log.info("gpulab_job: job %s %s (exit code %s) after %.0f s", job["id"], kind, code,
                  status["seconds"])
+        return status
 
     def at_exit() -> None:  # the server stopped under a running command
         if not state["done"] and proc.poll() is None:
@@ -117,14 +120,22 @@ def _load_jupyter_server_extension(serverapp):
 
     atexit.register(at_exit)
 
-    async def stop_server() -> None:
-        user = os.environ.get("JUPYTERHUB_USER", "")
-        url = (f"{os.environ.get('JUPYTERHUB_API_URL', '').rstrip('/')}/users/{quote(user)}"
-               f"/servers/{quote(os.environ.get('JUPYTERHUB_SERVER_NAME', ''))}")
+    async def stop_server(status: dict) -> None:
+        api = os.environ.get("JUPYTERHUB_API_URL", "").rstrip("/")
+        user = quote(os.environ.get("JUPYTERHUB_USER", ""))
+        server = quote(os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
+        auth = {"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}
+        try:  # her home page says how it ended
+            await AsyncHTTPClient().fetch(HTTPRequest(
+                f"{api}/gpulab/jobs/{user}/{server}", method="POST", request_timeout=30,
+                headers=auth, body=json.dumps({k: status[k] for k in (
+                    "command", "state", "exit_code", "seconds", "gpu_hours")})))
+        except Exception as e:
+            log.warning("gpulab_job: the hub was not told how the job ended (%s)", e)
         try:
             await AsyncHTTPClient().fetch(HTTPRequest(
-                url, method="DELETE", request_timeout=30,
-                headers={"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}))
+                f"{api}/users/{user}/servers/{server}", method="DELETE", request_timeout=30,
+                headers=auth))
             log.info("gpulab_job: asked the hub to stop this server")
         except Exception as e:  # the hub will see the server end
             log.warning("gpulab_job: the hub did not stop this server (%s): exiting", e)
@@ -136,9 +147,9 @@ def _load_jupyter_server_extension(serverapp):
         code = proc.poll()
         now = time.time()
         if code is not None:
-            end("timed out" if state["timed_out_at"] else "exited", code)
+            status = end("timed out" if state["timed_out_at"] else "exited", code)
             checker.stop()
-            ioloop.IOLoop.current().add_callback(stop_server)
+            ioloop.IOLoop.current().add_callback(stop_server, status)
             return
         settings[SETTING] = datetime.now(UTC)
         limit = job["time_limit"]

@@ -46,7 +46,9 @@ ABSENT_IMAGE = "gpulab/difftest-absent:latest"
 NETWORK = "gpulab-difftest-users"  # spawn.network, an overlay
 OTHER_NETWORK = "gpulab-difftest-hub"  # stands for the hub's own network
 DATASETS = "gpulab-difftest-datasets"
-PREFIX = "gpulab-user-difftest-"
+# every service here is a named server of the member difftest (the proxy requires a
+# service's name to be its labels' user's and server's): PREFIX + its server's name
+PREFIX = "gpulab-user-difftest--"
 REPO = Path(__file__).resolve().parents[2]
 MANAGED = "org.gpulab.managed"
 
@@ -133,10 +135,11 @@ class Lab:
         """What a gpulab Swarm spawner sends for a member's server on the worker; *image*
         is an image ID."""
         gpus = self.worker.gpus[:1] if gpus is None else gpus
-        labels = {MANAGED: "true", "org.gpulab.user": user, "org.gpulab.server": "",
-                  "org.gpulab.gpus": ",".join(gpus)}
+        name = self.name()
+        labels = {MANAGED: "true", "org.gpulab.user": user,
+                  "org.gpulab.server": name[len(PREFIX):], "org.gpulab.gpus": ",".join(gpus)}
         return {
-            "Name": self.name(),
+            "Name": name,
             "Labels": {**labels, "org.gpulab.node": self.worker_id},
             "TaskTemplate": {
                 "ContainerSpec": {

@@ -78,24 +78,28 @@ def test_history_draws_load_gaps_and_the_holder(hub, hub_admin, lab_user, gpus_y
 
     scrape = scrape_seconds()
     lost_at = time.time()
-    fake_control({"processes": {str(held_i): [[pid, 20 * GiB]]}, "lost": [other_i]})
+    # its utilization steered, 20 % then 70 %: the fakes' own wave is flat for a while
+    # at its top (seen in CI: every point 100 %)
+    fake_control({"processes": {str(held_i): [[pid, 20 * GiB]]}, "lost": [other_i],
+                  "utilization": {str(held_i): 20}})
     time.sleep(lost_seconds(scrape))
     back_at = time.time()
-    fake_control({"processes": {str(held_i): [[pid, 100 * GiB]]}})
+    fake_control({"processes": {str(held_i): [[pid, 100 * GiB]]},
+                  "utilization": {str(held_i): 70}})
     low, high = round(20 * GiB / TOTAL, 3), round(100 * GiB / TOTAL, 3)
 
     def history_shows_it():
         gpus = {g["uuid"]: g for g in history_json(hub_admin)["gpus"]}
         mine, other = gpus.get(held_uuid), gpus.get(other_uuid)
         return (mine and other and {low, high} <= values(mine["memory"], lost_at)
+                and {0.2, 0.7} <= values(mine["utilization"], lost_at)
                 and any(s["user"] == member.name for s in mine["holders"])
                 and gap_within(other["utilization"], lost_at, back_at)) and gpus
     # the exporter polls, then Prometheus scrapes, then the hour view's point closes
     gpus = wait_for(history_shows_it, 6 * scrape + 30, interval=2,
                     what="Prometheus' history to show the memory step, holder and gap")
     util = values(gpus[held_uuid]["utilization"], lost_at)
-    assert len(util) > 1, f"the fake GPU's utilization drifts, but was flat: {util}"
-    assert all(0 <= v <= 1 for v in util)
+    assert {0.2, 0.7} <= util and all(0 <= v <= 1 for v in util), util
 
     # the three ranges answer, each with its own step. A Prometheus too slow for the
     # dashboard's timeout gives the page's "Prometheus at ...: ..." error instead (seen

@@ -7,11 +7,12 @@ home, watches ~/jobs as she would."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import requests
 
-from .stack import HUB_URL, container_logs, docker, wait_for
+from .stack import HUB_URL, container_logs, docker, form_login, wait_for
 from .standin import GPU0, STANDIN_GPUS
 
 JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
@@ -67,6 +68,10 @@ def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
              60, interval=0.5, what="the job's server to be gone")
     assert f"DELETE /hub/api/users/{kim.name}/servers/j1" in container_logs("gpulab-hub", 800)
     assert her_leases(hub_admin, kim) == []
+    # her home page says how it ended
+    home = form_login(kim.name, kim.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
+    said = f"Your job j1: {command[:57]}... exited 3 after"
+    assert said in html.unescape(home.text), home.text[-3000:]
     # started again, the same server is a notebook server: the job does not run twice
     kim.start_server({"gpus": 0}, server="j1")
     assert status(kim, "j1")["state"] == "exited"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpulab import notices
 from gpulab.gpus.allocator import InvalidRequest
-from gpulab.spawn.jobs import MAX_COMMAND, Job, job_env, parse_job
+from gpulab.spawn.jobs import MAX_COMMAND, Job, ended_text, job_env, parse_ended, parse_job
 
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
 spec = importlib.util.spec_from_file_location("gpulab_job", IMAGE / "gpulab_job.py")
@@ -70,3 +71,27 @@ def test_a_second_run_of_an_id_moves_the_first_aside(tmp_path):
     second = runner.job_folder(tmp_path, "j1", 86400)
     assert second == first and not (second / "log").exists()
     assert (tmp_path / "jobs" / "j1.19700102T000000" / "log").read_text() == "first run\n"
+
+
+def test_what_she_reads_when_a_job_ended():
+    assert ended_text("python train.py", "exited", 0, 7980, 2.2) == (
+        "python train.py exited 0 after 2 h 13 min, 2.2 GPU-hours")
+    assert ended_text("x" * 80, "timed out", -15, 3600, 1) == (
+        "x" * 57 + "... was stopped at its time limit after 1 h, 1.0 GPU-hours")
+    body = {"command": "x", "state": "exited", "exit_code": 3, "seconds": 4.5, "gpu_hours": 0}
+    assert parse_ended(body) == ("x", "exited", 3, 4.5, 0.0)
+    for bad in ({**body, "state": "running"}, {**body, "exit_code": "3"},
+                {**body, "seconds": -1}, {**body, "gpu_hours": True}, [], None,
+                {**body, "command": None}):
+        with pytest.raises(InvalidRequest):
+            parse_ended(bad)
+
+
+def test_her_home_page_says_how_her_job_ended():
+    said = notices.Notices({}, [notices.Stopped("ann", "train1", 100.0, notices.JOB,
+                                                "python train.py exited 0 after 5 s, "
+                                                "0.0 GPU-hours")])
+    (shown,) = notices.notices_for(said, "ann", 200.0)
+    assert shown["text"] == ("Your job train1: python train.py exited 0 after 5 s, 0.0 "
+                             "GPU-hours. Its output is in ~/jobs/train1/.")
+    assert notices.notices_for(said, "bob", 200.0) == []

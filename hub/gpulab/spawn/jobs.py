@@ -74,6 +74,40 @@ def parse_job(options: Any, server: str, max_server_age: int) -> Job | None:
     return Job(command, time_limit)
 
 
+ENDED = ("exited", "timed out")  # what a job's server says of its end (gpulab_job.py)
+
+
+def ended_text(command: str, state: str, exit_code: int | None, seconds: float,
+               gpu_hours: float) -> str:
+    """What she reads of a job that ended: "python train.py exited 0 after 2 h 13 min,
+    2.2 GPU-hours"."""
+    shown = command if len(command) <= 60 else command[:57] + "..."
+    took = f"after {duration_text(max(1, seconds))}, {gpu_hours:.1f} GPU-hours"
+    if state == "timed out":
+        return f"{shown} was stopped at its time limit {took}"
+    return f"{shown} exited {exit_code} {took}"
+
+
+def parse_ended(body: Any) -> tuple[str, str, int | None, float, float]:
+    """A job's server's report of its end (``{"command", "state", "exit_code", "seconds",
+    "gpu_hours"}``), or InvalidRequest."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("Body must be an object: {\"command\", \"state\", "
+                             "\"exit_code\", \"seconds\", \"gpu_hours\"}.")
+    command, state, code = body.get("command"), body.get("state"), body.get("exit_code")
+    seconds, hours = body.get("seconds"), body.get("gpu_hours")
+    numbers = (seconds, hours)
+    if (not isinstance(command, str) or len(command.encode()) > MAX_COMMAND
+            or state not in ENDED
+            or not (code is None or (isinstance(code, int) and not isinstance(code, bool)))
+            or any(isinstance(n, bool) or not isinstance(n, int | float) or n < 0
+                   for n in numbers)):
+        raise InvalidRequest(f"A job's end is {{\"command\": text, \"state\": one of "
+                             f"{', '.join(ENDED)}, \"exit_code\": a whole number or null, "
+                             f"\"seconds\" and \"gpu_hours\": numbers from 0}}.")
+    return command, state, code, float(seconds), float(hours)
+
+
 def job_env(job: Job, server: str) -> dict[str, str]:
     """The container's environment that makes the server *server* run *job*."""
     return {ENV: json.dumps({"id": server, "command": job.command,

@@ -1,4 +1,5 @@
-"""The hub's REST API for starting a server, less what a refused start leaves behind.
+"""The hub's REST API for starting a server, less what a refused start leaves behind;
+and where a job's server reports its end.
 
 JupyterHub keeps a named server it was asked to start even when the start is refused:
 each bad request (a job without a command, a server past max_servers, GPUs past
@@ -7,14 +8,25 @@ max_gpus) would leave a stopped entry on her home page, counted in
 (``POST /hub/api/users/NAME/servers/SERVER``), and removes the named server a refused
 first start made, as JupyterHub's ``DELETE`` with ``{"remove": true}`` would. Registered
 by gpulab.hubconfig, ahead of JupyterHub's own route (the authenticator's handlers).
+
+``POST /hub/api/gpulab/jobs/USER/SERVER`` is how a job's server (the image's gpulab_job,
+with its own token, which may stop her servers) tells the hub its job ended, before it
+stops itself: her home page then says "Your job train1: python train.py exited 0 after
+2 h 13 min, 2.2 GPU-hours".
 """
 
 from __future__ import annotations
 
+import time
+
+from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from gpulab import compat
+from gpulab import compat, notices
+from gpulab.gpus.allocator import InvalidRequest
+from gpulab.spawn.jobs import ended_text, parse_ended
 
 
 class ServersAPIHandler(UserServerAPIHandler):
@@ -31,5 +43,23 @@ class ServersAPIHandler(UserServerAPIHandler):
             raise
 
 
+class JobEndedAPIHandler(APIHandler):
+    @needs_scope("servers")
+    def post(self, user_name, server_name):
+        user = self.find_user(user_name)
+        if user is None or server_name not in user.orm_spawners:
+            raise web.HTTPError(404, f"{user_name} has no server named {server_name!r}")
+        try:
+            command, state, code, seconds, hours = parse_ended(self.get_json_body())
+        except InvalidRequest as e:
+            raise web.HTTPError(400, str(e)) from None
+        said = ended_text(command, state, code, seconds, hours)
+        notices.record_stopped(self.settings["gpulab-jobs"]["notices_file"], notices.Stopped(
+            user.name, server_name, time.time(), notices.JOB, said))
+        self.log.info("%s's job %s: %s", user.name, server_name, said)
+        self.write({"said": said})
+
+
 def api_handlers() -> list[tuple[str, type]]:
-    return [(r"/api/users/([^/]+)/servers/([^/]*)", ServersAPIHandler)]
+    return [(r"/api/users/([^/]+)/servers/([^/]*)", ServersAPIHandler),
+            (r"/api/gpulab/jobs/([^/]+)/([^/]+)", JobEndedAPIHandler)]
