@@ -146,9 +146,13 @@ def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_y
     assert docker("exec", mia.container, "cat", "/home/jovyan/jobs/queued/log") == GPU0
     wait_for(lambda: hub.server_model(mia.name, "queued") is None, 60, interval=0.5,
              what="the job's server to be gone")
-    r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
-                     headers={"Authorization": f"token {mia.token}"})
-    assert r.json()["line"] == [], r.text
+
+    def her_line() -> list:
+        r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
+                         headers={"Authorization": f"token {mia.token}"})
+        return r.json()["line"]
+    wait_for(lambda: her_line() == [], 30, interval=1,
+             what="the line service to see her job gone (it looks every 5 s)")
 
 
 def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_yaml,

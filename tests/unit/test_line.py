@@ -326,6 +326,9 @@ def test_a_job_in_line_is_started_with_its_options_and_is_hers_once_up(tmp_path)
     assert decide(up, {"ready": True, "last_activity": iso(130)}, 131, 600, 130).action \
         == CLAIMED
     assert decide(up, {"pending": "spawn", "ready": False}, 110, 600, None).action == WAIT
+    # a short job that ran and ended between two looks: gone, without "could not start"
+    ended = decide(up, None, 140, 600, None)
+    assert (ended.action, ended.message) == (GONE, "")
 
 
 def test_what_she_is_told_says_why():

@@ -78,6 +78,8 @@ def decide(entry: Mapping[str, Any], server: Mapping[str, Any] | None, now: floa
     if state != OFFERED:
         return Decision(WAIT, user, name, gpus)
     if server is None or not (server.get("ready") or server.get("pending")):
+        if entry.get("job"):  # it ran and ended (a short job may, between two looks):
+            return Decision(GONE, user, name, gpus)  # its own notice says how
         if ready_at is None:
             return Decision(GONE, user, name, gpus,
                             "it could not be started when it was your turn in line")
