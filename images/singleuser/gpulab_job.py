@@ -24,6 +24,7 @@ Enabled by jupyter_server_config.d/gpulab_job.json in the image; a server withou
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -132,6 +133,21 @@ def _load_jupyter_server_extension(serverapp):
                     "command", "state", "exit_code", "seconds", "gpu_hours")})))
         except Exception as e:
             log.warning("gpulab_job: the hub was not told how the job ended (%s)", e)
+        # A command that ends before the hub has seen this server up: a stop now would
+        # cancel the spawn, and whoever started the job would get a 500 (seen in CI:
+        # gpulab-job submit of print(6*7) on a loaded machine). Wait for the hub first.
+        for _ in range(240):
+            try:
+                r = await AsyncHTTPClient().fetch(HTTPRequest(
+                    f"{api}/users/{user}", request_timeout=30, headers=auth))
+                model = (json.loads(r.body).get("servers") or {}).get(
+                    os.environ.get("JUPYTERHUB_SERVER_NAME", "")) or {}
+                if model.get("ready") or not model.get("pending"):
+                    break
+            except Exception as e:
+                log.warning("gpulab_job: could not ask the hub about this server (%s)", e)
+                break
+            await asyncio.sleep(0.5)
         try:
             await AsyncHTTPClient().fetch(HTTPRequest(
                 f"{api}/users/{user}/servers/{server}", method="DELETE", request_timeout=30,
