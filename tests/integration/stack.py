@@ -77,6 +77,11 @@ def prometheus_query(expr: str) -> str:
                   "http://127.0.0.1:9090", expr)
 
 
+def container_gone(name: str) -> bool:
+    """No container of that exact name, running or not."""
+    return docker("ps", "-aq", "--filter", f"name=^{name}$") == ""
+
+
 def container_logs(name: str, tail: int = 60) -> str:
     """A container's log, stdout and stderr interleaved as docker stored them."""
     out = subprocess.run(["docker", "logs", "--tail", str(tail), name],
@@ -205,6 +210,13 @@ class LabUser:
 
     def _headers(self) -> dict:
         return {"Authorization": f"token {self.token}"}
+
+    def ask_server(self, server: str, options: dict, token: str | None = None
+                   ) -> requests.Response:
+        """Her start of *server* through the REST API, as it is answered (with *token*:
+        as someone else asks it)."""
+        return requests.post(self.server_path(server), json=options, timeout=120,
+                             headers={"Authorization": f"token {token or self.token}"})
 
     def start_server(self, options: dict | None = None, timeout: float = 180,
                      server: str = "") -> float:

@@ -12,7 +12,7 @@ import json
 
 import requests
 
-from .stack import HUB_URL, container_logs, docker, form_login, wait_for
+from .stack import HUB_URL, container_gone, container_logs, docker, form_login, wait_for
 from .standin import GPU0, STANDIN_GPUS
 
 JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
@@ -20,20 +20,11 @@ JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
 LEASES_API = f"{HUB_URL}/services/gpus/api/leases"
 
 
-def post(member, server: str, options: dict, token: str | None = None) -> requests.Response:
-    return requests.post(member.server_path(server), json=options, timeout=120,
-                         headers={"Authorization": f"token {token or member.token}"})
-
-
 def status(member, job: str) -> dict | None:
     """~/jobs/JOB/status.json, read in her default server (the same home)."""
     text = docker("exec", member.container, "sh", "-c",
                   f"cat /home/jovyan/jobs/{job}/status.json 2>/dev/null || true")
     return json.loads(text) if text else None
-
-
-def gone(container: str) -> bool:
-    return docker("ps", "-aq", "--filter", f"name=^{container}$") == ""
 
 
 def her_leases(admin, member) -> list[tuple[str, str]]:
@@ -50,7 +41,7 @@ def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
     kim.start_server({"gpus": 0})  # where she watches her jobs from
     command = ("echo start; echo $NVIDIA_VISIBLE_DEVICES; pwd; sleep 3; echo oops >&2; "
                "exit 3")
-    r = post(kim, "j1", {"gpus": 1, "job": {"command": command, "time": "10m"}})
+    r = kim.ask_server("j1", {"gpus": 1, "job": {"command": command, "time": "10m"}})
     assert r.status_code in (201, 202), r.text
     running = wait_for(lambda: (s := status(kim, "j1")) and s["state"] == "running" and s,
                        120, interval=0.5, what="her job to run")
@@ -64,7 +55,7 @@ def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
     log = docker("exec", kim.container, "cat", "/home/jovyan/jobs/j1/log")
     assert log.splitlines() == ["start", GPU0, "/home/jovyan", "oops"], log
     # the job's server stopped itself (its own token may), and its GPU went back
-    wait_for(lambda: hub.server_model(kim.name, "j1") is None and gone(kim.container_of("j1")),
+    wait_for(lambda: hub.server_model(kim.name, "j1") is None and container_gone(kim.container_of("j1")),
              60, interval=0.5, what="the job's server to be gone")
     assert f"DELETE /hub/api/users/{kim.name}/servers/j1" in container_logs("gpulab-hub", 800)
     assert her_leases(hub_admin, kim) == []
@@ -82,13 +73,13 @@ def test_a_job_past_its_time_or_cancelled_says_so(lab_config, gpus_yaml, lab_use
     lab_config.write("gpus.yaml", JOBS)
     lee = lab_user("job")
     lee.start_server({"gpus": 0})
-    r = post(lee, "slow", {"gpus": 0, "job": {"command": "sleep 600", "time": "3s"}})
+    r = lee.ask_server("slow", {"gpus": 0, "job": {"command": "sleep 600", "time": "3s"}})
     assert r.status_code in (201, 202), r.text
     ended = wait_for(lambda: (s := status(lee, "slow")) and s["state"] != "running" and s,
                      120, interval=0.5, what="her job to reach its time limit")
     assert (ended["state"], ended["exit_code"]) == ("timed out", -15), ended
 
-    r = post(lee, "cancel", {"gpus": 0, "job": "sleep 600"})
+    r = lee.ask_server("cancel", {"gpus": 0, "job": "sleep 600"})
     assert r.status_code in (201, 202), r.text
     wait_for(lambda: (s := status(lee, "cancel")) and s["state"] == "running", 120,
              interval=0.5, what="the job to run")
@@ -107,18 +98,18 @@ def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user,
             ("b4", {"job": "x" * (1 << 20)}, 400, "at most 64 KiB"),
             ("b5", {"gpus": 2, "job": "x"}, 403, "you may use at most 1"),
             ("", {"job": "x"}, 400, "A job runs as a named server of its own")):
-        r = post(ann, server, options)
+        r = ann.ask_server(server, options)
         assert r.status_code == status_, (server, r.text)
         assert said in r.json()["message"], (server, r.text)
-        assert gone(ann.container_of(server))
+        assert container_gone(ann.container_of(server))
     # none of them is kept as a stopped named server (JupyterHub would keep each)
     r = hub.request("GET", f"/users/{ann.name}?include_stopped_servers=1")
     assert r.status_code == 200 and [n for n in r.json()["servers"] if n] == [], r.text
     # a job for another member: her token may not start his servers (JupyterHub says
     # nothing of what it does not show her: a 404)
-    r = post(bob, "theirs", {"job": "id"}, token=ann.token)
+    r = bob.ask_server("theirs", {"job": "id"}, ann.token)
     assert r.status_code == 404 and "No access" in r.json()["message"], r.text
-    assert gone(bob.container_of("theirs"))
+    assert container_gone(bob.container_of("theirs"))
 
 
 def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_yaml,
@@ -130,7 +121,7 @@ def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_y
     ann, mia = lab_user("job"), lab_user("job")
     ann.start_server({"gpus": 1})
     mia.start_server({"gpus": 0})
-    r = post(mia, "queued", {"gpus": 1, "wait": True,
+    r = mia.ask_server("queued", {"gpus": 1, "wait": True,
                              "job": {"command": "echo $NVIDIA_VISIBLE_DEVICES; sleep 2"}})
     assert r.status_code == 202 and "Your job starts by itself" in r.json()["message"], r.text
     r = requests.get(f"{hub.api}/gpulab/line/{mia.name}", timeout=30,
@@ -183,7 +174,7 @@ def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_
     # its server goes (what a cancelled job's status.json says is the test above's: in CI
     # a loaded machine once took longer than 60 s to write it here)
     wait_for(lambda: hub.server_model(ned.name, "long") is None
-             and gone(ned.container_of("long")), 120, interval=0.5,
+             and container_gone(ned.container_of("long")), 120, interval=0.5,
              what="the cancelled job's server to be gone")
     r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name bad --")
     assert r.returncode != 0 and "give the command after --" in r.stderr, r

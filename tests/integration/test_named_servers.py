@@ -14,7 +14,15 @@ from urllib.parse import urlsplit
 import requests
 
 from .browser import screenshot, start_without_a_gpu_if_asked, submit_login
-from .stack import HUB_URL, container_logs, docker, form_login, scrape_seconds, wait_for
+from .stack import (
+    HUB_URL,
+    container_gone,
+    container_logs,
+    docker,
+    form_login,
+    scrape_seconds,
+    wait_for,
+)
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
 TWO_EACH = STANDIN_GPUS.replace("  max_gpus: 1\n", "  max_gpus: 2\n  max_servers: 2\n")
@@ -23,15 +31,6 @@ LEASES_API = f"{HUB_URL}/services/gpus/api/leases"
 
 def labels_of(container: str) -> dict:
     return json.loads(docker("inspect", "--format", "{{json .Config.Labels}}", container))
-
-
-def gone(container: str) -> bool:
-    return docker("ps", "-aq", "--filter", f"name=^{container}$") == ""
-
-
-def post(member, server: str, options: dict) -> requests.Response:
-    return requests.post(member.server_path(server), json=options,
-                         headers={"Authorization": f"token {member.token}"}, timeout=120)
 
 
 def test_a_named_server_beside_her_default_one_within_her_limits(lab_config, gpus_yaml,
@@ -60,32 +59,32 @@ def test_a_named_server_beside_her_default_one_within_her_limits(lab_config, gpu
     assert [s for s, _ in held] == ["", "train"] and {u for _, u in held} == {GPU0, GPU1}
 
     # a third server: past max_servers, a 403 that names what runs; nothing starts
-    r = post(ann, "notes", {"gpus": 0})
+    r = ann.ask_server("notes", {"gpus": 0})
     assert r.status_code == 403, r.text
     assert ('You already have 2 servers running (your default one, "train"), the most the '
             'lab gives you at once (max_servers: 2): stop one first.') in r.json()["message"]
-    assert gone(ann.container_of("notes"))
+    assert container_gone(ann.container_of("notes"))
 
     # her GPUs count over all her servers: train may not take two while default holds one
     ann.stop_server(server="train")
-    assert gone(train)
+    assert container_gone(train)
     page = form_login(ann.name, ann.token).session.get(f"{HUB_URL}/hub/spawn/{ann.name}/train",
                                                       timeout=30)
     assert page.status_code == 200, page.text[:300]
     assert "yours (your default server)" in page.text, page.text[-3000:]
     offered = re.findall(r'<option value="(\d+)"', page.text)
     assert offered == ["0", "1"], offered  # the other of her 2 is her default server's
-    r = post(ann, "train", {"gpus": 2})
+    r = ann.ask_server("train", {"gpus": 2})
     assert r.status_code == 403, r.text
     assert "already hold 1 on server(s) default and may use at most 2" in r.json()["message"]
-    assert gone(train)
+    assert container_gone(train)
     ann.start_server({"gpus": 0}, server="train")  # her named server is hers to start again
 
     # the end of her access stops every server of hers and gives their GPUs back
     r = hub.request("DELETE", f"/gpulab/access/{ann.name}", json={"stop_servers": True})
     assert r.status_code == 200, r.text
     assert sorted(r.json()["stopped_servers"]) == ["", "train"]
-    wait_for(lambda: gone(default) and gone(train), 60, what="both her servers to be gone")
+    wait_for(lambda: container_gone(default) and container_gone(train), 60, what="both her servers to be gone")
     r = requests.get(LEASES_API, headers={"Authorization": f"token {hub_admin.token}"},
                      timeout=30)
     assert not [le for le in r.json()["leases"] if le["user"] == ann.name], r.text
@@ -100,7 +99,7 @@ def test_deleting_a_member_stops_her_named_servers_too(gpus_yaml, lab_user, hub)
     r = hub.request("DELETE", f"/users/{cal.name}")
     assert r.status_code == 204, r.text
     assert hub.request("GET", f"/users/{cal.name}").status_code == 404
-    wait_for(lambda: gone(cal.container_of()) and gone(cal.container_of("train")), 60,
+    wait_for(lambda: container_gone(cal.container_of()) and container_gone(cal.container_of("train")), 60,
              what="both her servers to be gone")
 
 
@@ -139,7 +138,7 @@ def test_a_named_server_waits_in_line_and_the_line_starts_it(lab_config, gpus_ya
     ann, dan = lab_user("named"), lab_user("named")
     ann.start_server({"gpus": 1})
     dan.start_server({"gpus": 0})
-    r = post(dan, "train", {"gpus": 1, "wait": True})
+    r = dan.ask_server("train", {"gpus": 1, "wait": True})
     assert r.status_code == 202 and "number 1 in line" in r.json()["message"], r.text
     r = requests.get(f"{hub.api}/gpulab/line/{dan.name}", timeout=30,
                      headers={"Authorization": f"token {dan.token}"})
