@@ -47,6 +47,7 @@ from gpulab.login.auth import configure_login, default_trusted_proxies
 from gpulab.login.roles import prune_hub_db, roles_from_settings
 from gpulab.login.sshkeys import SSH_SERVICE
 from gpulab.login.tokens import ADMIN_SCOPES as LOGIN_TOKEN_SCOPES
+from gpulab.mail import MailSettings
 from gpulab.notices import home_page_notices
 from gpulab.settings import ConfigError, Settings
 from gpulab.spawn import servers_api
@@ -264,8 +265,12 @@ def configure(c) -> None:
                         "releases_file": str(notices_path),
                         "bookings_file": str(bookings_path),
                         "swarm": bool(settings["hub.swarm"])},
-        # where gpulab.spawn.servers_api writes that a job ended (her home page shows it)
-        "gpulab-jobs": {"notices_file": str(server_notices_path)},
+        # where gpulab.spawn.servers_api writes that a job ended (her home page shows it),
+        # and how it mails her, where she gave an address (gpulab.yaml mail.*)
+        "gpulab-jobs": {"notices_file": str(server_notices_path),
+                        "mail": MailSettings(str(settings_path), str(SECRETS_DIR),
+                                             public_url
+                                             or os.environ.get("GPULAB_MEMBER_URL", ""))},
         # what gpulab.bookings.api's handlers read
         "gpulab-bookings": {"file": str(bookings_path), "gpus_file": str(gpus_path),
                             "settings_file": str(settings_path),

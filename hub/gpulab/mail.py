@@ -1,14 +1,16 @@
-"""E-mail to members through the lab's SMTP server: that their turn in line came.
+"""E-mail to members through the lab's SMTP server: that their turn in line came, and
+that their job ended.
 
 gpulab.yaml's ``mail.*`` settings say which server and how (:data:`gpulab.settings.SETTINGS`);
 the password, when ``mail.username`` is set, is the file ``secrets/smtp-password``
 (:data:`PASSWORD_FILE`), never the settings file. A member gives her address herself,
-when she joins the line (``"email"`` beside ``"wait": true``).
+when she joins the line (``"email"`` beside ``"wait": true``) or submits a job (beside
+``"job"``).
 
-:func:`address_in_options` and :func:`turn_message` are pure (the address itself is
-checked by :mod:`gpulab.email_address`); :func:`send` is the one place
-that speaks SMTP (blocking, with a timeout); :class:`MailSettings` is the line service's
-async shell around them.
+:func:`address_in_options`, :func:`turn_message` and :func:`job_ended_message` are pure
+(the address itself is checked by :mod:`gpulab.email_address`); :func:`send` is the one
+place that speaks SMTP (blocking, with a timeout); :class:`MailSettings` is the async
+shell around them, for the line service and the hub (gpulab.spawn.servers_api).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import logging
 import smtplib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -30,8 +32,8 @@ from gpulab.email_address import check_address
 from gpulab.settings import duration_text
 from gpulab.yamlfile import ConfigError
 
-__all__ = ["MailError", "MailSettings", "address_in_options", "enabled", "send",
-           "turn_message"]
+__all__ = ["MailError", "MailSettings", "address_in_options", "enabled", "job_ended_message",
+           "send", "turn_message"]
 
 log = logging.getLogger("gpulab.mail")
 
@@ -48,23 +50,25 @@ def enabled(settings: Mapping[str, Any]) -> bool:
 
 
 def address_in_options(options: object, wait: bool, mail_on: bool,
-                       from_form: bool = False) -> str:
-    """Where a member asks to be told that her turn in line came (``"email"`` in her
-    server's options, beside ``"wait": true``; the spawn form's field, left empty: ""),
-    or ValueError saying what is wrong with it, for her. *mail_on*: the lab sends
-    e-mail (:func:`enabled`). From the spawn form (*from_form*), an address typed
-    without ticking "Wait in line" is not asked for: no e-mail, and no error."""
+                       from_form: bool = False, job: bool = False) -> str:
+    """Where a member asks to be told that her turn in line came or that her job ended
+    (``"email"`` in her server's options, beside ``"wait": true`` or a *job*; the spawn
+    form's field, left empty: ""), or ValueError saying what is wrong with it, for her.
+    *mail_on*: the lab sends e-mail (:func:`enabled`). From the spawn form
+    (*from_form*), an address typed without ticking "Wait in line" is not asked for: no
+    e-mail, and no error."""
     raw = options.get("email") if isinstance(options, Mapping) else None
     if raw is None or raw == "" or (from_form and not wait):
         return ""
     if not mail_on:
         raise ValueError("This lab sends no e-mail (its admins have not set "
                          "mail.smtp_host): leave out \"email\". Your hub home page shows "
-                         "your place in line and tells you when your turn comes.")
-    if not wait:
-        raise ValueError("An e-mail address is for waiting in line: it tells you when your "
-                         "turn comes. Tick \"Wait in line\" (through the REST API: "
-                         "\"wait\": true), or leave the address out.")
+                         "your place in line, tells you when your turn comes and how your "
+                         "jobs ended.")
+    if not wait and not job:
+        raise ValueError("An e-mail address is for waiting in line (it tells you when your "
+                         "turn comes) or for a job (how it ended). Tick \"Wait in line\" "
+                         "(through the REST API: \"wait\": true), or leave the address out.")
     return check_address(raw)
 
 
@@ -78,12 +82,8 @@ def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
     where = (f"{hub_url.rstrip('/')}/hub/user/{user}/{server}" if hub_url
              else "the lab's JupyterHub (your home page there has a link to it)")
     named = f" {server}" if server else ""
-    message = EmailMessage()
-    message["Subject"] = "Your turn for GPUs: your server is starting"
-    message["From"] = settings["mail.from"]
-    message["To"] = to
-    message["Date"] = formatdate(offered_at, usegmt=True)
-    message["Message-ID"] = make_msgid("gpulab-line", settings["mail.from"].rpartition("@")[2])
+    message = _message(settings, to, "Your turn for GPUs: your server is starting",
+                       offered_at, "gpulab-line")
     message.set_content(
         f"Hello {user},\n\n"
         f"it is your turn in the lab's line for GPUs: your server{named} is starting, with "
@@ -92,6 +92,34 @@ def turn_message(settings: Mapping[str, Any], to: str, user: str, server: str,
         f"{deadline:%Y-%m-%d %H:%M} UTC if it is up at once): {where}\n\n"
         f"If you do not, it is stopped and its GPUs go to the next member waiting.\n\n"
         f"-- gpulab (you gave this address when you joined the line)\n")
+    return message
+
+
+def job_ended_message(settings: Mapping[str, Any], to: str, user: str, server: str,
+                      said: str, ended_at: float, hub_url: str = "") -> EmailMessage:
+    """The e-mail telling *user* how her job (the named server *server*) ended: *said*,
+    such as "python train.py exited 0 after 2 h 13 min, 2.2 GPU-hours"
+    (gpulab.spawn.jobs.ended_text)."""
+    home = (f"Your hub home page says the same: {hub_url.rstrip('/')}/hub/home" if hub_url
+            else "Your home page on the lab's JupyterHub says the same.")
+    message = _message(settings, to, f"Your job {server} ended", ended_at, "gpulab-job")
+    message.set_content(
+        f"Hello {user},\n\n"
+        f"your job {server}: {said}.\n\n"
+        f"Its output and exit status are in your home, in ~/jobs/{server}/ (log and "
+        f"status.json); its GPUs went back to the lab when it ended. {home}\n\n"
+        f"-- gpulab (you gave this address when you submitted the job)\n")
+    return message
+
+
+def _message(settings: Mapping[str, Any], to: str, subject: str, at: float,
+             kind: str) -> EmailMessage:
+    message = EmailMessage()
+    message["Subject"] = subject
+    message["From"] = settings["mail.from"]
+    message["To"] = to
+    message["Date"] = formatdate(at, usegmt=True)
+    message["Message-ID"] = make_msgid(kind, settings["mail.from"].rpartition("@")[2])
     return message
 
 
@@ -145,7 +173,7 @@ def send(settings: Mapping[str, Any], message: EmailMessage,
 
 @dataclass(frozen=True)
 class MailSettings:
-    """Where the line service finds how to send e-mail: gpulab.yaml (read at each
+    """Where the line service and the hub find how to send e-mail: gpulab.yaml (read at each
     e-mail: an admin's edit counts at once), the secrets folder, and the hub's URL as
     members open it ("" when unknown: the e-mail then names no link)."""
 
@@ -157,22 +185,35 @@ class MailSettings:
                         claim_window: int, offered_at: float) -> bool:
         """E-mail *user* at *to* that her turn came; whether it went to the SMTP server
         (why not is logged: the line goes on without it)."""
+        return await self._tell(
+            "line", user, server, "their turn came",
+            lambda settings: turn_message(settings, to, user, server, gpus, claim_window,
+                                          offered_at, self.hub_url))
+
+    async def tell_job_ended(self, to: str, user: str, server: str, said: str,
+                             ended_at: float) -> bool:
+        """E-mail *user* at *to* how her job *server* ended (*said*); whether it went."""
+        return await self._tell(
+            "jobs", user, server, "how their job ended",
+            lambda settings: job_ended_message(settings, to, user, server, said, ended_at,
+                                               self.hub_url))
+
+    async def _tell(self, part: str, user: str, server: str, what: str,
+                    message: Callable[[Mapping[str, Any]], EmailMessage]) -> bool:
         who = f"{user}:{server}" if server else user
         try:
             settings = live_config.settings_file.load(self.settings_file)
         except ConfigError as e:
-            log.warning("line: %s not told by e-mail: %s", who, e)
+            log.warning("%s: %s not told by e-mail: %s", part, who, e)
             return False
         if not enabled(settings):
-            log.info("line: %s not told by e-mail: mail.smtp_host is not set (any more)",
-                     who)
+            log.info("%s: %s not told by e-mail: mail.smtp_host is not set (any more)",
+                     part, who)
             return False
-        message = turn_message(settings, to, user, server, gpus, claim_window, offered_at,
-                               self.hub_url)
         try:
-            await asyncio.to_thread(send, settings, message, self.secrets_dir)
+            await asyncio.to_thread(send, settings, message(settings), self.secrets_dir)
         except MailError as e:
-            log.warning("line: %s not told by e-mail: %s", who, e)
+            log.warning("%s: %s not told by e-mail: %s", part, who, e)
             return False
-        log.info("line: told %s by e-mail that their turn came", who)
+        log.info("%s: told %s by e-mail %s", part, who, what)
         return True

@@ -9,7 +9,8 @@ The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "
 * keeps ``~/jobs/ID/status.json`` true: ``running`` with its start, then ``exited``
   (its exit code), ``timed out`` (stopped at its time limit: SIGTERM to its process group,
   SIGKILL :data:`GRACE` seconds later) or ``stopped`` (the server was stopped under it),
-  with its end, its seconds and its GPU-hours (its GPUs x its hours);
+  with its end, its seconds and its GPU-hours (its GPUs x its hours), written at the
+  SIGTERM of a stop;
 * counts as activity while the command runs (``gpulab_job_last_activity``, jupyter
   server's hook), so the idle culler leaves a quiet job alone;
 * once the command ended, tells the hub (``POST /hub/api/gpulab/jobs/USER/SERVER``: her
@@ -111,7 +112,7 @@ def _load_jupyter_server_extension(serverapp):
                  status["seconds"])
         return status
 
-    def at_exit() -> None:  # the server stopped under a running command
+    def stopped_under_it() -> None:  # the server stopped under a running command
         if not state["done"] and proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -119,7 +120,22 @@ def _load_jupyter_server_extension(serverapp):
                 pass
             end("stopped", None)
 
-    atexit.register(at_exit)
+    # Said at the SIGTERM that stops the server (docker stop, when she cancels it), not
+    # only at exit: jupyter_server's shutdown may take longer than Docker's 10 s on a
+    # loaded machine, and a SIGKILL runs no atexit (seen in CI: "running" for ever).
+    # jupyter_server has set its own handler by now (init_signal, before extensions).
+    server_handler = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame) -> None:
+        stopped_under_it()
+        if callable(server_handler):
+            server_handler(signum, frame)
+        else:  # no handler before ours: die of it, as without us
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    atexit.register(stopped_under_it)
 
     async def stop_server(status: dict) -> None:
         api = os.environ.get("JUPYTERHUB_API_URL", "").rstrip("/")

@@ -20,6 +20,7 @@ from ..swarm import Swarm, SwarmError
 from .browser import browser, new_page  # noqa: F401  (fixtures for every module)
 from .fake_gpus import exporter_snapshot, write_fake_control
 from .restarts import gpulab_dockerd_pid, restart_gpulab_dockerd, start_gpulab_dockerd
+from .smtp_sink import smtp_server  # noqa: F401  (a fixture for every module)
 from .stack import (
     REPO,
     Hub,

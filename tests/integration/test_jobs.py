@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import html
 import json
+import re
 
 import requests
 
+from .smtp_sink import MAIL_ON
 from .stack import HUB_URL, container_gone, container_logs, docker, form_login, wait_for
 from .standin import GPU0, STANDIN_GPUS
 
@@ -112,6 +114,39 @@ def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user,
     assert container_gone(bob.container_of("theirs"))
 
 
+def test_she_is_emailed_how_her_job_ended(lab_config, gpus_yaml, lab_user, hub,
+                                         smtp_server):
+    """She gave her address with the job: the lab's SMTP server gets what her home page
+    says, addressed to her; a lab without e-mail refuses the address and starts nothing."""
+    lab_config.write("gpus.yaml", JOBS)
+    ivy = lab_user("job")
+    address = f"{ivy.name}@lab.example"
+    job = {"gpus": 1, "job": "sleep 2; exit 4", "email": address}
+    r = ivy.ask_server("nomail", job)
+    assert r.status_code == 400 and "This lab sends no e-mail" in r.json()["message"], r.text
+    assert container_gone(ivy.container_of("nomail"))
+    settings = lab_config.original("gpulab.yaml")
+    lab_config.write("gpulab.yaml", settings + MAIL_ON)
+    try:
+        r = ivy.ask_server("mailed", {**job, "email": f"{address}\r\nBcc: eve@evil.example"})
+        assert r.status_code == 400 and "must be one e-mail address" in r.json()["message"]
+        r = ivy.ask_server("mailed", job)
+        assert r.status_code in (201, 202), r.text
+        [(to, message)] = wait_for(smtp_server, 180, interval=1,
+                                   what="the e-mail saying how her job ended")
+    finally:
+        lab_config.write("gpulab.yaml", settings)
+    assert to == [address] and message["Subject"] == "Your job mailed ended", message
+    body = message.get_content()
+    said = re.search(r"your job mailed: (sleep 2; exit 4 exited 4 after \d+ s, "
+                     r"0\.0 GPU-hours)\.", body)
+    assert said, body
+    assert "~/jobs/mailed/ (log and status.json)" in body, body
+    # her home page says the same
+    home = form_login(ivy.name, ivy.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
+    assert f"Your job mailed: {said.group(1)}" in html.unescape(home.text), home.text[-3000:]
+
+
 def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_yaml,
                                                              lab_user, hub):
     """No GPU free: her job waits in the same line as servers, and the line starts it
@@ -176,5 +211,9 @@ def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_
     wait_for(lambda: hub.server_model(ned.name, "long") is None
              and container_gone(ned.container_of("long")), 120, interval=0.5,
              what="the cancelled job's server to be gone")
+    # and it is not listed as running, whether or not it wrote its end before it went
+    r = ssh.run(ned.name, ned.token, command="gpulab-job list")
+    (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith("long ")]
+    assert row[:2] == ["long", "stopped"], r.stdout
     r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name bad --")
     assert r.returncode != 0 and "give the command after --" in r.stderr, r

@@ -10,11 +10,8 @@ as JupyterLab makes all the time.
 
 from __future__ import annotations
 
-import email
-import email.policy
 import json
 import re
-import subprocess
 import threading
 import time
 from datetime import datetime
@@ -24,6 +21,7 @@ import requests
 
 from .browser import jupyterlab_shows, screenshot, submit_login
 from .restarts import kill_from_host, wait_restarted
+from .smtp_sink import MAIL_ON
 from .stack import HUB_URL, docker, prometheus_query, wait_for
 from .standin import GPU0, GPU1, STANDIN_GPUS, gpus_of
 
@@ -268,38 +266,6 @@ def test_a_member_waits_from_the_spawn_form_and_leaves_from_her_home_page(
     assert hub.server_model(bob.name) is None
 
 
-# An SMTP server for the lab, on the hub's monitoring network (Python's own smtpd, in the
-# hub image): each message it is given, as a line of JSON in its log.
-SMTP_NAME, SMTP_PORT = "gpulab-test-smtp", 2525
-SMTP_SINK = f"""
-import asyncore, json, smtpd, warnings
-warnings.simplefilter("ignore")
-class Sink(smtpd.SMTPServer):
-    def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):
-        print(json.dumps({{"from": mailfrom, "to": rcpttos, "data": data.decode()}}), flush=True)
-Sink(("0.0.0.0", {SMTP_PORT}), None)
-asyncore.loop()
-"""
-
-
-@pytest.fixture
-def smtp_server():
-    """The lab's SMTP server: a function that answers the messages it got so far."""
-    docker("rm", "-f", SMTP_NAME, check=False)
-    docker("run", "-d", "--name", SMTP_NAME, "--network", "gpulab-monitoring", "--user",
-           "65534:65534", "--read-only", "--cap-drop", "ALL", "--entrypoint", "python3",
-           "gpulab/hub:latest", "-u", "-c", SMTP_SINK)
-
-    def received() -> list:
-        logs = subprocess.run(["docker", "logs", SMTP_NAME], capture_output=True,
-                              text=True, timeout=30).stdout
-        return [(m["to"], email.message_from_string(m["data"], policy=email.policy.default))
-                for m in map(json.loads, logs.splitlines())]
-
-    yield received
-    docker("rm", "-f", SMTP_NAME, check=False)
-
-
 def test_a_member_who_gave_her_address_is_emailed_when_her_turn_comes(
         hub, lab_user, lab_config, gpus_yaml, new_page, smtp_server):
     # two minutes to open it: time to read the e-mail, however slow a start is here
@@ -312,9 +278,7 @@ def test_a_member_who_gave_her_address_is_emailed_when_her_turn_comes(
     assert r.status_code == 400 and "This lab sends no e-mail" in r.json()["message"], r.text
     settings = lab_config.original("gpulab.yaml")
     try:
-        lab_config.write("gpulab.yaml", settings + (
-            f"mail:\n  smtp_host: {SMTP_NAME}\n  smtp_port: {SMTP_PORT}\n  security: none\n"
-            f"  from: gpulab@lab.example\n"))
+        lab_config.write("gpulab.yaml", settings + MAIL_ON)
         emailed_when_his_turn_comes(hub, alice, bob, address, new_page, smtp_server)
     finally:
         lab_config.write("gpulab.yaml", settings)

@@ -4,6 +4,7 @@ the real stack is tests/integration/test_jobs.py's."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 from pathlib import Path
@@ -18,6 +19,10 @@ IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
 spec = importlib.util.spec_from_file_location("gpulab_job", IMAGE / "gpulab_job.py")
 runner = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(runner)
+cli_loader = importlib.machinery.SourceFileLoader("gpulab_job_cli", str(IMAGE / "gpulab-job"))
+cli = importlib.util.module_from_spec(
+    importlib.util.spec_from_loader("gpulab_job_cli", cli_loader))
+cli_loader.exec_module(cli)
 DAY = 86400
 
 
@@ -95,3 +100,19 @@ def test_her_home_page_says_how_her_job_ended():
     assert shown["text"] == ("Your job train1: python train.py exited 0 after 5 s, 0.0 "
                              "GPU-hours. Its output is in ~/jobs/train1/.")
     assert notices.notices_for(said, "bob", 200.0) == []
+
+
+@pytest.mark.parametrize("status, server, shown", [
+    ({"state": "running"}, {"ready": True}, "running"),
+    ({"state": "running"}, {"ready": False, "pending": "spawn"}, "running"),
+    # cancelled, and killed before it wrote its end: not running (seen in CI)
+    ({"state": "running"}, {"ready": False, "pending": None}, "stopped"),
+    ({"state": "running"}, {"ready": True, "pending": "stop"}, "running"),
+    ({"state": "running"}, {}, "stopped"),  # its server deleted
+    ({"state": "exited", "exit_code": 0}, {}, "exited"),
+    ({"state": "timed out"}, {"ready": True}, "timed out"),
+    ({}, {"ready": False, "pending": "spawn"}, "starting"),
+    ({}, {}, "waiting"),  # in line: no server yet
+])
+def test_gpulab_job_list_says_a_job_whose_server_is_gone_is_not_running(status, server, shown):
+    assert cli.shown_state(status, server) == shown

@@ -415,6 +415,18 @@ async def test_her_turn_starts_her_server_in_the_environment_she_waits_in(tmp_pa
                          ("start", "bob", {"gpus": 1, "environment": "course"})]
 
 
+async def test_her_job_starts_with_its_command_and_the_address_that_hears_how_it_ended(
+        tmp_path):
+    job = {"command": "python train.py"}
+    hub = RecordingHub([{**model(READY), "job": job, "email": "bob@lab.example"},
+                        {**model(READY), "user": "cy", "id": 8, "email": "cy@lab.example"}])
+    await service(hub, tmp_path).check(now=100)
+    # a server's address was for her turn only: it is no option of the server
+    assert [c for c in hub.calls if c[0] == "start"] == [
+        ("start", "bob", {"gpus": 1, "job": job, "email": "bob@lab.example"}),
+        ("start", "cy", {"gpus": 1})]
+
+
 def test_the_store_keeps_her_environment_and_takes_an_older_gpulabs_file(tmp_path):
     import sqlite3
 

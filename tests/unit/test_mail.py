@@ -14,7 +14,14 @@ from email.policy import default
 import pytest
 
 from gpulab.email_address import check_address
-from gpulab.mail import MailError, MailSettings, address_in_options, send, turn_message
+from gpulab.mail import (
+    MailError,
+    MailSettings,
+    address_in_options,
+    job_ended_message,
+    send,
+    turn_message,
+)
 from gpulab.settings import ConfigError, defaults, load_settings
 
 with warnings.catch_warnings():
@@ -60,6 +67,14 @@ def test_an_address_goes_with_waiting_in_a_lab_that_sends_email():
     assert address_in_options({"email": "ann@lab.example"}, False, True, from_form=True) == ""
     with pytest.raises(ValueError, match="must be one e-mail address"):
         address_in_options({"wait": True, "email": "ann"}, True, True)
+    # a job tells her how it ended: no waiting needed, but a lab that sends e-mail
+    assert address_in_options({"job": "x", "email": "ann@lab.example"}, False, True,
+                              job=True) == "ann@lab.example"
+    with pytest.raises(ValueError, match="This lab sends no e-mail"):
+        address_in_options({"job": "x", "email": "ann@lab.example"}, False, False, job=True)
+    with pytest.raises(ValueError, match="must be one e-mail address"):
+        address_in_options({"job": "x", "email": "ann\r\nBcc: e@x.example"}, False, True,
+                           job=True)
 
 
 def test_the_email_says_her_turn_came_until_when_and_where():
@@ -76,6 +91,35 @@ def test_the_email_says_her_turn_came_until_when_and_where():
     named = turn_message(MAIL, "ann@lab.example", "ann", "train", 1, 60, 1_800_000_000)
     assert "your server train is starting, with 1 GPU kept" in named.get_content()
     assert "the lab's JupyterHub" in named.get_content()  # no URL known: no link
+
+
+def test_the_email_says_how_her_job_ended_and_where_its_output_is():
+    said = "python train.py exited 0 after 2 h 13 min, 2.2 GPU-hours"
+    m = job_ended_message(MAIL, "ann@lab.example", "ann", "train1", said, 1_800_000_000,
+                          "https://gpu.lab.example/")
+    assert (m["Subject"], m["From"], m["To"]) == (
+        "Your job train1 ended", "gpulab@lab.example", "ann@lab.example")
+    assert m["Date"] == "Fri, 15 Jan 2027 08:00:00 +0000"
+    body = m.get_content()
+    assert f"your job train1: {said}." in body, body
+    assert "~/jobs/train1/ (log and status.json)" in body, body
+    assert "https://gpu.lab.example/hub/home" in body, body
+    plain = job_ended_message(MAIL, "ann@lab.example", "ann", "j", said, 0).get_content()
+    assert "Your home page on the lab's JupyterHub says the same." in plain
+
+
+async def test_mail_settings_tell_her_how_her_job_ended(sink, tmp_path):
+    settings = tmp_path / "gpulab.yaml"
+    settings.write_text(f"mail:\n  smtp_host: 127.0.0.1\n  smtp_port: {sink.port}\n"
+                        f"  security: none\n  from: gpulab@lab.example\n")
+    mail = MailSettings(str(settings), str(tmp_path))
+    assert await mail.tell_job_ended("ann@lab.example", "ann", "j1", "x exited 3 after 1 s, "
+                                     "0.0 GPU-hours", 1e9)
+    [(_, to, message)] = sink.got
+    assert to == ["ann@lab.example"] and message["Subject"] == "Your job j1 ended"
+    settings.write_text("mail: {smtp_host: ''}\n")  # the admin turned e-mail off since
+    assert not await mail.tell_job_ended("ann@lab.example", "ann", "j1", "x", 1e9)
+    assert len(sink.got) == 1
 
 
 def test_mail_settings_are_checked_with_the_file_and_line(tmp_path):

@@ -183,7 +183,9 @@ class LineService:
             offered_at = await self.hub.offer(d.user, d.server)
             options = {"gpus": d.gpus, **({"environment": d.environment}
                                           if d.environment else {}),
-                       **({"job": d.job} if d.job else {})}
+                       # a job mails her how it ended, too (gpulab.spawn.servers_api)
+                       **({"job": d.job} if d.job else {}),
+                       **({"email": d.email} if d.job and d.email else {})}
             status, body = await self.hub.start_server(d.user, d.server, options)
             reason = (body or {}).get("message") if isinstance(body, dict) else ""
             if status == 409:  # the GPUs went in between (a race): she keeps her place

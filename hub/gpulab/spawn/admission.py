@@ -222,7 +222,7 @@ def decide(ask: Ask, seen: Seen) -> Admitted | Refused:
         job = parse_job(ask.options, ask.server, policy.max_server_age)
         try:
             email = address_in_options(ask.options, wait, seen.mail_on,
-                                       from_form=ask.from_form)
+                                       from_form=ask.from_form, job=job is not None)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
         budget = budget_of(ask, seen, policy)

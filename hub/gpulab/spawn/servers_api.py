@@ -12,11 +12,13 @@ by gpulab.hubconfig, ahead of JupyterHub's own route (the authenticator's handle
 ``POST /hub/api/gpulab/jobs/USER/SERVER`` is how a job's server (the image's gpulab_job,
 with its own token, which may stop her servers) tells the hub its job ended, before it
 stops itself: her home page then says "Your job train1: python train.py exited 0 after
-2 h 13 min, 2.2 GPU-hours".
+2 h 13 min, 2.2 GPU-hours", and where she gave an address with the job (``"email"``)
+and the lab sends e-mail, she gets the same by e-mail.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -53,11 +55,23 @@ class JobEndedAPIHandler(APIHandler):
             command, state, code, seconds, hours = parse_ended(self.get_json_body())
         except InvalidRequest as e:
             raise web.HTTPError(400, str(e)) from None
-        said = ended_text(command, state, code, seconds, hours)
-        notices.record_stopped(self.settings["gpulab-jobs"]["notices_file"], notices.Stopped(
-            user.name, server_name, time.time(), notices.JOB, said))
+        said, now = ended_text(command, state, code, seconds, hours), time.time()
+        jobs = self.settings["gpulab-jobs"]
+        notices.record_stopped(jobs["notices_file"], notices.Stopped(
+            user.name, server_name, now, notices.JOB, said))
         self.log.info("%s's job %s: %s", user.name, server_name, said)
-        self.write({"said": said})
+        # the address she gave with the job, checked when it was admitted
+        address = (user.spawners[server_name].user_options or {}).get("email")
+        mailed = isinstance(address, str) and bool(address) and jobs.get("mail") is not None
+        if mailed:  # in the background: her server stops itself after this answer
+            told = asyncio.ensure_future(jobs["mail"].tell_job_ended(
+                address, user.name, server_name, said, now))
+            _TELLING.add(told)
+            told.add_done_callback(_TELLING.discard)
+        self.write({"said": said, "emailing": mailed})
+
+
+_TELLING: set[asyncio.Future] = set()  # e-mails on their way (a task needs a reference)
 
 
 def api_handlers() -> list[tuple[str, type]]:
