@@ -16,8 +16,9 @@ The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "
 * once the command ended, tells the hub (``POST /hub/api/gpulab/jobs/USER/SERVER``: her
   home page says how it ended) and stops its own server (``DELETE`` on the hub's REST
   API with the server's own token, which may: hubconfig's server token scopes), so that
-  its GPUs go back at once; where the hub cannot be asked, the server exits and the hub
-  sees it end.
+  its GPUs go back at once. A hub that does not answer (restarting after a crash) is
+  asked again for up to :data:`HUB_PATIENCE` seconds; after that, the server exits and
+  the hub sees it end when it is back.
 
 Enabled by jupyter_server_config.d/gpulab_job.json in the image; a server without
 ``GPULAB_JOB`` is untouched.
@@ -37,12 +38,14 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tornado import ioloop
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 ENV = "GPULAB_JOB"
 SETTING = "gpulab_job_last_activity"  # ends in _last_activity: jupyter_server's hook
 CHECK_EVERY = 1.0  # seconds between looks at the command
 GRACE = 30.0  # seconds between SIGTERM and SIGKILL at the time limit
+HUB_PATIENCE = 600.0  # seconds to keep asking a hub that does not answer (restarting)
+HUB_RETRY = 3.0  # seconds between those asks
 
 
 def now_text(at: float) -> str:
@@ -137,16 +140,37 @@ def _load_jupyter_server_extension(serverapp):
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit.register(stopped_under_it)
 
+    api = os.environ.get("JUPYTERHUB_API_URL", "").rstrip("/")
+    user = quote(os.environ.get("JUPYTERHUB_USER", ""))
+    server = quote(os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
+    auth = {"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}
+
+    async def hub(method: str, path: str, body: dict | None = None):
+        """The hub's answer, asked again while it does not answer (a hub restarting
+        after a crash: its GPUs stay held until it is back either way), for at most
+        HUB_PATIENCE seconds; its refusals (4xx) at once, as HTTPClientError."""
+        deadline = time.monotonic() + HUB_PATIENCE
+        while True:
+            try:
+                return await AsyncHTTPClient().fetch(HTTPRequest(
+                    f"{api}{path}", method=method, request_timeout=30, headers=auth,
+                    body=json.dumps(body) if body is not None else None))
+            except HTTPClientError as e:
+                if (e.code < 500 and e.code != 599) or time.monotonic() > deadline:
+                    raise
+                why = e
+            except OSError as e:  # refused, reset: the hub is not there (yet)
+                if time.monotonic() > deadline:
+                    raise
+                why = e
+            log.warning("gpulab_job: the hub did not answer %s %s (%s): asking again",
+                        method, path, why)
+            await asyncio.sleep(HUB_RETRY)
+
     async def stop_server(status: dict) -> None:
-        api = os.environ.get("JUPYTERHUB_API_URL", "").rstrip("/")
-        user = quote(os.environ.get("JUPYTERHUB_USER", ""))
-        server = quote(os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
-        auth = {"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}
         try:  # her home page says how it ended
-            await AsyncHTTPClient().fetch(HTTPRequest(
-                f"{api}/gpulab/jobs/{user}/{server}", method="POST", request_timeout=30,
-                headers=auth, body=json.dumps({k: status[k] for k in (
-                    "command", "state", "exit_code", "seconds", "gpu_hours")})))
+            await hub("POST", f"/gpulab/jobs/{user}/{server}", {k: status[k] for k in (
+                "command", "state", "exit_code", "seconds", "gpu_hours")})
         except Exception as e:
             log.warning("gpulab_job: the hub was not told how the job ended (%s)", e)
         # A command that ends before the hub has seen this server up: a stop now would
@@ -154,8 +178,7 @@ def _load_jupyter_server_extension(serverapp):
         # gpulab-job submit of print(6*7) on a loaded machine). Wait for the hub first.
         for _ in range(240):
             try:
-                r = await AsyncHTTPClient().fetch(HTTPRequest(
-                    f"{api}/users/{user}", request_timeout=30, headers=auth))
+                r = await hub("GET", f"/users/{user}")
                 model = (json.loads(r.body).get("servers") or {}).get(
                     os.environ.get("JUPYTERHUB_SERVER_NAME", "")) or {}
                 if model.get("ready") or not model.get("pending"):
@@ -165,9 +188,7 @@ def _load_jupyter_server_extension(serverapp):
                 break
             await asyncio.sleep(0.5)
         try:
-            await AsyncHTTPClient().fetch(HTTPRequest(
-                f"{api}/users/{user}/servers/{server}", method="DELETE", request_timeout=30,
-                headers=auth))
+            await hub("DELETE", f"/users/{user}/servers/{server}")
             log.info("gpulab_job: asked the hub to stop this server")
         except Exception as e:  # the hub will see the server end
             log.warning("gpulab_job: the hub did not stop this server (%s): exiting", e)

@@ -11,8 +11,10 @@ import html
 import json
 import re
 
+import pytest
 import requests
 
+from .restarts import kill_from_host, wait_restarted
 from .smtp_sink import MAIL_ON
 from .stack import HUB_URL, container_gone, container_logs, docker, form_login, wait_for
 from .standin import GPU0, STANDIN_GPUS
@@ -114,14 +116,13 @@ def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user,
     assert container_gone(bob.container_of("theirs"))
 
 
-def test_she_is_emailed_how_her_job_ended(lab_config, gpus_yaml, lab_user, hub,
-                                         smtp_server):
+def test_she_is_emailed_how_her_job_ended(lab_config, lab_user, hub, smtp_server):
     """She gave her address with the job: the lab's SMTP server gets what her home page
-    says, addressed to her; a lab without e-mail refuses the address and starts nothing."""
-    lab_config.write("gpus.yaml", JOBS)
+    says, addressed to her; a lab without e-mail refuses the address and starts nothing.
+    (No GPU: the members' lane runs it, beside the GPU tests.)"""
     ivy = lab_user("job")
     address = f"{ivy.name}@lab.example"
-    job = {"gpus": 1, "job": "sleep 2; exit 4", "email": address}
+    job = {"gpus": 0, "job": "sleep 2; exit 4", "email": address}
     r = ivy.ask_server("nomail", job)
     assert r.status_code == 400 and "This lab sends no e-mail" in r.json()["message"], r.text
     assert container_gone(ivy.container_of("nomail"))
@@ -145,6 +146,34 @@ def test_she_is_emailed_how_her_job_ended(lab_config, gpus_yaml, lab_user, hub,
     # her home page says the same
     home = form_login(ivy.name, ivy.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
     assert f"Your job mailed: {said.group(1)}" in html.unescape(home.text), home.text[-3000:]
+
+
+@pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)
+def test_a_job_runs_on_through_a_hub_crash_and_ends_as_it_would(lab_user, hub):
+    """The hub SIGKILLed under a running job: the job runs on (its container is not the
+    hub's), ends while the hub is still coming back, and once the hub answers again her
+    home page says how it ended and its server is gone, as without the crash."""
+    zoe = lab_user("job")
+    zoe.start_server({"gpus": 0})  # where she watches it from
+    command = "while [ ! -e ~/go ]; do sleep 0.2; done; echo done"
+    r = zoe.ask_server("crash", {"gpus": 0, "job": command})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: (s := status(zoe, "crash")) and s["state"] == "running", 120,
+             interval=0.5, what="her job to run")
+    before = kill_from_host("gpulab-hub")
+    docker("exec", zoe.container, "touch", "/home/jovyan/go")  # it ends now, hub or not
+    ended = wait_for(lambda: (s := status(zoe, "crash")) and s["state"] != "running" and s,
+                     60, interval=0.5, what="her job to end")
+    assert (ended["state"], ended["exit_code"]) == ("exited", 0), ended
+    wait_restarted("gpulab-hub", before)
+    wait_for(hub.is_ready, 120, what="the killed hub to answer again")
+    wait_for(lambda: hub.server_model(zoe.name, "crash") is None
+             and container_gone(zoe.container_of("crash")), 180, interval=1,
+             what="the job's server to stop itself once the hub is back")
+    home = form_login(zoe.name, zoe.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
+    assert f"Your job crash: {command} exited 0 after" in html.unescape(home.text), \
+        home.text[-3000:]
+    assert docker("exec", zoe.container, "cat", "/home/jovyan/jobs/crash/log") == "done"
 
 
 def test_a_job_waits_in_the_line_and_runs_when_its_turn_comes(lab_config, gpus_yaml,
