@@ -242,7 +242,7 @@ def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_
              what="the cancelled job's server to be gone")
     # and it is not listed as running, whether or not it wrote its end before it went
     r = ssh.run(ned.name, ned.token, command="gpulab-job list")
-    (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith("long ")]
-    assert row[:2] == ["long", "stopped"], r.stdout
+    rows = [line.split()[:2] for line in r.stdout.splitlines() if line.startswith("long ")]
+    assert rows == [["long", "stopped"]], r
     r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name bad --")
     assert r.returncode != 0 and "give the command after --" in r.stderr, r

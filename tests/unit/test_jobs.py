@@ -116,3 +116,20 @@ def test_her_home_page_says_how_her_job_ended():
 ])
 def test_gpulab_job_list_says_a_job_whose_server_is_gone_is_not_running(status, server, shown):
     assert cli.shown_state(status, server) == shown
+
+
+def test_gpulab_job_list_shows_each_state_its_code_and_gpu_hours(tmp_path, monkeypatch, capsys):
+    jobs = {"ok": {"state": "exited", "exit_code": 0, "gpu_hours": 1.5, "command": "x"},
+            # a cancelled job has no exit code and no GPU-hours yet (seen: a TypeError)
+            "gone": {"state": "stopped", "exit_code": None, "gpu_hours": None, "command": "y"},
+            "cut": {"state": "running", "command": "z"}}
+    for name, status in jobs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "status.json").write_text(json.dumps(status))
+    monkeypatch.setattr(cli, "JOBS", tmp_path)
+    monkeypatch.setattr(cli, "servers", lambda: {
+        "queued": {"ready": False, "pending": None, "user_options": {"job": "w"}}})
+    assert cli.list_jobs(None) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["cut", "stopped", "z"], ["gone", "stopped", "y"],
+                    ["ok", "exited", "0", "1.5", "x"], ["queued", "waiting"]]
