@@ -21,6 +21,9 @@ LABEL_MANAGED = "org.gpulab.managed"  # "true" on every container the hub create
 LABEL_USER = "org.gpulab.user"  # the hub user who owns it
 LABEL_SERVER = "org.gpulab.server"  # their named server ("" for the default one)
 LABEL_GPUS = "org.gpulab.gpus"  # comma-separated UUIDs of the GPUs it holds
+# "true" on a job's container or service (gpulab.spawn.jobs): a named server that runs
+# her command and ends with it; the lease page and the dashboard say "job"
+LABEL_JOB = "org.gpulab.job"
 # On a member's Swarm service (multi-node): the Swarm node ID its GPUs are on, the node
 # its placement constraint names (node.id==<id>); a lease is (node, GPU UUIDs).
 LABEL_NODE = "org.gpulab.node"
@@ -31,15 +34,23 @@ LABEL_NODE = "org.gpulab.node"
 GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f]+(-[0-9A-Fa-f]+)*")
 
 
-def lease_labels(user: str, server: str, gpu_uuids: Sequence[str]) -> dict[str, str]:
+def lease_labels(user: str, server: str, gpu_uuids: Sequence[str],
+                 job: bool = False) -> dict[str, str]:
     """The labels of *user*'s *server* ("" = the default one) holding *gpu_uuids*: the
-    lease, as the hub writes it on a container or a member's service."""
+    lease, as the hub writes it on a container or a member's service; and whether the
+    server runs a *job*."""
     return {
         LABEL_MANAGED: "true",
         LABEL_USER: user,
         LABEL_SERVER: server,
         LABEL_GPUS: ",".join(gpu_uuids),
+        **({LABEL_JOB: "true"} if job else {}),
     }
+
+
+def is_job(container: Mapping[str, Any]) -> bool:
+    """Whether docker's container (or service) dict is a job's (:data:`LABEL_JOB`)."""
+    return (container.get("Labels") or {}).get(LABEL_JOB) == "true"
 
 
 def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:

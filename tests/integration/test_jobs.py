@@ -22,6 +22,7 @@ from .standin import GPU0, STANDIN_GPUS
 JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
                             "  max_gpus: 1\n  max_servers: 3\n  max_server_age: 1h\n")
 LEASES_API = f"{HUB_URL}/services/gpus/api/leases"
+DASHBOARD_API = f"{HUB_URL}/services/gpus/api/gpus"
 
 
 def status(member, job: str) -> dict | None:
@@ -31,11 +32,21 @@ def status(member, job: str) -> dict | None:
     return json.loads(text) if text else None
 
 
-def her_leases(admin, member) -> list[tuple[str, str]]:
+def her_leases(admin, member) -> list[tuple[str, str, bool]]:
+    """Her leases on the admins' lease page: (server, GPU, whether it is a job's)."""
     r = requests.get(LEASES_API, headers={"Authorization": f"token {admin.token}"}, timeout=30)
     assert r.status_code == 200, r.text
-    return sorted((le["server"], le["gpu_uuid"]) for le in r.json()["leases"]
+    return sorted((le["server"], le["gpu_uuid"], le["job"]) for le in r.json()["leases"]
                   if le["user"] == member.name)
+
+
+def dashboard_holders(admin, member) -> list[tuple[str, bool]]:
+    """Her servers that hold GPUs on the operators' dashboard: (server, whether a job)."""
+    r = requests.get(DASHBOARD_API, headers={"Authorization": f"token {admin.token}"},
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return sorted((h["server"], h["job"]) for g in r.json()["gpus"] for h in g["holders"]
+                  if h["user"] == member.name)
 
 
 def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
@@ -43,19 +54,24 @@ def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
     lab_config.write("gpus.yaml", JOBS)
     kim = lab_user("job")
     kim.start_server({"gpus": 0})  # where she watches her jobs from
-    command = ("echo start; echo $NVIDIA_VISIBLE_DEVICES; pwd; sleep 3; echo oops >&2; "
-               "exit 3")
+    command = ("echo start; echo $NVIDIA_VISIBLE_DEVICES; pwd; "
+               "while [ ! -e ~/go ]; do sleep 0.2; done; echo oops >&2; exit 3")
     r = kim.ask_server("j1", {"gpus": 1, "job": {"command": command, "time": "10m"}})
     assert r.status_code in (201, 202), r.text
     running = wait_for(lambda: (s := status(kim, "j1")) and s["state"] == "running" and s,
                        120, interval=0.5, what="her job to run")
     assert (running["command"], running["gpus"], running["time_limit"]) == (command, GPU0, 600)
-    assert her_leases(hub_admin, kim) == [("j1", GPU0)]
+    assert her_leases(hub_admin, kim) == [("j1", GPU0, True)]
+    # the operators' dashboard says it is a job (the exporter reads the container's labels)
+    holders = wait_for(lambda: dashboard_holders(hub_admin, kim), 60, interval=1,
+                       what="the dashboard to show her job")
+    assert holders == [("j1", True)], holders
+    docker("exec", kim.container, "touch", "/home/jovyan/go")  # her command goes on
 
     ended = wait_for(lambda: (s := status(kim, "j1")) and s["state"] != "running" and s,
                      120, interval=0.5, what="her job to end")
     assert (ended["state"], ended["exit_code"]) == ("exited", 3), ended
-    assert ended["seconds"] >= 3 and ended["gpu_hours"] > 0, ended
+    assert ended["seconds"] > 0 and ended["gpu_hours"] > 0, ended
     log = docker("exec", kim.container, "cat", "/home/jovyan/jobs/j1/log")
     assert log.splitlines() == ["start", GPU0, "/home/jovyan", "oops"], log
     # the job's server stopped itself (its own token may), and its GPU went back

@@ -1,8 +1,12 @@
+import json
+
 import pytest
 
-from gpulab.contract import label_claims
+from gpulab.contract import LABEL_JOB, is_job, label_claims
 from gpulab.settings import Settings, defaults
 from gpulab.spawn.containers import container_options, home_volume_create
+from gpulab.spawn.jobs import ENV as JOB_ENV
+from gpulab.spawn.jobs import Job
 from gpulab.spawn.naming import volume_name
 
 
@@ -79,6 +83,18 @@ def test_label_claims_read_back_what_container_options_wrote():
     assert label_claims({"Labels": opts.labels}) == ("bob", "train", ["GPU-aaaa", "GPU-bbbb"])
     assert label_claims({"Labels": container_options(defaults(), "eve").labels}) == ("eve", "", [])
     assert label_claims({"Labels": None}) == ("", "", [])
+
+
+def test_a_jobs_container_says_so_in_its_labels_and_carries_the_job_for_its_runner():
+    job = Job("python train.py", 3600)
+    opts = container_options(defaults(), "bob", "j1", ["GPU-aaaa"], job=job)
+    assert is_job({"Labels": opts.labels}) and opts.labels[LABEL_JOB] == "true"
+    assert label_claims({"Labels": opts.labels}) == ("bob", "j1", ["GPU-aaaa"])
+    assert json.loads(opts.environment[JOB_ENV]) == {
+        "id": "j1", "command": "python train.py", "time_limit": 3600}
+    server = container_options(defaults(), "bob", "train", ["GPU-aaaa"])
+    assert LABEL_JOB not in server.labels and JOB_ENV not in server.environment
+    assert not is_job({"Labels": server.labels}) and not is_job({})
 
 
 def test_a_home_is_created_apart_only_when_its_size_is_limited():

@@ -19,6 +19,7 @@ def test_exporter_reads_the_labels_the_hub_writes():
     assert attribution.LABEL_USER == contract.LABEL_USER
     assert attribution.LABEL_SERVER == contract.LABEL_SERVER
     assert attribution.LABEL_GPUS == contract.LABEL_GPUS
+    assert attribution.LABEL_JOB == contract.LABEL_JOB
 
 
 def test_compose_runs_exactly_the_reserved_infrastructure_containers():

@@ -32,7 +32,7 @@ from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 
 from gpulab import live_config
-from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER
+from gpulab.contract import LABEL_GPUS, LABEL_MANAGED, LABEL_SERVER, LABEL_USER, lease_labels
 from gpulab.dashboard.app import DashboardConfig, make_app
 from gpulab.dashboard.leases import (
     ContainerStore,
@@ -66,13 +66,12 @@ pools:
 """
 
 
-def container(user, gpus, server="", state="running", cid=None, created=CREATED):
+def container(user, gpus, server="", state="running", cid=None, created=CREATED, job=False):
     """One entry of docker-py's ``APIClient.containers(all=True)``."""
     return {
         "Id": cid or f"{user}-{server or 'default'}-{state}-0123456789",
         "Names": [f"/jupyter-{user}" + (f"--{server}" if server else "")],
-        "Labels": {LABEL_MANAGED: "true", LABEL_USER: user, LABEL_SERVER: server,
-                   LABEL_GPUS: ",".join(gpus)},
+        "Labels": lease_labels(user, server, gpus, job=job),
         "State": state,
         "Created": created,
     }
@@ -179,7 +178,7 @@ def test_server_containers_match_user_server_and_gpu_exactly():
 async def test_lease_model_from_container_dicts(gpus_path):
     store = FakeContainers([
         container("alice", [G0]),
-        container("bob", [G1], server="small", state="created"),
+        container("bob", [G1], server="small", state="created", job=True),
         container("carol", [G2]),                      # GPU not in the inventory
         container("dave", [G1], state="exited"),      # holds nothing
     ])
@@ -190,8 +189,10 @@ async def test_lease_model_from_container_dicts(gpus_path):
         "gpu_uuid": G0, "gpu_index": 0, "model": "A100", "pool": "big", "machine": "", "user": "alice",
         "server": "", "since": "2026-01-01T10:30:00+00:00", "state": "active",
         "container_id": "alice-default-running-0123456789", "container_state": "running",
-        "held_seconds": 5400, "releasable": True}
-    assert (rows["bob"]["server"], rows["bob"]["container_state"]) == ("small", "created")
+        "job": False, "held_seconds": 5400, "releasable": True}
+    # bob's server runs a job: the page says so
+    assert (rows["bob"]["server"], rows["bob"]["container_state"], rows["bob"]["job"]) == (
+        "small", "created", True)
     assert (rows["carol"]["state"], rows["carol"]["gpu_index"]) == ("orphaned", None)
     assert model["gpus"] == [
         {"index": 0, "uuid": G0, "model": "A100", "pool": "big", "machine": "", "mode": "exclusive",

@@ -59,8 +59,9 @@ def test_multi_gpu_rows_and_summary():
                   "temperature_text": "61C", "power_text": "312W", "fan_text": "30%",
                   "clocks_text": "1980 / 2619 MHz", "allocated": False,
                   "idle_allocated": False, "holders": [], "processes": []}
-    assert g1["holders"] == [{"user": "alice", "server": "", "memory_text": "2.0 GiB",
-                              "since": None, "held_for": None, "cull_text": None}]
+    assert g1["holders"] == [{"user": "alice", "server": "", "job": False,
+                              "memory_text": "2.0 GiB", "since": None, "held_for": None,
+                              "cull_text": None}]
     assert g1["processes"] == [{"pid": 4242, "user": "alice", "server": "",
                                 "container": "gpulab-alice", "memory_text": "2.0 GiB"}]
     assert view["summary"] == {"gpus": 2, "mig_devices": 0, "allocated": 1, "idle_allocated": 1, "lost": 0,

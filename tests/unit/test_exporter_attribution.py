@@ -76,6 +76,8 @@ def test_container_of_reads_injected_proc(tmp_path):
         ({"org.gpulab.user": "ann", "org.gpulab.server": "big", "org.gpulab.gpus": " GPU-a , "},
          Container(CID, "gpulab-ann", "ann", "big", ("GPU-a",))),
         ({"org.gpulab.user": "ann"}, Container(CID, "gpulab-ann", "ann", "", ())),
+        ({"org.gpulab.user": "ann", "org.gpulab.server": "j1", "org.gpulab.job": "true"},
+         Container(CID, "gpulab-ann", "ann", "j1", (), job=True)),
         ({"org.gpulab.gpus": "GPU-a"}, None),  # not a hub user container
         ({}, None),
     ],

@@ -82,7 +82,8 @@ def test_api_gpus_json(exporter):
     for key in ("temperature_celsius", "power_watts", "fan_speed_ratio", "clock_sm_hertz",
                 "clock_memory_hertz"):
         assert key in g0
-    assert g0["leases"] == [{"user": "ann", "server": "", "container": "gpulab-ann"}]
+    assert g0["leases"] == [{"user": "ann", "server": "", "container": "gpulab-ann",
+                             "job": False}]
     assert g0["processes"][0]["pid"] == 101 and g0["processes"][0]["user"] == "ann"
     assert g0["processes"][0]["used_memory_bytes"] == 3 << 30
     assert g0["user_memory_bytes"] == {"ann": 3 << 30}

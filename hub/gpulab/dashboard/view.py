@@ -353,6 +353,7 @@ def _holder(lease: dict[str, Any], now: float | None, per_user: dict[str, Any],
         "user": user,
         "memory_text": None if memory is None else format_bytes(memory),
         "server": server,
+        "job": lease.get("job") is True,  # her server runs a job (from the exporter's labels)
         "since": since,
         "held_for": format_duration(age),
         "cull_text": _cull_text(culls.get((user, server))),

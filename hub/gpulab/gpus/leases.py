@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpulab.contract import LABEL_MANAGED, label_claims
+from gpulab.contract import LABEL_MANAGED, is_job, label_claims
 from gpulab.gpus.allocator import (
     Gpu,
     Lease,
@@ -63,6 +63,7 @@ class LeaseView:
     # "created", "paused", "restarting"); None for a pending lease.
     container_id: str | None = None
     container_state: str | None = None
+    job: bool = False  # the server runs a job (contract.LABEL_JOB), not a notebook
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +78,7 @@ class LeaseView:
             "state": self.state,
             "container_id": self.container_id,
             "container_state": self.container_state,
+            "job": self.job,
         }
 
 
@@ -211,7 +213,8 @@ class LeaseBook:
             c = holding.get((le.gpu_uuid, le.user, le.server)) if state != "pending" else None
             rows.append(LeaseView(le, by_uuid.get(le.gpu_uuid), state,
                                   c.get("Id") if c else None,
-                                  str(c.get("State", "running")).lower() if c else None))
+                                  str(c.get("State", "running")).lower() if c else None,
+                                  bool(c) and is_job(c)))
         rows.sort(key=lambda r: ((0, r.gpu.machine, r.gpu.index) if r.gpu else (1, "", 0),
                                  r.lease.user))
         return rows

@@ -14,6 +14,7 @@ from typing import Any
 from gpulab.contract import ASSISTANT_ON_CONFIG, LOG_DRIVER, lease_labels, log_options
 from gpulab.gpus.policy import ServerResources
 from gpulab.gpus.sharing import alloc_conf
+from gpulab.spawn.jobs import Job, job_env
 from gpulab.spawn.naming import volume_name
 
 CONTAINER_UID = 1000  # jovyan in images/singleuser
@@ -51,6 +52,7 @@ def container_options(
     gpu_uuids: Sequence[str] = (),
     gpu_share: int = 1,
     resources: ServerResources | None = None,
+    job: Job | None = None,
 ) -> ContainerOptions:
     """Everything about a user's container that gpulab decides.
 
@@ -61,7 +63,8 @@ def container_options(
     whose PyTorch memory cap (gpulab.gpus.sharing) then applies to all of them.
     ``resources``: its CPUs and memory by its GPUs (gpulab.gpus.policy.server_resources;
     None: spawn.cpu_limit and spawn.mem_limit); OMP_NUM_THREADS says its whole CPUs, so
-    that PyTorch, BLAS and ``nproc`` count the CPUs it has, not the machine's.
+    that PyTorch, BLAS and ``nproc`` count the CPUs it has, not the machine's. A *job*
+    (gpulab.spawn.jobs) is in its environment, for the image's runner, and its labels.
     """
     if resources is None:
         resources = ServerResources(settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
@@ -98,11 +101,12 @@ def container_options(
             }
         ]
 
-    labels = lease_labels(username, servername, gpu_uuids)
+    labels = lease_labels(username, servername, gpu_uuids, job=job is not None)
     environment = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else "void",
         "GPULAB_GPUS": ",".join(gpu_uuids),
         "OMP_NUM_THREADS": str(resources.threads),
+        **(job_env(job, servername) if job is not None else {}),
     }
     if gpu_uuids and settings["spawn.shared_gpu_memory_cap"]:
         environment.update(alloc_conf(gpu_share))

@@ -69,7 +69,6 @@ from gpulab.spawn import admission
 from gpulab.spawn.admission import Admitted, Ask, JoinLine, Seen
 from gpulab.spawn.containers import container_options, home_volume_create
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
-from gpulab.spawn.jobs import job_env
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.reused import still_choosable
 from gpulab.spawn.traits import AdminTrait, admin_traits, apply_admin_traits, trait_values
@@ -334,11 +333,10 @@ class GpulabSpawner(DockerSpawner):
         """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
         admin's own config-file traits are already in *settings*, or refused)."""
         opts = container_options(settings, self.user.name, self.name, gpu_uuids, gpu_share,
-                                 resources)
+                                 resources, self._job)
         for name, value in trait_values(settings, opts).items():
             setattr(self, name, value)
-        self._gpulab_env = {**opts.environment,
-                            **(job_env(self._job, self.name) if self._job else {})}
+        self._gpulab_env = opts.environment
 
     async def _within_the_machine(self, resources: ServerResources | None
                                   ) -> ServerResources | None:

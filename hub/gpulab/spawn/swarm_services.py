@@ -38,6 +38,7 @@ from gpulab.gpus.policy import ServerResources
 from gpulab.gpus.sharing import merged_env
 from gpulab.gpus.swarm_nodes import node_name, node_usable
 from gpulab.spawn.containers import CONTAINER_UID, container_options
+from gpulab.spawn.jobs import Job
 from gpulab.spawn.naming import container_name
 
 DEV_SHM = "/dev/shm"
@@ -54,14 +55,17 @@ def service_spec(
     command: Sequence[str] | None = None,
     gpu_share: int = 1,
     resources: ServerResources | None = None,
+    job: Job | None = None,
 ) -> dict[str, Any]:
     """The service create body (Docker API 1.41) for *username*'s server on node
     *node_id* with the GPUs *gpu_uuids* of that node, running *image_id*: the ID
     ``spawn.image`` has on the manager, which no machine asks a registry for (by name,
     every start would, and would run what the registry sent). *env* is what JupyterHub
     gives every server (its API token, URLs); gpulab's own variables win over it, as in
-    :func:`gpulab.gpus.sharing.merged_env`. *gpu_share*, *resources*: as in container_options."""
-    opts = container_options(settings, username, servername, gpu_uuids, gpu_share, resources)
+    :func:`gpulab.gpus.sharing.merged_env`. *gpu_share*, *resources*, *job*: as in
+    container_options."""
+    opts = container_options(settings, username, servername, gpu_uuids, gpu_share, resources,
+                             job)
     environment = merged_env(env or {}, opts.environment)
     mounts = [{"Type": "volume", "Source": name, "Target": v["bind"],
                "ReadOnly": v["mode"] == "ro"} for name, v in opts.volumes.items()]

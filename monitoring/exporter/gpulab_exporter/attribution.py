@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 LABEL_USER = "org.gpulab.user"
 LABEL_SERVER = "org.gpulab.server"
 LABEL_GPUS = "org.gpulab.gpus"
+LABEL_JOB = "org.gpulab.job"  # "true" on a job's container: a server that runs her command
 
 # A 64-hex container ID not embedded in a longer hex run. It may stand alone
 # (`/docker/<id>`), or inside a systemd scope (`docker-<id>.scope`, `cri-containerd-...`,
@@ -64,6 +65,7 @@ class Container:
     user: str
     server: str  # "" for the default server
     gpus: tuple[str, ...]  # GPU UUIDs (or indices) leased to it
+    job: bool = False  # a job's server (org.gpulab.job), not a notebook
 
 
 def container_from_labels(cid: str, name: str, labels: dict[str, str]) -> Container | None:
@@ -73,7 +75,8 @@ def container_from_labels(cid: str, name: str, labels: dict[str, str]) -> Contai
     if not user:
         return None
     gpus = tuple(g.strip() for g in labels.get(LABEL_GPUS, "").split(",") if g.strip())
-    return Container(id=cid, name=name, user=user, server=labels.get(LABEL_SERVER, ""), gpus=gpus)
+    return Container(id=cid, name=name, user=user, server=labels.get(LABEL_SERVER, ""), gpus=gpus,
+                     job=labels.get(LABEL_JOB) == "true")
 
 
 class ContainerDirectory(Protocol):

@@ -67,6 +67,7 @@ class Lease:
     user: str
     server: str
     container: str
+    job: bool = False  # the server runs a job (the hub's org.gpulab.job label)
 
 
 @dataclass(frozen=True)
@@ -408,7 +409,7 @@ class Poller:
         """The hub containers holding this GPU by UUID or (a whole GPU) by index."""
         keys = {uuid, "" if index is None else str(index)} - {""}
         return tuple(
-            Lease(user=c.user, server=c.server, container=c.name)
+            Lease(user=c.user, server=c.server, container=c.name, job=c.job)
             for c in sorted(self._containers.values(), key=lambda c: (c.user, c.server))
             if keys.intersection(c.gpus)
         )
