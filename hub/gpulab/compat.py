@@ -38,6 +38,14 @@ jupyterlab 4.6.6. The edits only save time, so on another version or any change 
 texts the image's build leaves the bundle as it is, with a warning;
 ``tests/unit/test_patch_jupyterlab_load.py`` fails when the image's lock pins another
 JupyterLab, and runs both versions of each edit in Node. Upstream: not reported from here.
+``images/singleuser/labextension-gpulab-job`` ("Run as Job..." in the file browser) is a
+federated extension written by hand: it speaks JupyterLab's module-federation loading
+(``window._JUPYTERLAB[name]``'s ``init(shareScope)`` and ``get("./extension")``, the
+``jupyterlab._build`` keys of its package.json) and takes ``@jupyterlab/filebrowser``,
+``apputils``, ``services``, ``coreutils`` and ``@lumino/widgets`` from the share scope,
+public APIs only. Checked against jupyterlab 4.6.6, in Chromium by
+``tests/integration/test_jobs.py``. Upstream: the supported way is a webpack build
+(``jupyter labextension build``), which the image's build would need Node for.
 
 No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
 ``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,

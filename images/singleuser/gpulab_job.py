@@ -20,8 +20,14 @@ The hub starts a named server with ``GPULAB_JOB`` in its environment (``{"id", "
   asked again for up to :data:`HUB_PATIENCE` seconds; after that, the server exits and
   the hub sees it end when it is back.
 
+In every server (a job's or not), ``POST {base_url}gpulab/jobs`` is "Run as Job..." in
+JupyterLab's file browser (the image's ``gpulab-job`` labextension): a ``.py`` file or a
+notebook of hers, run as a job by ``gpulab-job submit`` with the server's own token, as
+she would in a terminal; her GPUs, time limit and whether to wait in line come from the
+dialog. Only she may (not a colleague her server might one day be shared with).
+
 Enabled by jupyter_server_config.d/gpulab_job.json in the image; a server without
-``GPULAB_JOB`` is untouched.
+``GPULAB_JOB`` runs no job.
 """
 
 from __future__ import annotations
@@ -30,14 +36,15 @@ import asyncio
 import atexit
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
-from tornado import ioloop
+from tornado import ioloop, web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 ENV = "GPULAB_JOB"
@@ -78,11 +85,88 @@ def job_folder(home: Path, job_id: str, at: float) -> Path:
     return folder
 
 
+CLI = "/usr/local/bin/gpulab-job"
+RUNNABLE = {".py": "python", ".ipynb": "notebook"}
+
+
+def file_job(body: object, home: Path, at: float) -> tuple[str, list[str]]:
+    """(job ID, ``gpulab-job submit`` arguments) that run the file *body* names
+    (``{"path", "gpus", "time", "wait"}``, the path as JupyterLab's contents API gives it:
+    relative to her home) as a job; ValueError saying what is wrong, for her. A ``.py``
+    file runs with ``python`` in its folder; a notebook is executed by nbconvert into
+    ``~/jobs/ID/`` (the notebook itself is left as it is)."""
+    if not isinstance(body, dict):
+        raise ValueError('The body is {"path": "train.py", "gpus": 1, "time": "8h"}.')
+    raw = body.get("path")
+    path = PurePosixPath(raw) if isinstance(raw, str) else None
+    if path is None or path.is_absolute() or ".." in path.parts or not path.name:
+        raise ValueError("\"path\" is a file in your home, as the file browser names it.")
+    kind = RUNNABLE.get(path.suffix)
+    if kind is None:
+        raise ValueError(f"Only a Python file (.py) or a notebook (.ipynb) runs as a job, "
+                         f"not {path.name}.")
+    if not (home / path).is_file():
+        raise ValueError(f"{path} is not a file in your home.")
+    gpus = body.get("gpus", 1)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise ValueError("\"gpus\" is a whole number from 0.")
+    limit = body.get("time") or ""
+    if not isinstance(limit, str):
+        raise ValueError("\"time\" is a duration such as 8h, or empty for the lab's most.")
+    job_id = f"job-{datetime.fromtimestamp(at, UTC):%Y%m%d-%H%M%S}"
+    folder = str(path.parent)
+    where = f"cd {shlex.quote(folder)} && " if folder != "." else ""
+    if kind == "python":
+        command = f"{where}python {shlex.quote(path.name)}"
+    else:
+        command = (f"{where}jupyter nbconvert --to notebook --execute "
+                   f"{shlex.quote(path.name)} --output-dir ~/jobs/{job_id} "
+                   f"--output {shlex.quote(path.stem)}")
+    args = ["submit", "--gpus", str(gpus), "--name", job_id,
+            *(["--time", limit] if limit else []), *(["--wait"] if body.get("wait") else []),
+            "--", command]
+    return job_id, args
+
+
+def run_as_job_handler() -> type:
+    """``POST gpulab/jobs``: JupyterLab's "Run as Job..." (see the module). Built when the
+    extension loads: jupyter_server is the image's, not the hub's (whose tests import
+    this module for :func:`file_job`)."""
+    from jupyter_server.base.handlers import APIHandler
+
+    class RunAsJobHandler(APIHandler):
+        @web.authenticated
+        async def post(self):
+            owner = os.environ.get("JUPYTERHUB_USER")
+            if owner and getattr(self.current_user, "username", None) != owner:
+                raise web.HTTPError(403, "Only the owner of this server runs jobs from it.")
+            home = Path(os.environ.get("HOME") or "/home/jovyan")
+            try:
+                job_id, args = file_job(self.get_json_body(), home, time.time())
+            except ValueError as e:
+                raise web.HTTPError(400, str(e)) from None
+            proc = await asyncio.create_subprocess_exec(
+                CLI, *args, cwd=home, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await proc.communicate()
+            said = (out or err).decode(errors="replace").strip()
+            self.log.info("gpulab_job: Run as Job %s: %s", job_id, said.splitlines()[:1])
+            self.finish({"ok": proc.returncode == 0, "id": job_id, "message": said,
+                         "log": f"jobs/{job_id}/log"})
+
+    return RunAsJobHandler
+
+
 def _jupyter_server_extension_points():
     return [{"module": "gpulab_job"}]
 
 
 def _load_jupyter_server_extension(serverapp):
+    from jupyter_server.utils import url_path_join
+
+    web_app = serverapp.web_app
+    web_app.add_handlers(".*$", [(url_path_join(web_app.settings["base_url"], "gpulab/jobs"),
+                                  run_as_job_handler())])
     raw = os.environ.get(ENV)
     if not raw:
         return

@@ -14,6 +14,7 @@ import re
 import pytest
 import requests
 
+from .browser import screenshot, sign_in_to_lab
 from .restarts import kill_from_host, wait_restarted
 from .smtp_sink import MAIL_ON
 from .stack import HUB_URL, container_gone, container_logs, docker, form_login, wait_for
@@ -262,3 +263,48 @@ def test_gpulab_job_over_ssh_submits_lists_follows_and_cancels(lab_config, gpus_
     assert rows == [["long", "stopped"]], r
     r = ssh.run(ned.name, ned.token, command="gpulab-job submit --gpus 0 --name bad --")
     assert r.returncode != 0 and "give the command after --" in r.stderr, r
+
+
+def test_run_as_job_from_jupyterlabs_file_browser(lab_user, hub, new_page):
+    """In Chromium, as she does: right-click her script in JupyterLab's file browser, "Run
+    as Job...", choose its GPUs, "Run": it runs as a job of its own (the image's
+    hand-written labextension, its server extension, gpulab-job), and a bad choice is
+    said in the dialog."""
+    ava = lab_user("job")
+    ava.start_server({"gpus": 0})
+    docker("exec", ava.container, "sh", "-c", "mkdir -p /home/jovyan/exp && printf "
+           "'import os\\nprint(\"ran in\", os.getcwd(), os.environ[\"NVIDIA_VISIBLE_DEVICES\"])"
+           "\\n' > /home/jovyan/exp/fit.py")
+    page = new_page()
+    sign_in_to_lab(page, ava.name, ava.token)  # her running server: JupyterLab opens
+
+    def run_as_job(name: str, gpus: str):
+        page.locator('.jp-DirListing-item[data-isdir="true"]', has_text="exp").first.dblclick()
+        item = page.locator('.jp-DirListing-item[data-isdir="false"]', has_text=name).first
+        item.click()
+        item.click(button="right")
+        page.locator(".lm-Menu-item", has_text="Run as Job").first.click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator('input[name="gpus"]').fill(gpus)
+        dialog.locator(".jp-mod-accept").click()
+        said = page.locator(".gpulab-job-said")
+        said.wait_for(state="visible", timeout=120_000)
+        title = page.locator(".jp-Dialog-header").inner_text()
+        text = said.inner_text()
+        screenshot(page, f"run-as-job-{gpus}.png")
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        page.locator(".jp-BreadCrumbs-home").first.click()  # back to her home
+        return title, text
+
+    title, text = run_as_job("fit.py", "-1")
+    assert title == "The job was not started" and "a whole number from 0" in text, text
+    title, text = run_as_job("fit.py", "0")
+    job = re.fullmatch(r"Job (job-\d{8}-\d{6}) submitted", title)
+    assert job, (title, text)
+    assert f"Its output: ~/jobs/{job[1]}/log" in text, text
+    ended = wait_for(lambda: (s := status(ava, job[1])) and s["state"] != "running" and s,
+                     120, interval=0.5, what="her job to run and end")
+    assert (ended["state"], ended["exit_code"], ended["command"]) == (
+        "exited", 0, "cd exp && python fit.py"), ended
+    log = docker("exec", ava.container, "cat", f"/home/jovyan/jobs/{job[1]}/log")
+    assert log == "ran in /home/jovyan/exp void", log

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,37 @@ def test_gpulab_job_list_shows_each_state_its_code_and_gpu_hours(tmp_path, monke
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert rows == [["cut", "stopped", "z"], ["gone", "stopped", "y"],
                     ["ok", "exited", "0", "1.5", "x"], ["queued", "waiting"]]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"path": "train.py"}, ["--gpus", "1", "--name", "job-20270115-080000", "--",
+                            "python train.py"]),
+    ({"path": "exp 1/run it.py", "gpus": 2, "time": "8h", "wait": True},
+     ["--gpus", "2", "--name", "job-20270115-080000", "--time", "8h", "--wait", "--",
+      "cd 'exp 1' && python 'run it.py'"]),
+    ({"path": "nb/Fit.ipynb", "gpus": 0},
+     ["--gpus", "0", "--name", "job-20270115-080000", "--",
+      "cd nb && jupyter nbconvert --to notebook --execute Fit.ipynb "
+      "--output-dir ~/jobs/job-20270115-080000 --output Fit"]),
+    ({"path": "x; rm -rf ~.py"}, ["--gpus", "1", "--name", "job-20270115-080000", "--",
+                                  "python 'x; rm -rf ~.py'"]),  # quoted: a name, not code
+    ({"path": "/etc/passwd.py"}, "is a file in your home"),
+    ({"path": "../other/train.py"}, "is a file in your home"),
+    ({"path": "notes.txt"}, "Only a Python file (.py) or a notebook (.ipynb)"),
+    ({"path": "gone.py"}, "gone.py is not a file in your home"),
+    ({"path": "train.py", "gpus": -1}, "a whole number from 0"),
+    ({"path": "train.py", "gpus": True}, "a whole number from 0"),
+    ({"path": "train.py", "time": 8}, "a duration such as 8h"),
+    ([], "The body is"),
+])
+def test_run_as_job_in_jupyterlab_runs_her_file_through_gpulab_job(tmp_path, body, expected):
+    for name in ("train.py", "exp 1/run it.py", "nb/Fit.ipynb", "x; rm -rf ~.py",
+                 "notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            runner.file_job(body, tmp_path, 1_800_000_000)
+        return
+    assert runner.file_job(body, tmp_path, 1_800_000_000) == (
+        "job-20270115-080000", ["submit", *expected])
