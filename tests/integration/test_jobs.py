@@ -278,30 +278,37 @@ def test_run_as_job_from_jupyterlabs_file_browser(lab_user, hub, new_page):
     page = new_page()
     sign_in_to_lab(page, ava.name, ava.token)  # her running server: JupyterLab opens
 
-    def run_as_job(name: str, gpus: str):
+    def run_as_job(name: str, gpus: str, limit: str = ""):
         page.locator('.jp-DirListing-item[data-isdir="true"]', has_text="exp").first.dblclick()
         item = page.locator('.jp-DirListing-item[data-isdir="false"]', has_text=name).first
         item.click()
         item.click(button="right")
         page.locator(".lm-Menu-item", has_text="Run as Job").first.click()
         dialog = page.locator(".jp-Dialog")
+        run = dialog.locator(".jp-mod-accept")
+        dialog.locator('input[name="gpus"]').fill("-1")
+        assert run.is_disabled()  # JupyterLab's dialog takes no negative GPU count
         dialog.locator('input[name="gpus"]').fill(gpus)
-        dialog.locator(".jp-mod-accept").click()
+        dialog.locator('input[name="time"]').fill(limit)
+        run.click()
         said = page.locator(".gpulab-job-said")
         said.wait_for(state="visible", timeout=120_000)
         title = page.locator(".jp-Dialog-header").inner_text()
         text = said.inner_text()
-        screenshot(page, f"run-as-job-{gpus}.png")
+        screenshot(page, f"run-as-job-{limit or 'ok'}.png")
         page.locator(".jp-Dialog .jp-mod-accept").click()
         page.locator(".jp-BreadCrumbs-home").first.click()  # back to her home
         return title, text
 
-    title, text = run_as_job("fit.py", "-1")
-    assert title == "The job was not started" and "a whole number from 0" in text, text
+    # what the hub refuses, the dialog says (here through gpulab-job, as in a terminal)
+    title, text = run_as_job("fit.py", "0", "soon")
+    assert title == "The job was not started" and "expected a duration" in text, text
+    assert "HTTP 400" in text, text
     title, text = run_as_job("fit.py", "0")
     job = re.fullmatch(r"Job (job-\d{8}-\d{6}) submitted", title)
     assert job, (title, text)
-    assert f"Its output: ~/jobs/{job[1]}/log" in text, text
+    assert f"its output: ~/jobs/{job[1]}/log" in text, text
+    assert "Your hub home page says how it ended." in text, text
     ended = wait_for(lambda: (s := status(ava, job[1])) and s["state"] != "running" and s,
                      120, interval=0.5, what="her job to run and end")
     assert (ended["state"], ended["exit_code"], ended["command"]) == (

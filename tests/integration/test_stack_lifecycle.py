@@ -9,6 +9,7 @@ it brings the stack up again whatever happens, with the exporter flags it found.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from urllib.parse import urlsplit
 
@@ -37,6 +38,13 @@ def memory_limit(container: str) -> int:
     return int(docker("inspect", "-f", "{{.HostConfig.Memory}}", container))
 
 
+def job_state(user, job: str) -> str | None:
+    """What ~/jobs/JOB/status.json says, read through her default server."""
+    r = user.api("GET", f"/contents/jobs/{job}/status.json",
+                 params={"content": "1", "format": "text"})
+    return json.loads(r.json()["content"])["state"] if r.status_code == 200 else None
+
+
 def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hub, lab_user,
                                                                              lab_config,
                                                                              new_page,
@@ -56,6 +64,11 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
     r = user.api("PUT", "/contents/kept.txt",
                  json={"type": "file", "format": "text", "content": note})
     assert r.status_code in (200, 201), r.text
+    # her job, left running overnight
+    r = user.ask_server("overnight", {"gpus": 0, "job": "sleep 3600"})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: job_state(user, "overnight") == "running", 120, interval=0.5,
+             what="her job to run")
     flags = exporter_flags()
     assert firewall_rules(), "no gpulab-netguard rules while the stack is up"
     # An admin's typo, then a restart of everything: the lab comes back on the last good
@@ -91,6 +104,9 @@ def test_make_down_and_up_keep_users_tokens_and_homes_and_toggle_the_firewall(hu
     r = user.api("GET", "/contents/kept.txt", params={"content": "1", "format": "text"})
     assert r.status_code == 200, (r.text, container_logs(user.container))
     assert r.json()["content"] == note
+    # her job was stopped with the stack, and says so rather than "running"
+    assert hub.server_model(user.name, "overnight") is None
+    assert job_state(user, "overnight") == "stopped"
 
     # the line: she kept her place, and the GPU that make down took from its holder is
     # hers now

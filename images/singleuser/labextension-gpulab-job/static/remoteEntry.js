@@ -98,9 +98,8 @@ var _JUPYTERLAB;
 
         function tell(said) {
           var text = said.message || "";
-          if (said.ok) {
-            text += "\n\nIts output: ~/" + said.log + " (in a terminal: gpulab-job logs " +
-                    said.id + " -f). Your hub home page says how it ended.";
+          if (said.ok) {  // gpulab-job said where its output goes
+            text += "\n\nYour hub home page says how it ended.";
           }
           var message = document.createElement("pre");
           message.className = "gpulab-job-said";
