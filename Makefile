@@ -255,11 +255,14 @@ assistant: secrets
 # The hub stops first: its line service, seeing the GPUs of the servers removed here come
 # free, would start waiting members' servers as the lab goes down, and they would come
 # back after make up out of the line ("could not be started when it was your turn").
+# Members' servers get a SIGTERM first (docker stop, 10 s), as when they stop one: her
+# kernels shut down, and a job says it was stopped, before the container is removed.
 down:
 	@if docker info >/dev/null 2>&1; then \
 	  docker stop gpulab-hub >/dev/null 2>&1 || true; \
 	  ids=$$(docker ps -aq --filter label=org.gpulab.managed=true); \
-	  if [ -n "$$ids" ]; then echo "[gpulab] removing user containers"; docker rm -f $$ids >/dev/null; fi; \
+	  if [ -n "$$ids" ]; then echo "[gpulab] stopping and removing user containers"; \
+	    docker stop -t 10 $$ids >/dev/null 2>&1 || true; docker rm -f $$ids >/dev/null; fi; \
 	  if [ "$$(docker info --format '{{.Swarm.ControlAvailable}}')" = true ]; then \
 	    ids=$$(docker service ls -q --filter label=org.gpulab.managed=true); \
 	    if [ -n "$$ids" ]; then echo "[gpulab] removing members' servers (Swarm services)"; \

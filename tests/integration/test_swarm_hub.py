@@ -525,6 +525,37 @@ def test_autograd_runs_in_a_server_on_a_worker_through_the_hub(lab, members, run
     check_result(result, "cpu")  # the fake GPUs carry no CUDA device
 
 
+def test_a_job_runs_on_the_machine_of_its_gpu_and_stops_itself_there(lab, members, running):
+    """A job on the Swarm: its service runs on the machine of the GPU it leased (the one a
+    member just gave back), says it is a job, and when its command ends its server asks
+    the hub, from that machine, to stop it: the service goes and the GPU with it."""
+    last = lab.swarm.workers[-1].hostname
+    placed = lab.placement()
+    leaving = next(u for u in members if placed[u.name][0] != last)  # not a pool's machine
+    freed = placed[leaving.name]
+    leaving.stop_server()
+    jo = lab.hub.create_user(prefix="j")
+    said = {}
+
+    def submitted() -> bool:  # the GPU given back cools for 12 s first
+        r = jo.ask_server("j1", {"gpus": 1, "job": "echo $NVIDIA_VISIBLE_DEVICES; sleep 10"})
+        said["last"] = r.text
+        return r.status_code in (201, 202)
+
+    def jos() -> list[dict]:
+        return [s["Spec"]["Labels"] for s in lab.services()
+                if s["Spec"]["Labels"]["org.gpulab.user"] == jo.name]
+    try:
+        wait_for(submitted, 60, interval=1, what=lambda: f"her job to start: {said['last']}")
+        (labels,) = jos()
+        assert (labels["org.gpulab.server"], labels["org.gpulab.job"]) == ("j1", "true")
+        assert lab.placement()[jo.name] == freed  # that GPU, on its machine
+        wait_for(lambda: lab.hub.server_model(jo.name, "j1") is None and not jos(), 180,
+                 interval=1, what="the job to end and its server to stop itself")
+    finally:
+        lab.hub.delete_user(jo.name)
+
+
 def test_a_hub_restart_keeps_every_lease(lab, members, running):
     before = lab.placement()
     lab.docker("kill", "gpulab-hub")  # SIGKILL: no clean shutdown
