@@ -11,14 +11,17 @@ from __future__ import annotations
 from gpulab.contract import scrape_seconds
 
 RECORD = "gpulab:user_gpus_held"
+JOB_RECORD = "gpulab:user_job_gpus_held"  # of those, the GPUs her jobs hold
 WAITING_RECORD = "gpulab:user_servers_waiting"
 # The recording rule's interval (usage.yml: one scrape, GPULAB_SCRAPE_SECONDS).
 SAMPLE_SECONDS = scrape_seconds()
 
 
-def gpu_hours_query(seconds: int, sample_seconds: int = SAMPLE_SECONDS) -> str:
-    """PromQL: {user: GPU-hours held} over the *seconds* before the query's time."""
-    return f"sum_over_time({RECORD}[{seconds}s]) * {sample_seconds} / 3600"
+def gpu_hours_query(seconds: int, sample_seconds: int = SAMPLE_SECONDS,
+                    record: str = RECORD) -> str:
+    """PromQL: {user: GPU-hours held} over the *seconds* before the query's time (by her
+    jobs only, with *record* :data:`JOB_RECORD`)."""
+    return f"sum_over_time({record}[{seconds}s]) * {sample_seconds} / 3600"
 
 
 def average_held_query(step: int) -> str:

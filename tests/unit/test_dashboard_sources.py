@@ -130,7 +130,7 @@ CANNED_SERIES = [
     sample("gpulab_gpu_fan_speed_ratio", "NaN", **G0),
     sample("gpulab_gpu_energy_joules_total", 123456, **G0),
     sample("gpulab_gpu_lease_info", 1, user="alice", server="", **G0),
-    sample("gpulab_gpu_lease_info", 1, user="bob", server="train", **G1),
+    sample("gpulab_gpu_lease_info", 1, user="bob", server="train", kind="job", **G1),
     sample("gpulab_gpu_user_memory_used_bytes", 6 << 30, user="alice", **G0),
     sample("gpulab_gpu_process_info", 1, pid="4242", user="alice", server="train",
            container="gpulab-alice--train", **G0),
@@ -200,13 +200,16 @@ async def test_prometheus_source_canned_series(prometheus):
                   "error": None, "utilization_ratio": 0.0, "memory_used_bytes": 6 << 30,
                   "memory_total_bytes": 80 << 30, "temperature_celsius": 44.0,
                   "power_watts": 88.5, "energy_joules": 123456.0,
-                  "leases": [{"user": "alice", "server": "", "container": None}],
+                  # (no kind: an older exporter's series)
+                  "leases": [{"user": "alice", "server": "", "container": None,
+                              "job": False}],
                   "user_memory_bytes": {"alice": 6 << 30},
                   "processes": [{"pid": 4242, "used_memory_bytes": None, "container_id": None,
                                  "container": "gpulab-alice--train", "user": "alice",
                                  "server": "train"}]}
     assert g1["up"] is False and "lost" in g1["error"]
-    assert g1["leases"] == [{"user": "bob", "server": "train", "container": None}]
+    assert g1["leases"] == [{"user": "bob", "server": "train", "container": None,
+                             "job": True}]
     assert g1["processes"] is None  # no process_info series: not listed
 
     view = build_view({**snap, "source": {"name": "prometheus", "url": prometheus.url},

@@ -37,12 +37,16 @@ def test_gpu_hours_add_up_per_member_and_group_busiest_first():
                date(2026, 11, 3): {}}
     groups = {"students": ["bob", "cy"], "staff": ["ann"], "empty": []}
     waited = {"bob": 12.34, "cy": 3.0}  # minutes in line: cy waited and never got a GPU
-    model = usage_model(date(2026, 11, 1), per_day, groups, waited)
+    jobs = {"bob": 24.004}  # of his GPU-hours, his jobs'
+    model = usage_model(date(2026, 11, 1), per_day, groups, waited, jobs)
     assert model["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     assert model["members"] == [
-        {"user": "bob", "days": [1.5, 30.25, 0.0], "total": 31.75, "waited_minutes": 12.3},
-        {"user": "ann", "days": [20.0, 0.0, 0.0], "total": 20.0, "waited_minutes": 0.0},
-        {"user": "cy", "days": [0.0, 0.0, 0.0], "total": 0.0, "waited_minutes": 3.0}]
+        {"user": "bob", "days": [1.5, 30.25, 0.0], "total": 31.75, "job_hours": 24.0,
+         "waited_minutes": 12.3},
+        {"user": "ann", "days": [20.0, 0.0, 0.0], "total": 20.0, "job_hours": 0.0,
+         "waited_minutes": 0.0},
+        {"user": "cy", "days": [0.0, 0.0, 0.0], "total": 0.0, "job_hours": 0.0,
+         "waited_minutes": 3.0}]
     assert model["groups"] == [
         {"group": "students", "members": 2, "total": 31.75},
         {"group": "staff", "members": 1, "total": 20.0},
@@ -62,11 +66,13 @@ def test_the_page_shows_each_members_waiting_time_beside_her_gpu_hours():
     from gpulab.dashboard.app import make_templates
 
     per_day = {date(2026, 11, 1): {"ann": 2.0}}
-    model = usage_model(date(2026, 11, 1), per_day, {}, {"<cy>": 3.04})
+    model = usage_model(date(2026, 11, 1), per_day, {}, {"<cy>": 3.04}, {"ann": 1.5})
     model.update(previous="2026-10", next=None)
     page = make_templates().get_template("usage.html").render(
         model=model, page_url="u", csv_url="c", dashboard_url="d", user="pi",
         updated_text="now")
     rows = {re.sub(r"<[^>]+>", " ", r).split()[0]: re.sub(r"<[^>]+>", " ", r).split()[1:]
             for r in re.findall(r'<tr class="member">(.*?)</tr>', page, re.S)}
-    assert rows == {"ann": ["2.00", "0", "2.00"], "&lt;cy&gt;": ["0.00", "3.0", "min", "0"]}
+    # her month, her jobs' part of it, her wait, then each day
+    assert rows == {"ann": ["2.00", "1.50", "0", "2.00"],
+                    "&lt;cy&gt;": ["0.00", "0", "3.0", "min", "0"]}

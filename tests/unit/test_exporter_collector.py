@@ -231,7 +231,7 @@ def test_processes_in_and_out_of_containers(proc):
     for pid in ("401", "999"):
         assert v("gpulab_gpu_process_info",
                  {**gpu(0), "pid": pid, "user": "", "server": "", "container": ""}) == 1
-    assert v("gpulab_gpu_lease_info", {**gpu(1), "user": "bob", "server": "big"}) == 1
+    assert v("gpulab_gpu_lease_info", {**gpu(1), "user": "bob", "server": "big", "kind": "server"}) == 1
     assert v("gpulab_exporter_docker_up") == 1
 
 
@@ -247,13 +247,16 @@ def test_lease_without_processes_is_visible(proc):
     nvml = FakeNvml([FakeGpu(0), FakeGpu(1)])
     directory = StaticContainerDirectory([
         Container(ANN, "gpulab-ann", "ann", "", (fake_uuid(1),)),
-        Container(BOB, "gpulab-bob", "bob", "", ("0",)),  # lease by index also works
+        # lease by index also works; a job's server says so (org.gpulab.job)
+        Container(BOB, "gpulab-bob--j1", "bob", "j1", ("0",), job=True),
     ])
     reg = scrape(Poller(nvml, directory=directory, proc=proc))
     v = reg.get_sample_value
-    assert v("gpulab_gpu_lease_info", {**gpu(1), "user": "ann", "server": ""}) == 1
-    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "bob", "server": ""}) == 1
-    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "ann", "server": ""}) is None
+    server = {"server": "", "kind": "server"}
+    assert v("gpulab_gpu_lease_info", {**gpu(1), "user": "ann", **server}) == 1
+    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "bob", "server": "j1",
+                                       "kind": "job"}) == 1
+    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "ann", **server}) is None
     assert v("gpulab_gpu_user_memory_used_bytes", {**gpu(1), "user": "ann"}) == 0
     assert v("gpulab_gpu_utilization_ratio", gpu(1)) == 0
 
@@ -291,7 +294,7 @@ def test_docker_failure_keeps_last_containers(proc):
     reg = scrape(poller)
     assert reg.get_sample_value("gpulab_exporter_docker_up") == 0
     assert reg.get_sample_value("gpulab_gpu_lease_info", {**gpu(0), "user": "ann",
-                                                          "server": ""}) == 1
+                                                          "server": "", "kind": "server"}) == 1
 
 
 def test_gone_gpu_leaves_no_stale_series():

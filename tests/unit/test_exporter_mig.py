@@ -45,7 +45,7 @@ def test_a_mig_gpu_says_why_its_memory_is_not_attributed(tmp_path, caplog):
     assert v("gpulab_gpu_attribution_available", gpu(0, "mig")) == 0
     assert v("gpulab_gpu_attribution_available", gpu(0, "")) is None
     assert v("gpulab_gpu_utilization_ratio", gpu(0)) is None  # not supported under MIG
-    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "ann", "server": ""}) == 1
+    assert v("gpulab_gpu_lease_info", {**gpu(0), "user": "ann", "server": "", "kind": "server"}) == 1
     assert v("gpulab_gpu_user_memory_used_bytes", {**gpu(0), "user": "ann"}) is None
     # the GPU beside it is attributed as before
     assert v("gpulab_gpu_attribution_available", gpu(1, "")) == 1

@@ -56,10 +56,10 @@ def test_a_mig_gpu_is_exported_with_each_mig_device_and_its_holder(tmp_path):
     assert v("gpulab_gpu_memory_used_bytes", device(1)) == 2 * GiB
     assert v("gpulab_gpu_temperature_celsius", device(1)) == 35
     # leases by UUID: ann's MIG device is hers, not the whole GPU's nor a sibling's
-    assert v("gpulab_gpu_lease_info", {**device(1, 0), "user": "ann", "server": ""}) == 1
+    assert v("gpulab_gpu_lease_info", {**device(1, 0), "user": "ann", "server": "", "kind": "server"}) == 1
     for other in (device(1), device(1, 1), device(0)):
-        assert v("gpulab_gpu_lease_info", {**other, "user": "ann", "server": ""}) is None
-    assert v("gpulab_gpu_lease_info", {**device(0), "user": "bob", "server": ""}) == 1
+        assert v("gpulab_gpu_lease_info", {**other, "user": "ann", "server": "", "kind": "server"}) is None
+    assert v("gpulab_gpu_lease_info", {**device(0), "user": "bob", "server": "", "kind": "server"}) == 1
     assert v("gpulab_exporter_gpus") == 5
 
     row = json.loads(json.dumps(snap.to_json()))["gpus"][2]  # /api/gpus
@@ -78,7 +78,7 @@ def test_a_lost_mig_gpu_takes_its_mig_devices_and_their_leases_down_with_it(tmp_
                                                      ("1:1", False)]
     v = reg.get_sample_value
     assert v("gpulab_gpu_up", device(1, 0)) == 0
-    assert v("gpulab_gpu_lease_info", {**device(1, 0), "user": "ann", "server": ""}) == 1
+    assert v("gpulab_gpu_lease_info", {**device(1, 0), "user": "ann", "server": "", "kind": "server"}) == 1
     assert v("gpulab_gpu_mig_device_info", {**device(1, 1), "parent_uuid": fake_uuid(1)}) == 1
     path.write_text(json.dumps({"mig": {"1": 2}}))  # back on the bus
     assert [g.up for g in poller.poll().gpus] == [True] * 4

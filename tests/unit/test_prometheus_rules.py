@@ -92,7 +92,7 @@ def test_every_alert_has_a_test_case():
 
 @needs_promtool
 def test_usage_recording_rule_adds_up_gpu_hours():
-    assert "2 rules found" in promtool("check", "rules", "usage.yml")
+    assert "3 rules found" in promtool("check", "rules", "usage.yml")
     promtool("test", "rules", "usage_test.yml")
 
 

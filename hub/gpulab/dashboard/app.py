@@ -345,15 +345,16 @@ class _Usage:
             self.page_error = (str(e), None)
             raise web.HTTPError(400) from None
         try:
-            per_day, groups, waited = await asyncio.gather(
+            per_day, groups, waited, jobs = await asyncio.gather(
                 self.usage.month(month, now),
                 hub_groups(self.hub),
-                self.usage.waited(month, now))
+                self.usage.waited(month, now),
+                self.usage.job_hours(month, now))
         except UsageUnavailable as e:
             self.page_error = (f"No usage figures: {e}", "Prometheus keeps them "
                                "(gpulab-prometheus); its log says why it is down.")
             raise web.HTTPError(503) from None
-        model = usage_model(month, per_day, groups, waited)
+        model = usage_model(month, per_day, groups, waited, jobs)
         first = month.replace(day=1)
         model["previous"] = (first - timedelta(days=1)).strftime("%Y-%m")
         following = (first + timedelta(days=32)).replace(day=1)

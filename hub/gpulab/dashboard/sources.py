@@ -318,7 +318,8 @@ def snapshot_from_prometheus(series: Iterable[dict[str, Any]],
         elif name == METRIC_LEASE:
             gpu(labels)["leases"].append({"user": labels.get("user", ""),
                                           "server": labels.get("server", ""),
-                                          "container": None})
+                                          "container": None,
+                                          "job": labels.get("kind") == "job"})
         elif name == "gpulab_gpu_user_memory_used_bytes" and value is not None:
             g = gpu(labels)
             g["user_memory_bytes"] = {**(g["user_memory_bytes"] or {}),

@@ -19,7 +19,7 @@ import io
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from gpulab.gpu_hours import gpu_hours_query, waiting_minutes_query
+from gpulab.gpu_hours import JOB_RECORD, RECORD, gpu_hours_query, waiting_minutes_query
 from gpulab.hubapi import HubApi, HubApiError
 from gpulab.prometheus_api import Prometheus, PrometheusUnavailable
 
@@ -55,16 +55,19 @@ def month_days(month: date, now: datetime) -> list[tuple[date, datetime, int]]:
 
 def usage_model(month: date, per_day: dict[date, dict[str, float]],
                 groups: dict[str, list[str]],
-                waited: dict[str, float] | None = None) -> dict[str, Any]:
+                waited: dict[str, float] | None = None,
+                jobs: dict[str, float] | None = None) -> dict[str, Any]:
     """*per_day*: {day: {user: GPU-hours}}; *groups*: {group: [users]}; *waited*: {user:
-    minutes her servers waited in line in the month}. Rows per member (a column per day,
-    the month's total and her waiting time) and per group, busiest first."""
-    waited = waited or {}
+    minutes her servers waited in line in the month}; *jobs*: {user: GPU-hours of the
+    month held by her jobs}. Rows per member (a column per day, the month's total, her
+    jobs' share of it and her waiting time) and per group, busiest first."""
+    waited, jobs = waited or {}, jobs or {}
     days = sorted(per_day)
     users = sorted({u for hours in per_day.values() for u in hours} | set(waited))
     members = [{"user": u,
                 "days": [round(per_day[d].get(u, 0.0), 2) for d in days],
                 "total": round(sum(per_day[d].get(u, 0.0) for d in days), 2),
+                "job_hours": round(jobs.get(u, 0.0), 2),
                 "waited_minutes": round(waited.get(u, 0.0), 1)}
                for u in users]
     members.sort(key=lambda m: (-m["total"], m["user"]))
@@ -108,10 +111,12 @@ class PrometheusUsage:
             raise UsageUnavailable(str(e)) from None
 
 
-    async def gpu_hours(self, end: datetime, seconds: int) -> dict[str, float]:
+    async def gpu_hours(self, end: datetime, seconds: int,
+                        record: str = RECORD) -> dict[str, float]:
         """{user: GPU-hours} held in the *seconds* before *end* (a day here; the
-        dashboard's history asks for its hour, day or week)."""
-        expr = gpu_hours_query(seconds)
+        dashboard's history asks for its hour, day or week); by her jobs only, with
+        *record* JOB_RECORD."""
+        expr = gpu_hours_query(seconds, record=record)
         return {s["metric"].get("user", ""): float(s["value"][1])
                 for s in await self._query(expr, end)}
 
@@ -119,6 +124,15 @@ class PrometheusUsage:
         days = month_days(month, now)
         hours = await asyncio.gather(*(self.gpu_hours(end, seconds) for _, end, seconds in days))
         return {day: h for (day, _, _), h in zip(days, hours, strict=True)}
+
+    async def job_hours(self, month: date, now: datetime) -> dict[str, float]:
+        """{user: GPU-hours her jobs held} in *month* (until *now*)."""
+        days = month_days(month, now)
+        if not days:
+            return {}
+        start = datetime.combine(month, time(), UTC)
+        end = days[-1][1]
+        return await self.gpu_hours(end, int((end - start).total_seconds()), JOB_RECORD)
 
     async def waited(self, month: date, now: datetime) -> dict[str, float]:
         """{user: minutes her servers waited in line} in *month* (until *now*)."""

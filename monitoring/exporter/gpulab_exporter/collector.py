@@ -125,8 +125,9 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
     # -- who holds and uses it ---------------------------------------------------------
     lease = GaugeMetricFamily("gpulab_gpu_lease_info",
                               "1 per hub user server holding a lease on the GPU "
-                              "(org.gpulab.gpus label), whether or not it runs anything.",
-                              labels=[*GPU, "user", "server"])
+                              "(org.gpulab.gpus label), whether or not it runs anything; "
+                              "kind: job for a job's server (org.gpulab.job), else server.",
+                              labels=[*GPU, "user", "server", "kind"])
     user_mem = GaugeMetricFamily("gpulab_gpu_user_memory_used_bytes",
                                  "GPU memory held by a hub user's processes, in bytes "
                                  "(lease holders with none at 0). Processes outside hub "
@@ -140,8 +141,8 @@ def build_families(snap: Snapshot, process_info: bool = False) -> list[Metric]:
         "processes only to root; the exporter logs each once). Absent for a GPU that is down.",
         labels=[*GPU, "reason"])
     for g in snap.gpus:
-        for holder in sorted({(le.user, le.server) for le in g.leases}):
-            lease.add_metric([*_gpu_labels(g), *holder], 1.0)
+        for user, server, job in sorted({(le.user, le.server, le.job) for le in g.leases}):
+            lease.add_metric([*_gpu_labels(g), user, server, "job" if job else "server"], 1.0)
         per_user = g.user_memory_bytes()
         for user, used in sorted((per_user or {}).items()):
             user_mem.add_metric([*_gpu_labels(g), user], float(used))
