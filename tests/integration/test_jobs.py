@@ -17,7 +17,15 @@ import requests
 from .browser import screenshot, sign_in_to_lab
 from .restarts import kill_from_host, wait_restarted
 from .smtp_sink import MAIL_ON
-from .stack import HUB_URL, container_gone, container_logs, docker, form_login, wait_for
+from .stack import (
+    HUB_URL,
+    container_gone,
+    container_logs,
+    docker,
+    form_login,
+    prometheus_query,
+    wait_for,
+)
 from .standin import GPU0, STANDIN_GPUS
 
 JOBS = STANDIN_GPUS.replace("  max_gpus: 1\n",
@@ -67,6 +75,10 @@ def test_a_job_runs_her_command_on_its_gpu_and_gives_it_back_when_it_ends(
     holders = wait_for(lambda: dashboard_holders(hub_admin, kim), 60, interval=1,
                        what="the dashboard to show her job")
     assert holders == [("j1", True)], holders
+    # and Prometheus (the usage page's jobs' GPU-hours come from this)
+    wait_for(lambda: "=> 1 @" in prometheus_query(
+        f'gpulab:user_job_gpus_held{{user="{kim.name}"}}'), 60, interval=1,
+             what="Prometheus to record her job's GPU")
     docker("exec", kim.container, "touch", "/home/jovyan/go")  # her command goes on
 
     ended = wait_for(lambda: (s := status(kim, "j1")) and s["state"] != "running" and s,
