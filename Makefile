@@ -81,7 +81,7 @@ COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(HAS_NVIDIA),-f docker-comp
 # group: they run as nobody in that group, not root.
 export GPULAB_DOCKER_SOCKET ?= /var/run/docker.sock
 export GPULAB_DOCKER_GID = $(shell stat -c %g $(GPULAB_DOCKER_SOCKET) 2>/dev/null || echo 0)
-# Backups (gpulab.backup, docs/operations.md#backups-and-restoring-one): a restic repository in
+# Backups (gpulab.backup, docs/backups-and-upgrades.md#backups-and-restoring-one): a restic repository in
 # GPULAB_BACKUP_DIR (a local path: a disk of its own, or a mounted NAS), encrypted with
 # secrets/backup-password. The backup service reads this engine's volumes folder.
 export GPULAB_BACKUP_DIR ?= /var/backups/gpulab
@@ -297,7 +297,7 @@ backups:
 	@scripts/restore.sh --list
 
 # After git pull --autostash: back up, migrate and start this version, keeping everything
-# (docs/operations.md#upgrading); upgrade-back: the version before, as it was.
+# (docs/backups-and-upgrades.md#upgrading); upgrade-back: the version before, as it was.
 upgrade:
 	@COMPOSE="$(COMPOSE)" scripts/upgrade.sh
 

@@ -26,7 +26,7 @@ then
   probe=${probe##*Error response from daemon: }
   echo "config/gpulab.yaml's assistant.gpus names GPU(s) $gpus, but this Docker engine cannot"
   echo "give a container GPUs: ${probe%%$'\n'*}"
-  echo "Install NVIDIA's container toolkit (docs/operations.md, GPU hosts), or set"
+  echo "Install NVIDIA's container toolkit (docs/gpus.md, Hosts with NVIDIA GPUs), or set"
   echo "assistant.gpus: [] to run the lab assistant on the CPU."
   exit 1
 fi

@@ -60,7 +60,7 @@ if [ "$home_size" != 0 ]; then
   made=$(docker volume create --opt size="$home_size" "$probe" 2>&1) \
     || die "config/gpulab.yaml sets spawn.home_size, and this Docker engine cannot give a volume a \
 size: $made. Put Docker's volumes folder ($(docker info --format '{{.DockerRootDir}}')/volumes) on \
-XFS mounted with pquota, or remove spawn.home_size (docs/operations.md, Home sizes)."
+XFS mounted with pquota, or remove spawn.home_size (docs/backups-and-upgrades.md, Home sizes)."
   docker volume rm "$probe" >/dev/null
   say "members' new homes hold at most $home_size bytes (spawn.home_size)"
 fi

@@ -4,7 +4,7 @@
 # accepts the lab's config/; then the hub and Prometheus stop (members' servers keep
 # running), everything is backed up, JupyterHub's database is migrated, and make up
 # starts the new version. Every step that fails says so and how to go back
-# (scripts/upgrade.sh --back, docs/operations.md#upgrading).
+# (scripts/upgrade.sh --back, docs/backups-and-upgrades.md#upgrading).
 #   scripts/upgrade.sh          upgrade (make upgrade)
 #   scripts/upgrade.sh --back   the older version's images, and the lab's state as it was
 #                               before the last upgrade (the hub's database, config/,

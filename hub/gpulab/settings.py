@@ -320,7 +320,7 @@ ASSISTANT_GPUS_REFUSED = (
     "the lab assistant cannot use GPUs yet: the llama.cpp build gpulab installs (xllamacpp "
     "from PyPI) has no GPU backend, so these GPUs would be taken from members while it "
     "computes on the CPU. To answer on a GPU, serve the model with vLLM (or another "
-    "OpenAI-compatible server) on it and set assistant.endpoint (docs/operations.md, The "
+    "OpenAI-compatible server) on it and set assistant.endpoint (docs/assistant.md, The "
     "lab assistant); remove assistant.gpus")
 
 
@@ -478,7 +478,7 @@ SETTINGS: tuple[Setting, ...] = (
             "home is created, so only to homes made after it is set: it needs Docker's "
             "volumes folder on XFS mounted with project quotas (pquota); where they are "
             "not, make up refuses to start and spawns of new homes fail, saying so "
-            "(docs/operations.md, Home sizes). Not with hub.swarm. Example: 50g"),
+            "(docs/backups-and-upgrades.md, Home sizes). Not with hub.swarm. Example: 50g"),
     Setting("spawn.home_path", _abs_path, "/home/jovyan",
             "Where the home volume is mounted in the container."),
     Setting("spawn.datasets_volume", _optional_string, "gpulab-datasets",
@@ -524,7 +524,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backup.every", parse_duration, 86400,
             "How often gpulab-backup backs up the lab (homes, the hub's databases, "
             "config/, secrets/, Prometheus' data) into its restic repository "
-            "(GPULAB_BACKUP_DIR, docs/operations.md): this long after the last good "
+            "(GPULAB_BACKUP_DIR, docs/backups-and-upgrades.md): this long after the last good "
             "backup, or after the service started when there is none yet. 0: only when "
             "an admin runs `make backup`. Example: 12h"),
     Setting("backup.keep_last", _count, 3,
@@ -599,7 +599,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(xllamacpp from PyPI) has no GPU backend, so GPUs held for the assistant would "
             "be taken from members while it computes on the CPU. To answer on a GPU, serve "
             "the model with vLLM (or another OpenAI-compatible server) and set "
-            "assistant.endpoint (docs/operations.md, The lab assistant). Only []."),
+            "assistant.endpoint (docs/assistant.md). Only []."),
     Setting("assistant.threads", _positive_int, 2,
             "CPU threads llama.cpp computes with. Example: 8"),
     Setting("assistant.parallel", _positive_int, 4,
@@ -611,7 +611,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("login.provider", _login_provider, "none",
             "How members sign in besides admin-issued login tokens: none (login tokens "
             "only) or oidc (the lab's OpenID Connect provider, e.g. Keycloak, Authentik, "
-            "Dex; docs/operations.md, Single sign-on). Login tokens keep working either "
+            "Dex; docs/https-and-sign-in.md, Single sign-on). Login tokens keep working either "
             "way. ldap: the lab's LDAP directory; the sign-in form then takes members' directory "
             "passwords too. Read at hub start. Example: oidc"),
     Setting("login.label", _string, "Lab sign-in",

@@ -1,5 +1,5 @@
 """`make backup` of the running lab, then `make restore` on a fresh machine: the lab
-comes back there as it was when backed up (gpulab.backup, docs/operations.md#backups-and-restoring-one).
+comes back there as it was when backed up (gpulab.backup, docs/backups-and-upgrades.md#backups-and-restoring-one).
 
 The fresh machine is one the test makes (tests/lane_engine.py): a Docker engine of its
 own in a network namespace, the lab's images, a copy of the checkout with the admin's

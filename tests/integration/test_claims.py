@@ -1,4 +1,4 @@
-"""Claims of docs/operations.md ("GPUs") and docs/security.md ("Security defaults"), each
+"""Claims of docs/gpus.md and docs/security.md ("Security defaults"), each
 proven the way its user meets it: through the published port, and in Chromium for the
 pages a person uses.
 

@@ -5,7 +5,7 @@ Her home is a filesystem of its own, as small as the test makes it: an ext4 loop
 that Docker mounts as her home volume (Docker's local driver, ``type=ext4``). A home of
 ``spawn.home_size`` is the same to her (a filesystem whose statfs has that size and whose
 writes fail with ENOSPC beyond it, an XFS project quota), but this machine's kernel has no
-XFS quotas (docs/operations.md, "Home sizes, and a full disk"). She fills it from a
+XFS quotas (docs/backups-and-upgrades.md, "Home sizes, and a full disk"). She fills it from a
 notebook, as a runaway cell does; then, in Chromium, saving says why it failed, the
 kernel still computes, her file from before is whole, and the shell of `ssh -tt` says her
 home is full; another member starts and saves, and ``make backup`` backs the lab up. Once

@@ -489,7 +489,7 @@ def _spend_and_be_refused(hub, alice, new_page):
     wait_for(lambda: (value(group) or 0) >= value(used), 30, interval=1,
              what="Prometheus to have her group's use")
     print(f"Prometheus: alice used {value(used)} GPU-hours, her group {value(group)}")
-    # the query docs/operations.md gives for members over budget finds her
+    # the query docs/the-line.md gives for members over budget finds her
     over = prometheus_query("gpulab_budget_used_gpu_hours >= on(user, period) "
                             "gpulab_budget_gpu_hours")
     assert f'user="{alice.name}"' in over, over

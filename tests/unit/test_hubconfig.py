@@ -158,7 +158,7 @@ def test_the_gpu_culler_runs_with_least_privilege_and_its_notices_reach_home(con
     ("https://10.1.2.3:443/", "", None),  # no names below an IP address
     ("https://[2001:db8::1]:443/", "", None),
     ("https://gpulab:443/", "", None),  # a single label: no subdomain for a wildcard
-    # plain HTTP on loopback: one origin (docs/operations.md, "Each member's server has an
+    # plain HTTP on loopback: one origin (docs/https-and-sign-in.md, "Each member's server has an
     # origin of its own")
     ("", "yes", None),
 ])

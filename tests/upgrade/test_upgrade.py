@@ -1,5 +1,5 @@
 """`make upgrade` from a real older gpulab to this checkout's HEAD, as a lab's admin
-meets it (docs/operations.md#upgrading; `make test-upgrade`, the last step of .ci/run).
+meets it (docs/backups-and-upgrades.md#upgrading; `make test-upgrade`, the last step of .ci/run).
 
 A clone of this repository at GPULAB_UPGRADE_FROM (default: the last release before
 backups and make upgrade existed) is the lab's checkout: its own `make up` builds and

@@ -107,7 +107,7 @@ def start_server(want: Wanted, port: int, key: str) -> Any:
                    if not getattr(d.get("type"), "name", "CPU").endswith("CPU")]
         log.info("GPU devices this llama.cpp build sees: %s", devices or
                  "none (a build without a GPU backend, such as xllamacpp's from PyPI, "
-                 "computes on the CPU: docs/operations.md, The lab assistant)")
+                 "computes on the CPU: docs/assistant.md)")
     return xllamacpp.Server(p)
 
 

@@ -2,7 +2,7 @@
 
 A GPU of a ``shared`` pool goes to up to ``max_users`` servers at once, each a container
 with the same GPU. Measured on an H200 (scripts/gpu-host-check.sh, step 6;
-docs/operations.md, "What members sharing a GPU can do to each other"): the driver
+docs/gpus.md, "What members sharing a GPU can do to each other"): the driver
 time-slices their kernels (a member's bf16 matmuls ran at 0.46 of their rate
 alone while another member's ran), and nothing stops one member's process from taking
 the GPU's memory: the next member's allocation fails with "CUDA out of memory". Docker

@@ -515,7 +515,7 @@ class GpulabSpawner(DockerSpawner):
                 was = f"with a size of {made} bytes" if made else "without a size"
                 _log_once(self.log.warning,
                           f"{name} was made {was}: spawn.home_size ({size}) applies to "
-                          f"homes made after it was set (docs/operations.md, Home sizes)")
+                          f"homes made after it was set (docs/backups-and-upgrades.md, Home sizes)")
             return
         try:
             await self.docker("create_volume", **create)
@@ -527,7 +527,7 @@ class GpulabSpawner(DockerSpawner):
                 503, f"Your home cannot be made: the lab limits homes to {size} "
                      f"(spawn.home_size), and this host's Docker could not apply that "
                      f"limit ({said}). An admin must put Docker's volumes on XFS with "
-                     f"project quotas or remove spawn.home_size (docs/operations.md, "
+                     f"project quotas or remove spawn.home_size (docs/backups-and-upgrades.md, "
                      f"Home sizes).") from None
         self.log.info("Created %s's home %s of %s", self.log_name, name, size)
 
