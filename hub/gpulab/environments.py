@@ -1,7 +1,10 @@
 """Environments members choose from (``spawn.environments``): pure decisions.
 
 An admin lists them in gpulab.yaml (``spawn.environments``: name, image, description,
-whether GPUs may be asked for, which JupyterHub groups may use it); without the list the
+whether GPUs may be asked for, which JupyterHub groups may use it, and optionally the
+CPUs and memory of its servers, with gpus.yaml's keys: ``cpus``, ``memory``, their
+``_per_gpu`` and ``max_``, which replace gpus.yaml's for its servers within her own caps:
+gpulab.gpus.policy.in_environment); without the list the
 lab has one, ``spawn.image``. A member picks one on the spawn form or with
 ``{"environment": NAME}`` through the REST API; the hub starts her server from its image,
 and the Docker proxy lets exactly the listed images run (:func:`lab_images`). The image is
@@ -16,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulab.refusal import Refusal
+from gpulab.sizes import RESOURCE_CHECKS, RESOURCE_KEYS, base_above_cap
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,39}")
-KEYS = ("name", "image", "description", "gpus", "groups")
+KEYS = ("name", "image", "description", "gpus", "groups", *RESOURCE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class Environment:
     description: str = ""
     gpus: bool = True  # whether a server of it may have GPUs
     groups: tuple[str, ...] = ()  # JupyterHub groups that may use it; () = every member
+    # CPUs and memory of its servers (gpulab.sizes.RESOURCE_KEYS), as (key, value) pairs;
+    # () = gpus.yaml's
+    resources: tuple[tuple[str, float], ...] = ()
 
     def label(self) -> str:
         """How the spawn form names it."""
@@ -53,7 +60,8 @@ def parse_environments(value: Any) -> tuple[Environment, ...]:
         return ()
     if not isinstance(value, list):
         raise ValueError("expected a list of environments, each with a name and an image "
-                         "(and optionally description, gpus, groups)")
+                         "(and optionally description, gpus, groups, cpus, memory and "
+                         "their _per_gpu and max_)")
     found: list[Environment] = []
     for i, item in enumerate(value):
         if not isinstance(item, dict):
@@ -82,7 +90,19 @@ def parse_environments(value: Any) -> tuple[Environment, ...]:
         if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
             raise EnvironmentError_((i, "groups"), "expected a list of JupyterHub group "
                                     f"names ([] for every member), got {groups!r}")
-        found.append(Environment(name, image, description.strip(), gpus, tuple(groups)))
+        sizes = {}
+        for key in RESOURCE_KEYS:
+            if key in item:
+                try:
+                    sizes[key] = RESOURCE_CHECKS[key](item[key])
+                except ValueError as e:
+                    raise EnvironmentError_((i, key), str(e)) from None
+        base = base_above_cap(sizes)
+        if base is not None:
+            raise EnvironmentError_((i, base), f"{base}: {item[base]} is more than "
+                                               f"max_{base}: {item[f'max_{base}']} here")
+        found.append(Environment(name, image, description.strip(), gpus, tuple(groups),
+                                 tuple(sizes.items())))
     return tuple(found)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from gpulab.contract import GPU_UUID, INFRA_VOLUMES
 from gpulab.email_address import is_address
 from gpulab.environments import EnvironmentError_, parse_environments
+from gpulab.sizes import bytes_text, parse_bytes
 from gpulab.yamlfile import ConfigError, LocatedYaml, read_yaml
 
 __all__ = ["CLOSED_RANGES", "SETTINGS", "Destination", "Setting", "Settings", "bytes_text",
@@ -29,29 +30,6 @@ __all__ = ["CLOSED_RANGES", "SETTINGS", "Destination", "Setting", "Settings", "b
 # ---------------------------------------------------------------- value parsers
 # Each takes the raw YAML value and returns the clean value or raises ValueError
 # with a message saying what is allowed.
-
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def parse_bytes(value: Any) -> int:
-    """'2g', '512m', '1.5G', 2147483648 -> bytes (binary units, as docker uses)."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 2g or 512m, got {value!r}")
-    if isinstance(value, int) and value > 0:
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"expected a size such as 2g or 512m, got {value!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
-
-def bytes_text(size: int) -> str:
-    """2147483648 -> '2g', 1536 * 1024**2 -> '1536m': the largest unit that divides it."""
-    for unit in ("t", "g", "m", "k"):
-        if size % _SIZE_UNITS[unit] == 0:
-            return f"{size // _SIZE_UNITS[unit]}{unit}"
-    return str(size)
-
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -460,7 +438,10 @@ SETTINGS: tuple[Setting, ...] = (
             "{\"environment\": NAME} through the REST API), the first open to a member "
             "being hers by default: a list of {name, image, description, gpus (whether "
             "its servers may have GPUs; default true), groups (the JupyterHub groups "
-            "that may use it; default [], every member; admins may use all)}. Only the "
+            "that may use it; default [], every member; admins may use all), and "
+            "optionally cpus, memory, cpus_per_gpu, memory_per_gpu, max_cpus and "
+            "max_memory (as in gpus.yaml: they replace gpus.yaml's for its servers, "
+            "never past a member's own max_cpus and max_memory)}. Only the "
             "listed images may run as members' servers; an image changed here is used "
             "from a member's next start (with hub.swarm, every machine needs each image: "
             "docs/swarm.md). Empty (the default): "

@@ -17,6 +17,7 @@ import requests
 from .browser import screenshot, submit_login
 from .stack import docker, wait_for
 from .standin import GPU0, STANDIN_GPUS, gpus_of
+from .test_resources import seen_inside
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,8 @@ def light_images():
 def environments(light: str) -> list[dict]:
     return [
         {"name": "pytorch", "image": "gpulab/singleuser:latest", "description": "PyTorch"},
-        {"name": "light", "image": light, "description": "for writing", "gpus": False},
+        {"name": "light", "image": light, "description": "for writing", "gpus": False,
+         "cpus": 1, "memory": "768m"},  # its servers' own size
         # for one group only: the lab's operators group (hub.operators; the hub makes
         # the groups it knows, and its API token may add members to them)
         {"name": "course", "image": light, "groups": ["operators"]},
@@ -69,6 +71,9 @@ def test_members_choose_an_environment_and_get_its_image(spawn_settings, light_i
     # through the REST API
     alice.start_server({"environment": "light"})
     assert image_of(alice) == (light_images[0], "light-1")
+    # the environment's size, as her server's cgroup and nproc see it
+    assert seen_inside(alice.container) == {
+        "nproc": 1, "memory": 768 << 20, "cpu_quota_us": 100_000, "torch_threads": 1}
     assert json.loads(docker("inspect", alice.container))[0]["HostConfig"]["DeviceRequests"] \
         in (None, [])
     bob.start_server({})  # none named: the first open to him

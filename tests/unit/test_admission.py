@@ -262,6 +262,19 @@ def test_an_admitted_server_gets_the_cpus_and_memory_of_its_gpus():
     assert (one.cpus, one.memory, one.threads) == (6.0, 20 << 30, 6)
     none = admission.decide(Ask("ann", options={"gpus": 0}), s).resources
     assert (none.cpus, none.memory) == (2.0, 4 << 30)  # memory: the lab's spawn.mem_limit
+    # an environment that sizes its own servers: its values, within her caps
+    big = Environment("train", "gpulab/singleuser:latest",
+                      resources=(("cpus_per_gpu", 8.0), ("memory", 1 << 30)))
+    one = admission.decide(Ask("ann", environment=big), s).resources
+    assert (one.cpus, one.memory) == (10.0, 17 << 30)
+    small = Environment("notes", "gpulab/singleuser:cpu", gpus=False,
+                        resources=(("cpus", 0.5), ("memory", 512 << 20)))
+    none = admission.decide(Ask("ann", environment=small), s).resources
+    assert (none.cpus, none.memory) == (0.5, 512 << 20)
+    # and what she may ask for is the environment's: no more than its 0.5 CPUs
+    refused = admission.decide(Ask("ann", options={"cpus": 1}, environment=small,
+                                   from_form=False), s)
+    assert isinstance(refused, Refused) and "at most 0.5" in refused.message, refused
 
 
 SIZED = parse_gpus_config("defaults: {gpus: 0, max_gpus: 2, cpus: 2, memory: 4g, "

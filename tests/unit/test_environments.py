@@ -172,3 +172,62 @@ def test_the_form_offers_the_environments_and_hides_gpus_when_there_are_none():
     all_gpus = render_spawn_form(SpawnForm(2, 1, (), environments=form.environments))
     assert "starts without GPUs" not in all_gpus
     assert 'name="environment"' not in render_spawn_form(SpawnForm(2, 1, ()))
+
+
+SIZED = TWO.replace("      gpus: false\n", "      gpus: false\n      cpus: 1\n      memory: 2g\n"
+                    ).replace("      description: PyTorch and CUDA\n",
+                              "      description: PyTorch and CUDA\n      cpus_per_gpu: 8\n"
+                              "      memory_per_gpu: 64g\n      max_cpus: 16\n")
+
+
+def test_an_environment_may_size_its_servers_with_gpus_yamls_keys():
+    writing, pytorch = (next(e for e in load(SIZED)["spawn.environments"] if e.name == n)
+                        for n in ("writing", "pytorch"))
+    assert dict(writing.resources) == {"cpus": 1.0, "memory": 2 << 30}
+    assert dict(pytorch.resources) == {"cpus_per_gpu": 8.0, "max_cpus": 16.0,
+                                       "memory_per_gpu": 64 << 30}
+
+
+@pytest.mark.parametrize("entry, where, says", [
+    ("      cpus: -1\n", "environments[1].cpus", "expected a number of CPUs above 0"),
+    ("      memory: 2048\n", "environments[1].memory", "with its unit, such as 8g"),
+    ("      cpus: 8\n      max_cpus: 4\n", "environments[1].cpus", "cpus: 8 is more than max_cpus: 4"),
+])
+def test_a_bad_size_is_refused_at_its_line(entry, where, says):
+    with pytest.raises(ConfigError) as e:
+        load(TWO.replace("      gpus: false\n", "      gpus: false\n" + entry))
+    assert str(e.value).startswith(f"gpulab.yaml:9: spawn.{where}: "), str(e.value)
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("mine, sizes, gpus, cpus, gib", [
+    ("", {"cpus": 1.0, "memory": 2 << 30}, 0, 1, 2),           # the environment's, not the lab's
+    ("defaults: {cpus: 2, memory: 8g, cpus_per_gpu: 4, memory_per_gpu: 16g}",
+     {"cpus_per_gpu": 8.0}, 2, 18, 40),                        # its per-GPU CPUs, her memory
+    ("defaults: {max_cpus: 6}", {"cpus": 12.0}, 0, 6, 8),      # never past her own cap
+    ("defaults: {max_cpus: 64}", {"cpus": 4.0, "max_cpus": 8.0, "cpus_per_gpu": 4.0},
+     4, 8, 8),                                                # its cap, lower than hers
+    ("defaults: {max_cpus: 6}", {"max_cpus": 32.0, "cpus_per_gpu": 4.0}, 4, 6, 8),  # not higher
+])
+def test_an_environments_sizes_replace_gpus_yamls_within_her_caps(mine, sizes, gpus, cpus, gib):
+    from gpulab.gpus.config import parse_gpus_config
+    from gpulab.gpus.policy import in_environment, policy_for, server_resources
+
+    policy = in_environment(policy_for(parse_gpus_config(mine), "ann"), sizes)
+    got = server_resources(policy, gpus, base_cpus=2.0, base_memory=8 << 30)
+    assert (got.cpus, got.memory) == (cpus, gib << 30)
+
+
+def test_the_form_says_what_each_sized_environment_gives():
+    from gpulab.gpus.config import parse_gpus_config
+    from gpulab.gpus.policy import policy_for, sizes_note
+
+    policy = policy_for(parse_gpus_config("defaults: {max_gpus: 2}"), "ann")
+    envs = load(SIZED)["spawn.environments"]
+    assert sizes_note(policy, envs, 2.0, 8 << 30) == (
+        "A server gets 2 CPUs and 8 GB of memory. In pytorch, a server gets 2 CPUs and 8 GB "
+        "of memory, and 8 CPUs and 64 GB of memory more for each GPU (at most 16 CPUs). In "
+        "writing, a server gets 1 CPU and 2 GB of memory.")
+    # one environment open to her: its sizes alone
+    assert sizes_note(policy, envs[1:2], 2.0, 8 << 30) == \
+        "A server gets 1 CPU and 2 GB of memory."

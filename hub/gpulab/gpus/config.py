@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.contract import GPU_UUID
-from gpulab.settings import parse_bool, parse_bytes, parse_duration
+from gpulab.settings import parse_bool, parse_duration
+from gpulab.sizes import RESOURCE_CHECKS, RESOURCE_KEYS, base_above_cap
 from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
 
 __all__ = [
@@ -111,12 +112,7 @@ _POOL_KEYS = ("mode", "max_users", "description", "machines")
 _GPU_KEYS = ("index", "uuid", "model", "pool", "mode", "max_users", "reserved")
 # Per-user time limits, set in defaults:, groups: and users: alike.
 LIMIT_KEYS = ("gpu_idle_timeout", "max_server_age")
-# A server's CPUs and memory, set in defaults:, groups: and users: alike: what a server
-# without GPUs gets, what each GPU adds, and the most any one server gets.
-CPU_KEYS = ("cpus", "cpus_per_gpu", "max_cpus")
-MEMORY_KEYS = ("memory", "memory_per_gpu", "max_memory")
-RESOURCE_KEYS = (*CPU_KEYS, *MEMORY_KEYS)
-MAX_CPUS_LIMIT = 1024  # far above any one machine; catches 4000 for 4
+# A server's CPUs and memory (gpulab.sizes), set in defaults:, groups: and users: alike.
 _DEFAULT_KEYS = ("gpus", "max_gpus", "max_servers", "pools", *LIMIT_KEYS, "budget", *RESOURCE_KEYS)
 _OVERRIDE_KEYS = ("gpus", "max_gpus", "max_servers", "pinned", "pools", "no_gpu", *LIMIT_KEYS,
                   "line_priority", "budget", *RESOURCE_KEYS)
@@ -298,41 +294,15 @@ def _server_count(value: Any) -> int:
     return value
 
 
-def _cpus(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 < value <= MAX_CPUS_LIMIT):
-        raise ValueError(f"expected a number of CPUs above 0 and at most {MAX_CPUS_LIMIT} "
-                         f"(0.5 is half a core), got {value!r}")
-    return float(value)
-
-
-def _cpus_per_gpu(value: Any) -> float:
-    return 0.0 if value == 0 and not isinstance(value, bool) else _cpus(value)
-
-
-def _memory(value: Any) -> int:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        raise ValueError(f"expected a size with its unit, such as 8g or 512m, got {value!r}")
-    return parse_bytes(value)
-
-
-def _memory_per_gpu(value: Any) -> int:
-    return 0 if value == 0 and not isinstance(value, bool) else _memory(value)
-
-
-_RESOURCE_CHECKS = {"cpus": _cpus, "cpus_per_gpu": _cpus_per_gpu, "max_cpus": _cpus,
-                    "memory": _memory, "memory_per_gpu": _memory_per_gpu,
-                    "max_memory": _memory}
-
-
 def _resources(r: _Reader, path: Path_, body: Mapping[str, Any]) -> dict[str, float]:
     """The RESOURCE_KEYS *body* sets, checked; a base above its own cap is refused."""
-    out = {key: r.check(path + (key,), _RESOURCE_CHECKS[key], body[key])
+    out = {key: r.check(path + (key,), RESOURCE_CHECKS[key], body[key])
            for key in RESOURCE_KEYS if key in body}
-    for base, cap in (("cpus", "max_cpus"), ("memory", "max_memory")):
-        if base in out and cap in out and out[base] > out[cap]:
-            raise r.doc.error(path + (base,), f"{base}: {body[base]} is more than "
-                                              f"{cap}: {body[cap]} here")
+    base = base_above_cap(out)
+    if base is not None:
+        cap = f"max_{base}"
+        raise r.doc.error(path + (base,), f"{base}: {body[base]} is more than "
+                                          f"{cap}: {body[cap]} here")
     return out
 
 

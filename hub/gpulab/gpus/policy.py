@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpulab.gpus.config import (
     DEFAULT_GPU_IDLE_TIMEOUT,
@@ -37,7 +38,8 @@ from gpulab.gpus.config import (
 from gpulab.settings import duration_text
 
 __all__ = ["Policy", "ServerResources", "all_pins", "pin_matches", "policy_for", "policy_note",
-           "cpus_text", "memory_text", "resources_note", "server_resources", "user_override"]
+           "cpus_text", "in_environment", "memory_text", "resources_note", "server_resources",
+           "sizes_note", "user_override"]
 
 
 @dataclass(frozen=True)
@@ -167,11 +169,29 @@ def server_resources(policy: Policy, gpus: int, base_cpus: float, base_memory: i
                            int(min(memory, r.get("max_memory", math.inf))))
 
 
-def resources_note(policy: Policy, base_cpus: float, base_memory: int) -> str:
-    """What the spawn form says she gets in CPUs and memory, by GPU count."""
+def in_environment(policy: Policy, sizes: Mapping[str, float]) -> Policy:
+    """*policy* for a server of an environment that sets its own CPUs and memory (*sizes*,
+    gpulab.yaml's spawn.environments): its cpus, memory and per-GPU values replace
+    gpus.yaml's, and its caps hold where they are lower than hers (an environment never
+    lifts her max_cpus or max_memory)."""
+    if not sizes:
+        return policy
+    mine = dict(policy.resources)
+    merged = {**mine, **{k: v for k, v in sizes.items() if not k.startswith("max_")}}
+    for cap in ("max_cpus", "max_memory"):
+        if cap in sizes:
+            merged[cap] = min(sizes[cap], mine.get(cap, math.inf))
+    return replace(policy, resources=merged)
+
+
+def resources_note(policy: Policy, base_cpus: float, base_memory: int,
+                   where: str = "") -> str:
+    """What the spawn form says she gets in CPUs and memory, by GPU count (*where*: "in
+    NAME", for an environment's own)."""
     r = policy.resources
     none = server_resources(policy, 0, base_cpus, base_memory)
-    said = f"A server gets {cpus_text(none.cpus)} and {memory_text(none.memory)} of memory"
+    said = (f"{'A server' if not where else f'{where[0].upper()}{where[1:]}, a server'} gets "
+            f"{cpus_text(none.cpus)} and {memory_text(none.memory)} of memory")
     per_cpu, per_mem = r.get("cpus_per_gpu", 0.0), int(r.get("memory_per_gpu", 0))
     if policy.max_gpus and (per_cpu or per_mem):
         adds = [x for x in (per_cpu and cpus_text(per_cpu),
@@ -182,6 +202,21 @@ def resources_note(policy: Policy, base_cpus: float, base_memory: int) -> str:
         if caps:
             said += f" (at most {' and '.join(caps)})"
     return said + "."
+
+
+def sizes_note(policy: Policy, environments: Sequence[Any], base_cpus: float,
+               base_memory: int) -> str:
+    """The spawn form's sentence on CPUs and memory: gpus.yaml's, then that of each
+    environment she may choose that sets its own (its ``resources`` pairs; of one
+    environment only, that one's alone)."""
+    own = [e for e in environments if e.resources]
+    if len(environments) == 1 and own:
+        return resources_note(in_environment(policy, dict(own[0].resources)), base_cpus,
+                              base_memory)
+    notes = [resources_note(policy, base_cpus, base_memory)]
+    notes += [resources_note(in_environment(policy, dict(e.resources)), base_cpus,
+                             base_memory, where=f"in {e.name}") for e in own]
+    return " ".join(notes)
 
 
 def memory_text(size: int) -> str:

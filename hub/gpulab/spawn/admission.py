@@ -37,7 +37,13 @@ from gpulab.gpus.allocator import (
 )
 from gpulab.gpus.budget import BudgetState, budget_state
 from gpulab.gpus.config import GpusConfig
-from gpulab.gpus.policy import Policy, ServerResources, policy_for, server_resources
+from gpulab.gpus.policy import (
+    Policy,
+    ServerResources,
+    in_environment,
+    policy_for,
+    server_resources,
+)
 from gpulab.line.order import Entry
 from gpulab.line.plan import keeps
 from gpulab.line.spawning import HINT
@@ -131,7 +137,12 @@ class Refused:
 
 
 def policy_of(ask: Ask, config: GpusConfig) -> Policy:
-    return policy_for(config, ask.user, ask.groups)
+    """Her policy by gpus.yaml, with the CPUs and memory of the environment she starts in
+    where it sets its own."""
+    policy = policy_for(config, ask.user, ask.groups)
+    if ask.environment is None:
+        return policy
+    return in_environment(policy, dict(ask.environment.resources))
 
 
 def budget_of(ask: Ask, seen: Seen, policy: Policy) -> BudgetState | None:

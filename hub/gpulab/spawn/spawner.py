@@ -57,7 +57,7 @@ from gpulab.gpus.policy import (
     memory_text,
     policy_for,
     policy_note,
-    resources_note,
+    sizes_note,
 )
 from gpulab.gpus.sharing import merged_env, server_share
 from gpulab.line import usage as line_usage
@@ -299,7 +299,7 @@ class GpulabSpawner(DockerSpawner):
         is_admin = bool(getattr(viewer, "admin", False)) or self.user.admin
         budget = admission.budget_of(ask, seen, policy)
         line = seen.line is not None
-        sized = resources_note(policy, settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
+        sized = sizes_note(policy, envs, settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
         # her other servers' GPUs count toward max_gpus: she is offered what is left
         left = max(0, policy.max_gpus - sum(le.user == self.user.name and le.server != self.name
                                             for le in seen.leases))
