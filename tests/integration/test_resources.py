@@ -2,7 +2,8 @@
 and max_), seen from inside members' servers on the real stack: the memory limit and CPU
 quota of their cgroups, what `nproc` and PyTorch count, and what the spawn form and the
 progress bar tell the member before and while her server starts; and that she may ask
-for fewer CPUs or less memory through the REST API, never more."""
+for fewer CPUs or less memory through the REST API and on the form in Chromium, never
+more."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 
 import requests
 
+from .browser import screenshot, submit_login, wait_for_lab_url
 from .stack import HUB_URL, container_logs, docker, form_login
 from .standin import STANDIN_GPUS
 
@@ -79,3 +81,33 @@ def test_a_servers_cpus_and_memory_follow_its_gpus(lab_config, gpus_yaml, lab_us
     notes.start_server({"gpus": 0, "cpus": 0.5, "memory": "512m"})
     assert seen_inside(notes.container) == {
         "nproc": 1, "memory": 512 << 20, "cpu_quota_us": 50_000, "torch_threads": 1}
+
+
+def test_the_spawn_forms_fewer_cpus_and_less_memory_in_chromium(lab_config, gpus_yaml,
+                                                                lab_user, new_page):
+    """As a member does it: the form says what a server gets, she types fewer CPUs and
+    less memory, starts, and her server has them; more than her GPUs bring is refused on
+    the form's page, and nothing starts."""
+    lab_config.write("gpus.yaml", SIZED)
+    ivy = lab_user("form")
+    page = new_page()
+    submit_login(page, ivy.name, ivy.token, next_url="/hub/spawn")
+    assert "A server gets 1 CPU and 1 GB of memory" in page.locator(
+        "#gpulab-resources").inner_text()
+
+    def start(cpus: str, memory: str) -> None:
+        page.goto(f"{HUB_URL}/hub/spawn")
+        page.select_option("#gpulab-gpus", "0")
+        page.fill("#gpulab-cpus", cpus)
+        page.fill("#gpulab-memory", memory)
+        page.locator("#spawn_form [type=submit]").click()
+
+    start("2", "")
+    error = page.get_by_text("at most 1 (with 0 GPUs)")
+    error.first.wait_for(timeout=60_000)
+    screenshot(page, "spawn-form-too-many-cpus.png")
+    assert docker("ps", "-aq", "--filter", f"name=^{ivy.container}$") == ""
+    start("0.5", "600m")
+    wait_for_lab_url(page, HUB_URL, ivy.name, 120_000)
+    assert seen_inside(ivy.container) == {
+        "nproc": 1, "memory": 600 << 20, "cpu_quota_us": 50_000, "torch_threads": 1}
