@@ -15,7 +15,8 @@ Its parts (docs/architecture.md is the map; each part's __init__ lists its modul
     backup/      restic backups made while the lab runs, and restores
 and beside them, used by several parts: contract.py (what the processes agree on),
 settings.py, live_config.py and yamlfile.py (config/gpulab.yaml, read again at each use,
-errors with file:line), environments.py (the images members choose from), hubapi.py and
+errors with file:line), sizes.py (CPUs and memory as the config files write them, and
+their checks), environments.py (the images members choose from), hubapi.py and
 prometheus_api.py (the hub's and Prometheus' APIs), service_loop.py (how hub services
 run), private_db.py (gpulab's sqlite files beside the hub's), notices.py (what a member is
 told), refusal.py (a request not done: its status and message), gpu_hours.py
