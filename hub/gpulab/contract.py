@@ -61,6 +61,23 @@ def label_claims(container: Mapping[str, Any]) -> tuple[str, str, list[str]]:
     return labels.get(LABEL_USER) or "", labels.get(LABEL_SERVER) or "", gpus
 
 
+# A group's project folders (gpus.yaml groups: NAME: {projects: [...]}): each project is
+# the named volume PROJECT_VOLUME_PREFIX + its name, mounted at PROJECTS_PATH/NAME in
+# every server of the group's members. A new volume's root is root's; mounted (also) at
+# one of the image's PROJECT_INIT_SLOTS, an empty folder of the member's user, Docker
+# gives the new volume that folder's owner and mode (setgid, group-writable), so members
+# can write in it: the image has MAX_PROJECTS of them, hence at most that many projects.
+PROJECT_VOLUME_PREFIX = "gpulab-project-"
+PROJECTS_PATH = "/projects"
+PROJECT_INIT_SLOTS = "/srv/gpulab/projects"  # /0, /1, ... in images/singleuser
+MAX_PROJECTS = 16
+PROJECT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+
+def project_volume(project: str) -> str:
+    return PROJECT_VOLUME_PREFIX + project
+
+
 # On a Swarm: the engine label (dockerd --label) each GPU node carries, its GPUs' UUIDs
 # comma-separated, in NVML index order; the hub's inventory of that node.
 ENGINE_LABEL_GPUS = "gpulab.gpus"

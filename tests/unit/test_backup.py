@@ -19,13 +19,13 @@ from gpulab.settings import defaults
 
 PRESENT = ["gpulab-hub-data", "gpulab-home-ann", "gpulab-home-bob", "gpulab-prometheus-data",
            "gpulab-datasets", "gpulab-last-good", "gpulab-ssh-data", "gpulab-alertmanager-data",
-           "gpulab-restore-scratch", "someone-elses", "4f2a9c0b1e"]
+           "gpulab-restore-scratch", "someone-elses", "4f2a9c0b1e", "gpulab-project-vision"]
 
 
-def test_a_backup_holds_the_stack_volumes_and_every_home_not_prometheus_or_strangers():
+def test_a_backup_holds_the_stack_volumes_every_home_and_project_not_prometheus_or_strangers():
     assert plan.volumes_to_back_up(PRESENT, "gpulab-home-{username}", "gpulab-datasets") == [
         "gpulab-alertmanager-data", "gpulab-home-ann", "gpulab-home-bob", "gpulab-hub-data",
-        "gpulab-last-good", "gpulab-ssh-data"]
+        "gpulab-last-good", "gpulab-project-vision", "gpulab-ssh-data"]
 
 
 def test_datasets_only_when_asked_and_homes_follow_the_template():

@@ -114,3 +114,17 @@ def test_jupyterlabs_assistant_is_on_only_while_the_labs_assistant_is():
     on = defaults().with_values({"assistant.model": "coder.gguf"})
     env = container_options(on, "alice").environment
     assert env["JUPYTER_CONFIG_PATH"] == "/opt/venv/share/gpulab/assistant-on"
+
+
+def test_her_groups_projects_are_mounted_where_docker_makes_a_new_one_hers():
+    opts = container_options(defaults(), "bob", "", (), projects=("cars", "faces"))
+    assert opts.host_config["mounts"] == [
+        {"Type": "volume", "Source": "gpulab-project-cars", "Target": "/srv/gpulab/projects/0",
+         "ReadOnly": False},
+        {"Type": "volume", "Source": "gpulab-project-cars", "Target": "/projects/cars",
+         "ReadOnly": False},
+        {"Type": "volume", "Source": "gpulab-project-faces", "Target": "/srv/gpulab/projects/1",
+         "ReadOnly": False},
+        {"Type": "volume", "Source": "gpulab-project-faces", "Target": "/projects/faces",
+         "ReadOnly": False}]
+    assert "mounts" not in container_options(defaults(), "bob").host_config

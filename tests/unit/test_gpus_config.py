@@ -383,3 +383,36 @@ def test_unset_the_labs_spawn_limits_hold_and_the_form_says_what_a_server_gets()
     assert resources_note(sized, 4.0, 8 << 30) == (
         "A server gets 2 CPUs and 8 GB of memory, and 4 CPUs and 32 GB of memory more for "
         "each GPU (at most 12 CPUs and 96 GB).")
+
+
+PROJECTS = """\
+groups:
+  vision: {projects: [cars, faces]}
+  theory: {projects: [faces, proofs], max_gpus: 1}
+"""
+
+
+def test_a_groups_projects_are_her_servers_folders_from_all_her_groups():
+    config = parse_gpus_config(PROJECTS)
+    assert policy_for(config, "ann", ["vision", "theory"]).projects == ("cars", "faces",
+                                                                          "proofs")
+    assert policy_for(config, "bob", ["theory"]).projects == ("faces", "proofs")
+    assert policy_for(config, "cy", ["other"]).projects == ()
+
+
+@pytest.mark.parametrize("text, where, says", [
+    ("users:\n  ann: {projects: [x]}\n", "gpus.yaml:2: users.ann.projects",
+     "projects are a group's"),
+    ("groups:\n  g: {projects: [Cars]}\n", "gpus.yaml:2: groups.g.projects",
+     "lower-case letters, digits and '-'"),
+    ("groups:\n  g: {projects: []}\n", "gpus.yaml:2: groups.g.projects", "a list of project"),
+    ("groups:\n  g: {projects: vision}\n", "gpus.yaml:2: groups.g.projects",
+     "a list of project"),
+    ("groups:\n  g: {projects: [" + ", ".join(f"p{i}" for i in range(10)) + "]}\n"
+     "  h: {projects: [" + ", ".join(f"q{i}" for i in range(7)) + "]}\n",
+     "gpus.yaml:3: groups.h.projects", "the groups name 17 projects; the lab has at most 16"),
+])
+def test_bad_projects_are_refused_at_their_line(text, where, says):
+    with pytest.raises(ConfigError) as e:
+        parse_gpus_config(text)
+    assert str(e.value).startswith(where) and says in str(e.value), str(e.value)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from gpulab.contract import PROJECT_VOLUME_PREFIX
+
 VOLUMES = "/volumes"
 STAGING = "/staging"
 CONFIG = "/srv/gpulab/config"
@@ -58,13 +60,15 @@ def volumes_to_back_up(present: Iterable[str], home_volume: str,
                        datasets_volume: str = "", datasets: bool = False,
                        prometheus: bool = False) -> list[str]:
     """The volumes of *present* (the engine's volume names) that a backup holds, sorted:
-    the stack's own, every home (named by *home_volume*'s template), and the datasets
-    volume when *datasets*. Prometheus' only when *prometheus* (it is stopped): while it
-    runs, its snapshot is backed up instead."""
+    the stack's own, every home (named by *home_volume*'s template), every group's project
+    (gpulab.contract.PROJECT_VOLUME_PREFIX), and the datasets volume when *datasets*.
+    Prometheus' only when *prometheus* (it is stopped): while it runs, its snapshot is
+    backed up instead."""
     prefix = home_prefix(home_volume)
     wanted = []
     for name in present:
         if name in STACK_VOLUMES or (prefix and name.startswith(prefix)) \
+                or name.startswith(PROJECT_VOLUME_PREFIX) \
                 or (prometheus and name == PROMETHEUS_VOLUME) \
                 or (datasets and datasets_volume and name == datasets_volume):
             wanted.append(name)

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulab.contract import GPU_UUID
+from gpulab.contract import GPU_UUID, MAX_PROJECTS, PROJECT_NAME
 from gpulab.settings import parse_bool, parse_duration
 from gpulab.sizes import RESOURCE_CHECKS, RESOURCE_KEYS, base_above_cap
 from gpulab.yamlfile import ConfigError, LocatedYaml, Path_, dotted, parse_yaml, read_yaml
@@ -210,6 +210,7 @@ class Override:
     no_budget: bool = False  # ``budget: none``: her own entry lifts her groups' budget
     # the RESOURCE_KEYS set here: CPUs (a number), memory (bytes)
     resources: Mapping[str, float] = field(default_factory=dict)
+    projects: tuple[str, ...] = ()  # a group's project folders (gpulab.contract)
     line: int | None = None
 
 
@@ -747,11 +748,17 @@ def _overrides(
             raise doc.error(path, f"{section[:-1]} {name!r} is listed twice (first on line "
                                   f"{seen[name]}; usernames are not case-sensitive)")
         seen[name] = doc.line_of(path)
-        body = r.mapping(path, body, _OVERRIDE_KEYS,
+        group = section == "groups"
+        if not group and isinstance(body, Mapping) and "projects" in body:
+            raise doc.error(path + ("projects",), "projects are a group's (groups: NAME: "
+                                                  "{projects: [...]}): a member has those "
+                                                  "of her groups")
+        body = r.mapping(path, body, (*_OVERRIDE_KEYS, "projects") if group else _OVERRIDE_KEYS,
                          "a mapping with gpus:, max_gpus:, max_servers:, pinned:, "
                          "pools:, no_gpu:, "
                          "gpu_idle_timeout:, max_server_age:, line_priority:, budget:, "
-                         "cpus: or memory: (and their _per_gpu and max_)")
+                         "cpus: or memory: (and their _per_gpu and max_)"
+                         + (", or projects:" if group else ""))
         o = Override(
             name=name,
             gpus=r.check(path + ("gpus",), _gpu_count, body["gpus"]) if "gpus" in body else None,
@@ -773,6 +780,8 @@ def _overrides(
                            name if section == "groups" else ""),
             no_budget="budget" in body and body["budget"] in (None, "none"),
             resources=_resources(r, path, body),
+            projects=_projects(r, path + ("projects",), body["projects"])
+            if "projects" in body else (),
             line=doc.line_of(path),
         )
         if o.gpus is not None and o.max_gpus is not None and o.gpus > o.max_gpus:
@@ -785,7 +794,25 @@ def _overrides(
             raise doc.error(path + ("no_gpu",),
                             "no_gpu: true cannot be combined with gpus, max_gpus or pinned GPUs")
         out.append(o)
+    every = [(p, o) for o in out for p in o.projects]
+    if len({p for p, _ in every}) > MAX_PROJECTS:
+        _, o = every[-1]
+        raise doc.error((section, o.name, "projects"),
+                        f"the groups name {len({p for p, _ in every})} projects; the lab "
+                        f"has at most {MAX_PROJECTS} (each needs a folder of the image's "
+                        f"to start from)")
     return tuple(out)
+
+
+def _projects(r: _Reader, path: Path_, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise r.doc.error(path, f"expected a list of project names, such as [vision], got "
+                                f"{value!r}")
+    for name in value:
+        if not isinstance(name, str) or not PROJECT_NAME.fullmatch(name):
+            raise r.doc.error(path, f"expected project names of lower-case letters, digits "
+                                    f"and '-' (at most 40), got {name!r}")
+    return tuple(dict.fromkeys(value))
 
 
 def _pins(

@@ -61,6 +61,8 @@ class Policy:
     # CPUs and memory (gpus.config.RESOURCE_KEYS) as set for her; unset: the lab's
     # spawn.cpu_limit and spawn.mem_limit, nothing per GPU, no cap
     resources: Mapping[str, float] = field(default_factory=dict)
+    # her groups' project folders (gpus.yaml groups: projects:), mounted in her servers
+    projects: tuple[str, ...] = ()
 
 
 def pin_matches(pin: Pin, index: int, uuid: str, machine: str = "") -> bool:
@@ -110,6 +112,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
     resources = dict(config.default_resources)  # groups: the most of each; hers: hers
     resources.update({key: max(g.resources[key] for g in mine if key in g.resources)
                       for key in RESOURCE_KEYS if any(key in g.resources for g in mine)})
+    projects = tuple(sorted({p for g in mine for p in g.projects}))
     own = user_override(config, user)
     if own is not None:
         if own.line_priority is not None:
@@ -127,7 +130,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
     if no_gpu:
         return Policy(gpus=0, max_gpus=0, pools=(), pinned=(), no_gpu=True,
                       max_servers=max_servers, line_priority=line_priority, budget=budget,
-                      resources=resources, **limits)
+                      resources=resources, projects=projects, **limits)
     max_gpus = max(max_gpus, len(pinned))
     gpus = min(max(gpus, len(pinned)), max_gpus)
     return Policy(
@@ -139,6 +142,7 @@ def policy_for(config: GpusConfig, user: str, groups: Iterable[str] = ()) -> Pol
         line_priority=line_priority,
         budget=budget,
         resources=resources,
+        projects=projects,
         **limits,
     )
 

@@ -11,7 +11,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulab.contract import ASSISTANT_ON_CONFIG, LOG_DRIVER, lease_labels, log_options
+from gpulab.contract import (
+    ASSISTANT_ON_CONFIG,
+    LOG_DRIVER,
+    MAX_PROJECTS,
+    PROJECT_INIT_SLOTS,
+    PROJECTS_PATH,
+    lease_labels,
+    log_options,
+    project_volume,
+)
 from gpulab.gpus.policy import ServerResources
 from gpulab.gpus.sharing import alloc_conf
 from gpulab.spawn.jobs import Job, job_env
@@ -45,6 +54,22 @@ def home_volume_create(settings: Mapping[str, Any], username: str, servername: s
             "driver": "local", "driver_opts": {"size": str(size)}}
 
 
+def project_mounts(projects: Sequence[str]) -> list[dict[str, Any]]:
+    """Docker's mounts of the *projects* (at most MAX_PROJECTS, as gpus.yaml allows):
+    each at /projects/NAME, and at its slot of the image's empty folders, where Docker
+    gives a new volume the folder's owner and mode (the member's user, setgid, group
+    writable) before anything is written in it."""
+    assert len(projects) <= MAX_PROJECTS, projects
+    out = []
+    for slot, project in enumerate(projects):
+        volume = project_volume(project)
+        out += [{"Type": "volume", "Source": volume, "Target": f"{PROJECT_INIT_SLOTS}/{slot}",
+                 "ReadOnly": False},
+                {"Type": "volume", "Source": volume, "Target": f"{PROJECTS_PATH}/{project}",
+                 "ReadOnly": False}]
+    return out
+
+
 def container_options(
     settings: Mapping[str, Any],
     username: str,
@@ -53,6 +78,7 @@ def container_options(
     gpu_share: int = 1,
     resources: ServerResources | None = None,
     job: Job | None = None,
+    projects: Sequence[str] = (),
 ) -> ContainerOptions:
     """Everything about a user's container that gpulab decides.
 
@@ -65,6 +91,9 @@ def container_options(
     None: spawn.cpu_limit and spawn.mem_limit); OMP_NUM_THREADS says its whole CPUs, so
     that PyTorch, BLAS and ``nproc`` count the CPUs it has, not the machine's. A *job*
     (gpulab.spawn.jobs) is in its environment, for the image's runner, and its labels.
+    Her groups' *projects* are mounted read-write at /projects/NAME (and at an empty
+    folder of the image's, so that a new project's volume is hers to write in:
+    gpulab.contract.PROJECT_INIT_SLOTS).
     """
     if resources is None:
         resources = ServerResources(settings["spawn.cpu_limit"], settings["spawn.mem_limit"])
@@ -100,6 +129,9 @@ def container_options(
                 "Capabilities": [["gpu"]],
             }
         ]
+
+    if projects:
+        host_config["mounts"] = project_mounts(projects)
 
     labels = lease_labels(username, servername, gpu_uuids, job=job is not None)
     environment = {

@@ -173,6 +173,7 @@ class GpulabSpawner(DockerSpawner):
                                 "member (admission.booked_note), for the spawn in progress")
     _resources = Any(help="the CPUs and memory of the spawn in progress (ServerResources)")
     _job = Any(None, help="the job the spawn in progress runs (gpulab.spawn.jobs.Job), if any")
+    _projects = Any((), help="her groups' project folders the spawn in progress mounts")
     gpu_uuids = List(help="UUIDs of the GPUs this server holds (empty when stopped).")
     _start_deadline = Float(0.0, help="time.monotonic() by which the start gives up, "
                                       "with a message (a little before start_timeout)")
@@ -333,7 +334,7 @@ class GpulabSpawner(DockerSpawner):
         """Copy gpulab's decisions onto DockerSpawner's traits (gpulab.spawn.traits: the
         admin's own config-file traits are already in *settings*, or refused)."""
         opts = container_options(settings, self.user.name, self.name, gpu_uuids, gpu_share,
-                                 resources, self._job)
+                                 resources, self._job, self._projects)
         for name, value in trait_values(settings, opts).items():
             setattr(self, name, value)
         self._gpulab_env = opts.environment
@@ -417,6 +418,7 @@ class GpulabSpawner(DockerSpawner):
         self._booked_note = decision.booked_note
         self._resources = decision.resources
         self._job = decision.job
+        self._projects = decision.policy.projects
         return list(decision.gpus)
 
     async def _join_line(self, ask: Ask, gpus_config, join: JoinLine) -> web.HTTPError:

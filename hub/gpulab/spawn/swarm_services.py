@@ -56,19 +56,21 @@ def service_spec(
     gpu_share: int = 1,
     resources: ServerResources | None = None,
     job: Job | None = None,
+    projects: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The service create body (Docker API 1.41) for *username*'s server on node
     *node_id* with the GPUs *gpu_uuids* of that node, running *image_id*: the ID
     ``spawn.image`` has on the manager, which no machine asks a registry for (by name,
     every start would, and would run what the registry sent). *env* is what JupyterHub
     gives every server (its API token, URLs); gpulab's own variables win over it, as in
-    :func:`gpulab.gpus.sharing.merged_env`. *gpu_share*, *resources*, *job*: as in
-    container_options."""
+    :func:`gpulab.gpus.sharing.merged_env`. *gpu_share*, *resources*, *job*, *projects*:
+    as in container_options."""
     opts = container_options(settings, username, servername, gpu_uuids, gpu_share, resources,
-                             job)
+                             job, projects)
     environment = merged_env(env or {}, opts.environment)
     mounts = [{"Type": "volume", "Source": name, "Target": v["bind"],
                "ReadOnly": v["mode"] == "ro"} for name, v in opts.volumes.items()]
+    mounts += opts.host_config.get("mounts", [])  # her groups' projects (this machine's)
     mounts.append({"Type": "tmpfs", "Target": DEV_SHM,
                    "TmpfsOptions": {"SizeBytes": settings["spawn.shm_size"]}})
     container = {

@@ -249,7 +249,8 @@ class GpulabSwarmSpawner(GpulabSpawner):
         spec = service_spec(settings, self.user.name, self.name, self.gpu_uuids,
                             self.node_id, self.image_id, env=self.get_env(),
                             gpu_share=self._gpu_share, resources=self._resources,
-                            job=self._job, command=await self.get_command())
+                            job=self._job, projects=self._projects,
+                            command=await self.get_command())
         return await self.docker(
             "create_service", spec["TaskTemplate"], name=spec["Name"], labels=spec["Labels"],
             mode=spec["Mode"], endpoint_spec=spec["EndpointSpec"])
