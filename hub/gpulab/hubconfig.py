@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -205,11 +206,33 @@ def route_logs_to_hub() -> None:
     log.propagate = False
 
 
+@dataclass(frozen=True)
+class LabFiles:
+    """Where the hub and its services find the lab's config and keep their state: one
+    derivation for :func:`configure` and :func:`hub_services` alike."""
+
+    settings: Path  # config/gpulab.yaml
+    gpus: Path  # config/gpus.yaml
+    culler_notices: Path  # the GPU culler's warnings and stop notices, for her home page
+    server_notices: Path  # the hub's own: a Swarm machine gone, a job's end
+    line: Path  # the line for GPUs (sqlite)
+    line_notices: Path  # the line service's notices
+    line_usage: Path  # GPU-hours the line's fair share reads
+    bookings: Path  # members' bookings
+
+
+def lab_files() -> LabFiles:
+    return LabFiles(CONFIG_DIR / "gpulab.yaml", CONFIG_DIR / "gpus.yaml",
+                    DATA_DIR / CULLER_NOTICES_FILE, DATA_DIR / SERVER_NOTICES_FILE,
+                    DATA_DIR / LINE_FILE, DATA_DIR / LINE_NOTICES_FILE,
+                    DATA_DIR / LINE_USAGE_FILE, DATA_DIR / BOOKINGS_FILE)
+
+
 def configure(c) -> None:
     route_logs_to_hub()
     logscrub.install()  # tornado's own lines about failed requests carry raw URLs
-    settings_path = CONFIG_DIR / "gpulab.yaml"
-    gpus_path = CONFIG_DIR / "gpus.yaml"
+    files = lab_files()
+    settings_path, gpus_path = files.settings, files.gpus
     try:  # refuse to start on a bad file, saying file:line, not with a traceback
         settings = live_config.settings_file.load(settings_path)
         live_config.gpus_file.load(gpus_path)
@@ -243,15 +266,9 @@ def configure(c) -> None:
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = named_servers_limit(gpus_path)
     c.JupyterHub.template_paths = [str(TEMPLATES)]
-    # The GPU culler's warnings and stop notices, on the member's home page.
-    notices_path = DATA_DIR / CULLER_NOTICES_FILE
-    # On a Swarm, also the hub's notices of servers whose machine went down.
-    server_notices_path = DATA_DIR / SERVER_NOTICES_FILE
-    # The line for GPUs: its store, and the line service's notices.
-    line_path = DATA_DIR / LINE_FILE
-    line_notices_path = DATA_DIR / LINE_NOTICES_FILE
-    # Members' bookings of GPUs for a time window.
-    bookings_path = DATA_DIR / BOOKINGS_FILE
+    notices_path, server_notices_path = files.culler_notices, files.server_notices
+    line_path, line_notices_path = files.line, files.line_notices
+    bookings_path = files.bookings
     c.JupyterHub.template_vars = {
         "gpu_notices": home_page_notices(notices_path, server_notices_path,
                                          line_notices_path),
@@ -316,7 +333,7 @@ def configure(c) -> None:
         lambda name: booking_store(bookings_path).forget_user(name)]
     # The line's length and waits, and budget use, on the hub's /hub/metrics, which
     # Prometheus scrapes.
-    line_metrics.register(line_path, gpus_path, usage_path=DATA_DIR / LINE_USAGE_FILE)
+    line_metrics.register(line_path, gpus_path, usage_path=files.line_usage)
     roles = roles_from_settings(settings["hub.admins"], settings["hub.operators"])
     # No c.Authenticator.admin_users: the `admin` role in load_roles is the exact list,
     # so removing a name from hub.admins removes the right at the next start.
@@ -331,7 +348,7 @@ def configure(c) -> None:
     c.GpulabSpawner.line_file = str(line_path)
     c.GpulabSpawner.bookings_file = str(bookings_path)
     # members' GPU-hours (the line service writes them): budgets, with or without a line
-    c.GpulabSpawner.usage_file = str(DATA_DIR / LINE_USAGE_FILE)
+    c.GpulabSpawner.usage_file = str(files.line_usage)
     c.GpulabSwarmSpawner.notices_file = str(server_notices_path)
     c.GpulabSpawner.remove = True  # each spawn gets current settings; home persists
     c.GpulabSpawner.pull_policy = "never"  # images are built locally; no registry
@@ -364,10 +381,11 @@ def hub_services(settings: Settings, member_roles: list[dict], *, hub_host: str,
     the GPU culler, the line, JupyterHub's idle culler) with their commands, and the
     roles that say what each may do, with *member_roles* (admins, operators) among them:
     JupyterHub's ``services`` and ``load_roles``."""
-    settings_path, gpus_path = CONFIG_DIR / "gpulab.yaml", CONFIG_DIR / "gpus.yaml"
-    notices_path = DATA_DIR / CULLER_NOTICES_FILE
-    line_path, line_notices_path = DATA_DIR / LINE_FILE, DATA_DIR / LINE_NOTICES_FILE
-    bookings_path = DATA_DIR / BOOKINGS_FILE
+    files = lab_files()
+    settings_path, gpus_path = files.settings, files.gpus
+    notices_path, line_path, line_notices_path = (files.culler_notices, files.line,
+                                                  files.line_notices)
+    bookings_path = files.bookings
     services = [
         {"name": ADMIN_SERVICE, "api_token": read_secret("api-token")},
         {"name": METRICS_SERVICE, "api_token": read_secret("metrics-token")},
@@ -449,7 +467,7 @@ def hub_services(settings: Settings, member_roles: list[dict], *, hub_host: str,
         "name": LINE_SERVICE,
         "command": [sys.executable, "-m", "gpulab.line", "--gpus-file", str(gpus_path),
                     "--notices", str(line_notices_path),
-                    "--usage-file", str(DATA_DIR / LINE_USAGE_FILE),
+                    "--usage-file", str(files.line_usage),
                     "--interval", str(min(5, scrape_seconds())),
                     # e-mail to a member whose turn came (gpulab.yaml mail.*)
                     "--settings-file", str(settings_path), "--secrets-dir", str(SECRETS_DIR),
