@@ -127,6 +127,15 @@ def wait_for_lab_url(page, hub_url: str, username: str, timeout_ms: float = 120_
         page.wait_for_url(lab, timeout=timeout_ms)
         return
     except Error as e:
+        # Still on the hub's progress page: its event stream (the same veth change) was
+        # dropped and the page waits for news that never comes (CI saw it under
+        # HTTPS, her server up for two minutes). A member reloads the page: once.
+        if "spawn-pending" in urlsplit(page.url).path:
+            warnings.warn(f"the progress page stopped hearing from the hub ({e}); "
+                          f"reloaded it once", stacklevel=2)
+            page.reload()
+            page.wait_for_url(lab, timeout=timeout_ms)
+            return
         if not any(t in str(e) for t in transient):
             raise
         first = e

@@ -114,6 +114,11 @@ def test_she_adds_and_opens_a_named_server_from_her_home_page(lab_config, gpus_y
     # "Add New Server" names it (JupyterHub's page reloads with its row), "start" opens
     # her spawn form for it
     page.fill("input.new-server-name", "writing")
+    # JupyterHub's home.js (loaded by requirejs after the page's load event) binds the
+    # button: a click before that does nothing (CI saw it, on a loaded machine)
+    page.wait_for_function("() => { const b = document.querySelector('.new-server-btn'); "
+                           "return !!(window.jQuery && b && (jQuery._data(b, 'events') || "
+                           "{}).click); }", timeout=60_000)
     with page.expect_navigation(timeout=60_000):
         page.click("button.new-server-btn")
     with page.expect_navigation(timeout=60_000):
