@@ -76,3 +76,13 @@ def test_the_page_shows_each_members_waiting_time_beside_her_gpu_hours():
     # her month, her jobs' part of it, her wait, then each day
     assert rows == {"ann": ["2.00", "1.50", "0", "2.00"],
                     "&lt;cy&gt;": ["0.00", "0", "3.0", "min", "0"]}
+
+
+def test_a_months_window_runs_from_its_first_midnight_to_now_or_its_end():
+    from gpulab.dashboard.usage import month_window
+
+    now = datetime(2026, 11, 3, 6, 0, tzinfo=UTC)
+    assert month_window(date(2026, 11, 1), now) == (now, (2 * 24 + 6) * 3600)
+    assert month_window(date(2026, 10, 1), now) == (datetime(2026, 11, 1, tzinfo=UTC),
+                                                    31 * 24 * 3600)
+    assert month_window(date(2026, 12, 1), now) is None  # not begun

@@ -5,7 +5,7 @@ Prometheus records every 15 s how many GPUs each hub user holds
 the sum of that day's samples times 15 s. A held GPU counts whether or not it is busy:
 this is who kept which GPUs from the others, the number a PI shares out.
 
-`gpu_hours_query`, `month_days`, `usage_model` and `usage_csv` are pure;
+`gpu_hours_query`, `month_days`, `month_window`, `usage_model` and `usage_csv` are pure;
 `PrometheusUsage` asks Prometheus for one month (one query per day, each an instant
 ``sum_over_time`` ending at the day's end, or now for today), or for any period
 (``gpu_hours``: the dashboard's history uses it for its hour, day or week).
@@ -51,6 +51,16 @@ def month_days(month: date, now: datetime) -> list[tuple[date, datetime, int]]:
         days.append((day, end, int((end - start).total_seconds())))
         day += timedelta(days=1)
     return days
+
+
+def month_window(month: date, now: datetime) -> tuple[datetime, int] | None:
+    """(end, seconds) of *month* so far: from its first midnight (UTC) to its end or *now*;
+    None for a month that has not begun."""
+    days = month_days(month, now)
+    if not days:
+        return None
+    end = days[-1][1]
+    return end, int((end - datetime.combine(month, time(), UTC)).total_seconds())
 
 
 def usage_model(month: date, per_day: dict[date, dict[str, float]],
@@ -127,23 +137,17 @@ class PrometheusUsage:
 
     async def job_hours(self, month: date, now: datetime) -> dict[str, float]:
         """{user: GPU-hours her jobs held} in *month* (until *now*)."""
-        days = month_days(month, now)
-        if not days:
-            return {}
-        start = datetime.combine(month, time(), UTC)
-        end = days[-1][1]
-        return await self.gpu_hours(end, int((end - start).total_seconds()), JOB_RECORD)
+        window = month_window(month, now)
+        return await self.gpu_hours(*window, JOB_RECORD) if window else {}
 
     async def waited(self, month: date, now: datetime) -> dict[str, float]:
         """{user: minutes her servers waited in line} in *month* (until *now*)."""
-        days = month_days(month, now)
-        if not days:
+        window = month_window(month, now)
+        if window is None:
             return {}
-        start = datetime.combine(month, time(), UTC)
-        end = days[-1][1]
-        expr = waiting_minutes_query(int((end - start).total_seconds()))
+        end, seconds = window
         return {s["metric"].get("user", ""): float(s["value"][1])
-                for s in await self._query(expr, end)}
+                for s in await self._query(waiting_minutes_query(seconds), end)}
 
 
 async def hub_groups(hub: HubApi) -> dict[str, list[str]]:
