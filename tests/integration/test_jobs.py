@@ -175,6 +175,17 @@ def test_she_is_emailed_how_her_job_ended(lab_config, lab_user, hub, smtp_server
     # her home page says the same
     home = form_login(ivy.name, ivy.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
     assert f"Your job mailed: {said.group(1)}" in html.unescape(home.text), home.text[-3000:]
+    # her own token may not tell the hub that a notebook server's "job" ended (a notice,
+    # an e-mail): only a job ends
+    ivy.start_server({"gpus": 0}, server="notes")
+    r = requests.post(f"{hub.api}/gpulab/jobs/{ivy.name}/notes", timeout=30,
+                      headers={"Authorization": f"token {ivy.token}"},
+                      json={"command": "x", "state": "exited", "exit_code": 0, "seconds": 1,
+                            "gpu_hours": 0})
+    assert r.status_code == 400 and "runs no job" in r.json()["message"], r.text
+    home = form_login(ivy.name, ivy.token).session.get(f"{HUB_URL}/hub/home", timeout=30)
+    assert "Your job notes" not in html.unescape(home.text)
+    ivy.stop_server(server="notes")
 
 
 @pytest.mark.disruptive  # kills the hub: runs alone (scripts/test-integration.sh)

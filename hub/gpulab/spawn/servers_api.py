@@ -51,6 +51,9 @@ class JobEndedAPIHandler(APIHandler):
         user = self.find_user(user_name)
         if user is None or server_name not in user.orm_spawners:
             raise web.HTTPError(404, f"{user_name} has no server named {server_name!r}")
+        options = user.spawners[server_name].user_options or {}
+        if not options.get("job"):  # a notebook server has no job to end (nor to mail)
+            raise web.HTTPError(400, f"{user_name}'s server {server_name!r} runs no job")
         try:
             command, state, code, seconds, hours = parse_ended(self.get_json_body())
         except InvalidRequest as e:
@@ -61,7 +64,7 @@ class JobEndedAPIHandler(APIHandler):
             user.name, server_name, now, notices.JOB, said))
         self.log.info("%s's job %s: %s", user.name, server_name, said)
         # the address she gave with the job, checked when it was admitted
-        address = (user.spawners[server_name].user_options or {}).get("email")
+        address = options.get("email")
         mailed = isinstance(address, str) and bool(address) and jobs.get("mail") is not None
         if mailed:  # in the background: her server stops itself after this answer
             told = asyncio.ensure_future(jobs["mail"].tell_job_ended(
