@@ -19,7 +19,9 @@ errors with file:line), sizes.py (CPUs and memory as the config files write them
 their checks), environments.py (the images members choose from), hubapi.py and
 prometheus_api.py (the hub's and Prometheus' APIs), service_loop.py (how hub services
 run), private_db.py (gpulab's sqlite files beside the hub's), notices.py (what a member is
-told), refusal.py (a request not done: its status and message), gpu_hours.py
+told), refusal.py (a request not done: its status and message), shares.py (a server
+shared with a colleague: the sharing page, and shares ended with their server or member),
+gpu_hours.py
 (GPU-hours from Prometheus), mail.py and email_address.py (e-mail to
 members), netguard.py (gpulab-netguard: the users' network closed), upgrade.py
 (`make upgrade`'s config changes), compat.py (upstream private names), hubconfig.py (the

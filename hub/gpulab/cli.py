@@ -257,7 +257,8 @@ def _cmd_access_end(args) -> int:
     print(f"ended the access of {user}: revoked {', '.join(result.get('revoked') or []) or 'no'}"
           f" credential(s); deleted their own API tokens "
           f"({', '.join(ended.get('api_tokens') or []) or 'none'}) and "
-          f"{ended.get('oauth_tokens', 0)} OAuth tokens; their sessions end now")
+          f"{ended.get('oauth_tokens', 0)} OAuth tokens; ended {ended.get('shares', 0)} "
+          f"share(s) of servers; their sessions end now")
     if args.stop_server:
         stopped = ", ".join(repr(n) for n in result.get("stopped_servers") or [])
         print(f"stopped servers: {stopped or 'none was running'}")

@@ -184,6 +184,15 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "in the running hub's database, as JupyterHub's own token handlers do",
         "none found (the REST API's token endpoints cannot issue for another user with "
         "an expiry an admin chooses and a record of who issued it)"),
+    PrivateName(
+        "jupyterhub.orm.Share, .ShareCode (spawner_id, owner_id, user_id)", "jupyterhub",
+        "6.1.1", "gpulab.shares (hub_orm): end_server_shares, end_member_shares",
+        "a server's shares end when it stops, and a member's when her access ends: "
+        "JupyterHub keeps a share until its server is deleted, and a user's until the "
+        "user is; gpulab deletes the rows in the running hub, as JupyterHub's own "
+        "DELETE /api/shares/NAME/SERVER does",
+        "none found (a share that ends with its server's stop would be an upstream "
+        "option; the REST API can end a server's shares but not from the spawner)"),
 )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpulab import live_config
+from gpulab import live_config, shares
 from gpulab.assistant import gateway as assistant_api
 from gpulab.assistant.gpus import assistant_holds
 from gpulab.assistant.rules import ASSISTANT_SCOPE, ASSISTANT_SCOPE_HELP
@@ -327,7 +327,8 @@ def configure(c) -> None:
     c.TokenAuthenticator.more_api_handlers = [*servers_api.api_handlers(),
                                               *line_api.api_handlers(),
                                               *bookings_api.api_handlers(),
-                                              *assistant_api.api_handlers()]
+                                              *assistant_api.api_handlers(),
+                                              *shares.page_handlers()]
     c.TokenAuthenticator.on_access_ended = [
         lambda name: line_store(line_path).forget_user(name),
         lambda name: booking_store(bookings_path).forget_user(name)]
@@ -436,8 +437,10 @@ def hub_services(settings: Settings, member_roles: list[dict], *, hub_host: str,
         },
         # JupyterHub's own `user` role, plus asking the lab assistant (which members
         # of the groups gpulab.yaml's assistant.groups names only may, checked per request)
-        {"name": "user", "description": "Standard user privileges, and the lab assistant",
-         "scopes": ["self", ASSISTANT_SCOPE]},
+        {"name": "user", "description": "Standard user privileges, the lab assistant, "
+                                        "and sharing her servers (hub.sharing)",
+         "scopes": ["self", ASSISTANT_SCOPE,
+                    *(shares.MEMBER_SCOPES if settings["hub.sharing"] else ())]},
         *member_roles,
     ]
     # What the GPU culler and the line service need of the hub's environment (JupyterHub

@@ -424,6 +424,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hub.idle_timeout", parse_duration, 3600,
             "Stop servers that have been idle this long, releasing their GPUs "
             "(jupyterhub-idle-culler); 0 turns culling off. Example: 2h"),
+    Setting("hub.sharing", parse_bool, True,
+            "Members may share a running server with a colleague or a group, who then "
+            "opens it signed in as themselves (the /hub/sharing page; docs/members.md). "
+            "Shares end when the server stops. Members can then look up a colleague's "
+            "or a group's name. Read at hub start. Example: false"),
     Setting("hub.swarm", parse_bool, False,
             "Run members' servers across several GPU servers joined in a Docker Swarm "
             "(docs/swarm.md): each server is a Swarm service placed on the "
@@ -489,6 +494,13 @@ SETTINGS: tuple[Setting, ...] = (
             "goes back to that machine, and cannot start while it is down or full. "
             "shared: spawn.home_volume is storage every machine mounts (docs/swarm.md, "
             "GPU servers, shared homes); servers go wherever GPUs are free."),
+    Setting("spawn.collaboration", parse_bool, False,
+            "JupyterLab's real-time collaboration (jupyter-collaboration) in members' "
+            "servers: two members in one shared server edit a notebook together and see "
+            "each other's cursors, and every notebook saves itself as it is edited. Off, "
+            "JupyterLab saves as usual, and a save that fails for a full home says so in a "
+            "dialog (with it on, the failure is only in the server's log). Read at each "
+            "spawn. Example: true"),
     Setting("spawn.start_timeout", parse_duration, 180,
             "How long a server may take to start before the spawn fails. Example: 3m"),
     Setting("network.allow", _destinations, (),

@@ -1,4 +1,5 @@
-"""A member's open websockets close when her access ends, within seconds.
+"""A member's open websockets close when her access ends, within seconds, and a
+colleague's when her share with him ends.
 
 A member's server checks her token with the hub when a request arrives, and a websocket
 (a kernel, a terminal, an SSH session or forward through gpulab-ssh, anything under
@@ -65,8 +66,16 @@ def by_credential(handlers, hub_auth) -> dict[tuple[str, str], list]:
     return groups
 
 
+def still_let_in(hub_auth, model: dict) -> bool:
+    """Whether the hub's answer for a token still grants access to this server (an
+    ``access:servers`` scope for it: hers, or a colleague's share of it)."""
+    access = hub_auth.access_scopes
+    return not access or bool(hub_auth.check_scopes(access, model))
+
+
 async def close_ended(hub_auth) -> int:
-    """One look: close every open websocket whose token the hub refuses; how many."""
+    """One look: close every open websocket whose token the hub refuses, or no longer
+    lets into this server; how many."""
     closed = 0
     for (token, session), handlers in by_credential(open_websockets(), hub_auth).items():
         if token:
@@ -77,7 +86,9 @@ async def close_ended(hub_auth) -> int:
                 log.warning("gpulab: could not check open websockets' token with the hub "
                             "(%s); looking again in %.0f s", e, CHECK_EVERY)
                 continue
-            if model is not None:
+            # still valid, and still letting into this server: a colleague's share that
+            # ended (or the server's stop) leaves his token valid but without access here
+            if model is not None and still_let_in(hub_auth, model):
                 continue
         for handler in handlers:
             log.warning("gpulab: closing websocket %s: the token it was opened with is no "

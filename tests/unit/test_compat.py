@@ -30,7 +30,7 @@ from jupyterhub.user import User
 from tornado.websocket import WebSocketHandler
 from traitlets.config import Config
 
-from gpulab import compat
+from gpulab import compat, shares
 from gpulab.login.roles import prune_hub_db
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.spawner import GpulabSpawner
@@ -249,6 +249,34 @@ def delete_spawner():
         in post
 
 
+def hub_shares():
+    """A stopped server's shares and share codes end; a member whose access ends loses
+    the shares to her and those of her servers, nobody else's."""
+    orm = compat.hub_orm()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = orm.new_session_factory(f"sqlite:///{tmp}/jupyterhub.sqlite")()
+        alice, bob, carol = (orm.User(name=n) for n in ("alice", "bob", "carol"))
+        db.add_all([alice, bob, carol])
+        db.commit()
+        hers, his = orm.Spawner(user=alice, name=""), orm.Spawner(user=carol, name="x")
+        db.add_all([hers, his])
+        db.commit()
+        orm.Share.grant(db, hers, bob)
+        orm.Share.grant(db, his, alice)
+        orm.Share.grant(db, his, bob)
+        orm.ShareCode.new(db, hers, scopes=["access:servers!server=alice/"])
+        assert [len(hers.shares), len(hers.share_codes), len(his.shares)] == [1, 1, 2]
+        assert shares.end_server_shares(db, hers) == 2
+        db.expire_all()
+        assert [len(hers.shares), len(hers.share_codes), len(his.shares)] == [0, 0, 2]
+        orm.Share.grant(db, hers, carol)
+        assert shares.end_member_shares(db, alice) == 2  # hers to carol, carol's to her
+        db.expire_all()
+        assert hers.shares == [] and [s.user.name for s in his.shares] == ["bob"]
+        db.close()
+        db.get_bind().dispose()
+
+
 PROBES = {
     "jupyterhub.handlers.base.BaseHandler._jupyterhub_user": jupyterhub_user,
     "jupyterhub.handlers.base.BaseHandler._token_authenticated": token_authenticated,
@@ -269,6 +297,7 @@ PROBES = {
         not_running_exception,
     "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token": hub_tokens,
     "jupyterhub.user.User._delete_spawner, .spawners.pop": delete_spawner,
+    "jupyterhub.orm.Share, .ShareCode (spawner_id, owner_id, user_id)": hub_shares,
 }
 ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from gpulab import hubconfig
+from gpulab import hubconfig, shares
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,11 +29,14 @@ STACK_ENV = {
 
 
 @contextmanager
-def configured_with(tmp_path, monkeypatch, environ: dict[str, str]):
-    """hubconfig.configure on a copy of the shipped config/, with made-up secrets and
-    *environ* as the hub container's environment; the config object."""
+def configured_with(tmp_path, monkeypatch, environ: dict[str, str], hub_lines: str = ""):
+    """hubconfig.configure on a copy of the shipped config/ (with *hub_lines* added to
+    gpulab.yaml's hub section), with made-up secrets and *environ* as the hub
+    container's environment; the config object."""
     config_dir, secrets, data = tmp_path / "config", tmp_path / "secrets", tmp_path / "data"
     shutil.copytree(REPO / "config", config_dir)
+    settings = config_dir / "gpulab.yaml"
+    settings.write_text(settings.read_text().replace("\nhub:\n", f"\nhub:\n{hub_lines}", 1))
     secrets.mkdir()
     data.mkdir()
     for name in ("api-token", "metrics-token", "proxy-token", "ssh-gateway-token"):
@@ -220,6 +223,18 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
                                                                            "month") is None
 
 
+def test_sharing_is_a_members_unless_the_lab_turns_it_off(tmp_path, monkeypatch):
+    """hub.sharing: false leaves the `user` role without JupyterHub's share scopes (the
+    share API then refuses her with a 403, and /hub/sharing says sharing is off)."""
+    environ = {**STACK_ENV, "GPULAB_CONFIG_DIR": str(tmp_path / "config"),
+               "GPULAB_LAST_GOOD_DIR": str(tmp_path / "last-good")}
+    with configured_with(tmp_path, monkeypatch, environ, "  sharing: false\n") as c:
+        user_role = next(r for r in c.JupyterHub.load_roles if r["name"] == "user")
+        assert not set(shares.MEMBER_SCOPES) & set(user_role["scopes"])
+        assert ("/sharing", shares.SharingPageHandler) in \
+            c.TokenAuthenticator.more_api_handlers
+
+
 def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     """The scope is defined, members hold it (JupyterHub's `user` role, kept whole),
     their servers' tokens carry it beside what the `server` role gives, and the gateway
@@ -232,14 +247,14 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     c = configured
     assert ASSISTANT_SCOPE in c.JupyterHub.custom_scopes
     user_role = next(r for r in c.JupyterHub.load_roles if r["name"] == "user")
-    assert user_role["scopes"] == ["self", ASSISTANT_SCOPE]
+    assert user_role["scopes"] == ["self", ASSISTANT_SCOPE, *shares.MEMBER_SCOPES]
     # JupyterHub's own `server` and `user` roles, each with the scope added (so that a
     # JupyterHub that changes them fails here rather than losing a scope silently)
     default = {r["name"]: r["scopes"] for r in get_default_roles()}
     # and her servers: a job's server stops itself, gpulab-job starts and lists her jobs
     assert c.GpulabSpawner.server_token_scopes == [*default["server"], "servers!user",
                                                    "read:servers!user", ASSISTANT_SCOPE]
-    assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE]
+    assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE, *shares.MEMBER_SCOPES]
     assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
     config = c.JupyterHub.tornado_settings["gpulab-assistant"]
     assert config["key_file"].endswith("/assistant-key")

@@ -257,7 +257,7 @@ def test_revoking_the_last_login_token_ends_every_session_and_token(hub, hub_log
     assert r.json() == {"revoked": login["id"], "login_tokens_left": 0,
                         "admin_api_tokens_left": [], "ended_access": {
                             "api_tokens": [script["id"]], "oauth_tokens": 1,
-                            "kept_server_tokens": 0}}
+                            "kept_server_tokens": 0, "shares": 0}}
     assert not signed_in(browser)  # the very next request
     for dead in (token, script["token"], oauth):
         assert whoami(hub, dead) == 403

@@ -43,7 +43,7 @@ from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
-from gpulab import compat, private_db
+from gpulab import compat, private_db, shares as server_shares
 
 orm = compat.hub_orm()  # JupyterHub's tokens and users (gpulab.compat)
 
@@ -199,6 +199,7 @@ class Ended:
     api_tokens: list[str] = field(default_factory=list)  # api ids such as "a12"
     oauth_tokens: int = 0
     kept_server_tokens: int = 0
+    shares: int = 0  # shares of her servers, to her, and her share codes (gpulab.shares)
 
 
 def running_server_tokens(db, user) -> set[int]:
@@ -223,8 +224,9 @@ def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int],
                admin_made: set[int] = frozenset()) -> Ended:
     """Delete every API and OAuth token of *orm_user* except the ids in *keep* (their
     running servers' own tokens) and *admin_made* (API tokens an admin made for them,
-    which stand on their own), and rotate their hub cookie id so that every browser
-    session on the hub ends at its next request. For a user with no login token left."""
+    which stand on their own), rotate their hub cookie id so that every browser
+    session on the hub ends at its next request, and end every share to or from them.
+    For a user with no login token left."""
     api_ids, oauth = [], 0
     for token in user_tokens(db, orm_user):
         if token.id in keep or token.id in admin_made:
@@ -238,7 +240,8 @@ def end_access(db, store: LoginTokenStore, orm_user: orm.User, keep: set[int],
     db.commit()
     db.expire(orm_user, ["api_tokens"])  # reload the collection at its next use
     store.forget_login_tokens(orm_user.name)
-    return Ended(sorted(api_ids), oauth, len(keep))
+    shares = server_shares.end_member_shares(db, orm_user)
+    return Ended(sorted(api_ids), oauth, len(keep), shares)
 
 
 # ------------------------------------------------------------------ REST API

@@ -40,7 +40,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
-from gpulab import compat, live_config
+from gpulab import compat, live_config, shares
 from gpulab.bookings.store import booking_store
 from gpulab.environments import (
     Environment,
@@ -659,6 +659,16 @@ class GpulabSpawner(DockerSpawner):
         # With remove=True the container is gone, and its labels with it: released.
         self.lease_book.settle(self.user.name, self.name)
         self.gpu_uuids = []
+
+    def run_post_stop_hook(self):
+        """A stopped server's shares end (JupyterHub keeps them until the server is
+        deleted): her colleague is not let into whatever she runs next. JupyterHub runs
+        this after every stop, a crash found by poll() included."""
+        ended = shares.end_server_shares(self.user.db, self.orm_spawner)
+        if ended:
+            self.log.info("Ended %d share(s) of %s's stopped server %r", ended,
+                          self.user.name, self.name)
+        return super().run_post_stop_hook()
 
     async def _wait_until_ready(self, ip: str, port: int, deadline: float) -> None:
         url = f"http://{ip}:{port}{self.server.base_url}api"
