@@ -108,6 +108,9 @@ USER_CONTAINER_PREFIX = "gpulab-user-"
 # JUPYTER_CONFIG_PATH at it while gpulab.yaml's assistant.model names one
 # (images/singleuser/assistant-on/). An image without it starts without the assistant.
 ASSISTANT_ON_CONFIG = "/opt/venv/share/gpulab/assistant-on"
+# ... and the one that turns JupyterLab's real-time collaboration (jupyter-collaboration)
+# on, while gpulab.yaml's spawn.collaboration is true (images/singleuser/collaboration-on/).
+COLLABORATION_ON_CONFIG = "/opt/venv/share/gpulab/collaboration-on"
 
 # How much log every container gpulab starts may keep on the Docker host: the stack's
 # (docker-compose.yml's x-hardened logging) and members' servers, containers and Swarm

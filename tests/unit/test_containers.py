@@ -116,6 +116,17 @@ def test_jupyterlabs_assistant_is_on_only_while_the_labs_assistant_is():
     assert env["JUPYTER_CONFIG_PATH"] == "/opt/venv/share/gpulab/assistant-on"
 
 
+def test_real_time_collaboration_is_on_only_where_the_lab_turned_it_on_beside_the_assistant():
+    """spawn.collaboration names the image's folder that turns jupyter-collaboration on;
+    with the assistant on too, both folders are on Jupyter's path."""
+    collab = "/opt/venv/share/gpulab/collaboration-on"
+    on = defaults().with_values({"spawn.collaboration": True})
+    assert container_options(on, "alice").environment["JUPYTER_CONFIG_PATH"] == collab
+    both = on.with_values({"assistant.model": "coder.gguf"})
+    assert container_options(both, "alice").environment["JUPYTER_CONFIG_PATH"] == \
+        f"/opt/venv/share/gpulab/assistant-on:{collab}"
+
+
 def test_her_groups_projects_are_mounted_where_docker_makes_a_new_one_hers():
     opts = container_options(defaults(), "bob", "", (), projects=("cars", "faces"))
     assert opts.host_config["mounts"] == [

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpulab.contract import (
     ASSISTANT_ON_CONFIG,
+    COLLABORATION_ON_CONFIG,
     LOG_DRIVER,
     MAX_PROJECTS,
     PROJECT_INIT_SLOTS,
@@ -142,8 +143,13 @@ def container_options(
     }
     if gpu_uuids and settings["spawn.shared_gpu_memory_cap"]:
         environment.update(alloc_conf(gpu_share))
-    if settings["assistant.model"]:  # JupyterLab's assistant, on (gpulab.assistant)
-        environment["JUPYTER_CONFIG_PATH"] = ASSISTANT_ON_CONFIG
+    # JupyterLab's assistant (gpulab.assistant) and real-time collaboration, each on where
+    # the lab turned it on: the image's config folders that do it, first on Jupyter's path
+    turned_on = [folder for folder, on in ((ASSISTANT_ON_CONFIG, settings["assistant.model"]),
+                                           (COLLABORATION_ON_CONFIG,
+                                            settings["spawn.collaboration"])) if on]
+    if turned_on:
+        environment["JUPYTER_CONFIG_PATH"] = ":".join(turned_on)
     return ContainerOptions(
         image=settings["spawn.image"],
         volumes=volumes,

@@ -13,8 +13,10 @@
 import os
 
 # jupyter-ai's JupyterLab part lives beside this file, out of JupyterLab's default path
-# (the image's Dockerfile): elsewhere no browser fetches its scripts.
-c.LabApp.extra_labextensions_path = [os.path.join(os.path.dirname(__file__), "labextensions")]  # noqa: F821
+# (the image's Dockerfile): elsewhere no browser fetches its scripts. Appended, so that
+# collaboration-on/ keeps its own.
+c.LabApp.extra_labextensions_path.append(  # noqa: F821
+    os.path.join(os.path.dirname(__file__), "labextensions"))
 
 if os.environ.get("JUPYTERHUB_API_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
     MODEL = "openai-chat-custom:lab-assistant"
