@@ -14,7 +14,9 @@ Each member is new (a browser with nothing cached: the worst case); the same mem
 signs out, their server is stopped, and they sign in again in the same browser (its
 cache warm: the everyday case).
 
-`--image` compares single-user images side by side in one run, as in bench/spawn.py.
+`--image` compares single-user images side by side in one run, as in bench/spawn.py;
+`--collaboration` compares JupyterLab's real-time collaboration off and on
+(gpulab.yaml's spawn.collaboration), members taking turns.
 Run from the repository root with the stack up: `python -m bench.member --n 3`.
 Needs Chromium and playwright (`make test` installs both).
 """
@@ -25,7 +27,7 @@ import argparse
 import statistics
 import time
 
-from bench.spawn import with_image
+from bench.spawn import with_image, with_spawn_setting
 from tests.chromium import CHROMIUM_ARGS, MEMBERS_CHROMIUM
 from tests.integration.browser import (
     ARTIFACTS,
@@ -75,7 +77,17 @@ def main() -> None:
     ap.add_argument("--image", action="append", default=[],
                     help="single-user image; repeat to compare side by side "
                          "(default: the one config/gpulab.yaml sets)")
+    ap.add_argument("--collaboration", action="store_true",
+                    help="compare spawn.collaboration false and true, members taking turns")
     args = ap.parse_args()
+    if args.collaboration and args.image:
+        raise SystemExit("bench: --collaboration or --image, not both")
+    variants = ({"collaboration off": lambda: with_spawn_setting("collaboration", "false"),
+                 "collaboration on": lambda: with_spawn_setting("collaboration", "true")}
+                if args.collaboration else
+                {image or "configured image": (lambda image=image: with_image(image)
+                                               if image else None)
+                 for image in args.image or [None]})
     from playwright.sync_api import sync_playwright
 
     hub = Hub()
@@ -87,14 +99,16 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=MEMBERS_CHROMIUM, headless=True,
                                     args=CHROMIUM_ARGS)
         try:
-            for image in args.image or [None]:
-                config = with_image(image) if image else None
-                try:
-                    results[image or "configured image"] = [one_member(browser, hub)
-                                                            for _ in range(args.n)]
-                finally:
-                    if config:
-                        config.restore()
+            # members take turns between the variants, so that a host getting busier
+            # weighs on each alike
+            for _ in range(args.n):
+                for label, configure in variants.items():
+                    config = configure()
+                    try:
+                        results.setdefault(label, []).append(one_member(browser, hub))
+                    finally:
+                        if config:
+                            config.restore()
         finally:
             browser.close()
 

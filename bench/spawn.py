@@ -171,6 +171,18 @@ def with_image(image: str):
     return config
 
 
+def with_spawn_setting(key: str, value: str):
+    """config/gpulab.yaml with spawn.KEY set to *value* (read at each spawn); LabConfig puts
+    the file back."""
+    config = LabConfig()
+    text = config.original("gpulab.yaml")
+    if "\nspawn:\n" not in text or f"\n  {key}:" in text:
+        raise SystemExit(f"bench: config/gpulab.yaml must have a `spawn:` section without "
+                         f"{key}")
+    config.write("gpulab.yaml", text.replace("\nspawn:\n", f"\nspawn:\n  {key}: {value}\n", 1))
+    return config
+
+
 def summary(xs: list[float]) -> str:
     xs = sorted(xs)
     p95 = xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
