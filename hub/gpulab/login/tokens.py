@@ -43,7 +43,8 @@ from jupyterhub.apihandlers.users import UserTokenListAPIHandler
 from jupyterhub.utils import isoformat, new_token
 from tornado import web
 
-from gpulab import compat, private_db, shares as server_shares
+from gpulab import compat, private_db
+from gpulab import shares as server_shares
 
 orm = compat.hub_orm()  # JupyterHub's tokens and users (gpulab.compat)
 
