@@ -24,14 +24,10 @@ access to the server, not only that it is valid).
 
 from __future__ import annotations
 
-import logging
-
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab import compat
-
-log = logging.getLogger(__name__)
 
 #: What a member's ``user`` role gains when hub.sharing is on: share her own servers, and
 #: look up a colleague's or a group's name (JupyterHub asks for that before it shares with
@@ -58,7 +54,7 @@ def end_member_shares(db, orm_user) -> int:
 
 
 def _delete(db, rows) -> int:
-    unique = {id(row): row for row in rows}.values()
+    unique = set(rows)  # the session gives one object per row, whichever query found it
     for row in unique:
         db.delete(row)
     if unique:

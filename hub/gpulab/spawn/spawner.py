@@ -662,8 +662,8 @@ class GpulabSpawner(DockerSpawner):
 
     def run_post_stop_hook(self):
         """A stopped server's shares end (JupyterHub keeps them until the server is
-        deleted): her colleague is not let into whatever she runs next. JupyterHub runs
-        this after every stop, a crash found by poll() included."""
+        deleted): her colleague is not let into whatever she runs next. JupyterHub's
+        User.stop runs this after every stop."""
         ended = shares.end_server_shares(self.user.db, self.orm_spawner)
         if ended:
             self.log.info("Ended %d share(s) of %s's stopped server %r", ended,
