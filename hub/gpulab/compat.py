@@ -47,6 +47,14 @@ public APIs only. Checked against jupyterlab 4.6.6, in Chromium by
 ``tests/integration/test_jobs.py``. Upstream: the supported way is a webpack build
 (``jupyter labextension build``), which the image's build would need Node for.
 
+One public name is here too, because upstream deprecated it: gpulab's routes under
+``/hub/`` (its REST APIs, the bookings and sharing pages) are ``JupyterHub.extra_handlers``,
+set by ``gpulab.hubconfig``, so that they do not depend on which authenticator signs
+members in. JupyterHub deprecated it in 3.1 ("use services"; its author has "no plans to
+remove the feature", jupyterhub/jupyterhub#4236) and warns at every start;
+:func:`quiet_extra_handlers_warning` drops that one line, since the lab's admin can do
+nothing about it.
+
 No longer used, and kept out by the same test: ``Spawner._spawn_future`` (the spawner's
 ``progress()`` need not end itself: JupyterHub stops reading it when the spawn ends,
 ``jupyterhub.utils.iterate_until``) and tornado's ``RequestHandler._reason`` (the
@@ -70,6 +78,7 @@ __all__ = [
     "from_rest_api",
     "hub_orm",
     "mark_cookie_request",
+    "quiet_extra_handlers_warning",
     "render_login",
     "set_current_user",
     "set_hub_cookie",
@@ -193,6 +202,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "DELETE /api/shares/NAME/SERVER does",
         "none found (a share that ends with its server's stop would be an upstream "
         "option; the REST API can end a server's shares but not from the spawner)"),
+    PrivateName(
+        "jupyterhub.app.JupyterHub.extra_handlers (public, deprecated since 3.1)",
+        "jupyterhub", "6.1.1",
+        "gpulab.hubconfig.configure (quiet_extra_handlers_warning)",
+        "the hub serves gpulab's REST APIs and pages under /hub/, in the hub's process "
+        "with its database and current user, whatever authenticator the lab uses",
+        "jupyterhub/jupyterhub#4236 deprecated it for services: the line's, bookings' "
+        "and assistant's APIs as services of their own (own processes, the hub's OAuth)"),
 )
 
 
@@ -217,6 +234,24 @@ IMAGE_NAMES: tuple[PrivateName, ...] = (
 
 
 # ---------------------------------------------------------------- JupyterHub's handlers
+
+EXTRA_HANDLERS_WARNING = "JupyterHub.extra_handlers is deprecated"
+
+
+def _not_the_extra_handlers_warning(record: Any) -> bool:
+    return not str(record.msg).startswith(EXTRA_HANDLERS_WARNING)
+
+
+def quiet_extra_handlers_warning() -> None:
+    """Drop JupyterHub's warning that ``extra_handlers`` is deprecated (logged by the
+    hub's application logger when the config file sets it; checked against jupyterhub
+    6.1.1, ``JupyterHub._extra_handlers_changed``), and nothing else it logs."""
+    import logging
+
+    log = logging.getLogger("JupyterHub")
+    if _not_the_extra_handlers_warning not in log.filters:
+        log.addFilter(_not_the_extra_handlers_warning)
+
 
 
 def from_rest_api(handler: Any) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpulab import live_config, shares
+from gpulab import compat, live_config, shares
 from gpulab.assistant import gateway as assistant_api
 from gpulab.assistant.gpus import assistant_holds
 from gpulab.assistant.rules import ASSISTANT_SCOPE, ASSISTANT_SCOPE_HELP
@@ -322,13 +322,18 @@ def configure(c) -> None:
     except ValueError as e:  # a bad GPULAB_PROXY_IP or hub.trusted_proxies entry, a
         # missing secret of the identity provider's
         raise SystemExit(f"gpulab: {e}") from None
-    # The line's and the bookings' REST API (and the bookings page); members whose
-    # access ends leave the line and lose their bookings.
-    c.TokenAuthenticator.more_api_handlers = [*servers_api.api_handlers(),
-                                              *line_api.api_handlers(),
-                                              *bookings_api.api_handlers(),
-                                              *assistant_api.api_handlers(),
-                                              *shares.page_handlers()]
+    # gpulab's own routes under /hub/: the jobs', line's, bookings' and assistant's REST
+    # APIs, the bookings and sharing pages. The hub serves them whatever authenticator
+    # signs members in (JupyterHub's extra_handlers: see gpulab.compat). Only the start
+    # API's wrapper goes through the authenticator, the one place before the hub's own.
+    c.JupyterHub.extra_handlers = [*servers_api.api_handlers(),
+                                   *line_api.api_handlers(),
+                                   *bookings_api.api_handlers(),
+                                   *assistant_api.api_handlers(),
+                                   *shares.page_handlers()]
+    compat.quiet_extra_handlers_warning()
+    c.TokenAuthenticator.more_api_handlers = servers_api.start_handlers()
+    # Members whose access ends leave the line and lose their bookings.
     c.TokenAuthenticator.on_access_ended = [
         lambda name: line_store(line_path).forget_user(name),
         lambda name: booking_store(bookings_path).forget_user(name)]

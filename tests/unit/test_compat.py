@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import logging
 import re
 import sys
 import tempfile
@@ -277,6 +278,49 @@ def hub_shares():
         db.get_bind().dispose()
 
 
+def extra_handlers():
+    """The hub serves extra_handlers under its prefix, after its own and the
+    authenticator's routes, and its deprecation warning is the one line the filter drops
+    (a JupyterHub made from config, as the hub makes itself from jupyterhub_config.py)."""
+    init = source(JupyterHub.init_handlers)
+    steps = ["h.extend(self.authenticator.get_handlers(self))",
+             "h.extend(self.extra_handlers)",
+             "self.handlers = self.add_url_prefix(self.hub_prefix, h)"]
+    assert all(step in init for step in steps)
+    assert [init.index(step) for step in steps] == sorted(init.index(s) for s in steps)
+    seen = []
+
+    def caught(record):  # a filter, after the hub's: the app's logging config replaces
+        seen.append(record.getMessage())  # its logger's handlers, not its filters
+        return False
+
+    log = logging.getLogger("JupyterHub")
+    before = list(log.filters)  # gpulab.hubconfig's, if its tests ran first
+    for f in before:
+        log.removeFilter(f)
+    log.addFilter(caught)
+    try:
+        config = Config()
+        config.JupyterHub.extra_handlers = [("/x", BaseHandler)]
+        JupyterHub(config=config)
+        assert [m for m in seen if m.startswith("JupyterHub.extra_handlers")] == [
+            "JupyterHub.extra_handlers is deprecated in JupyterHub 3.1. Please use "
+            "JupyterHub services to register additional HTTP endpoints."]
+        seen.clear()
+        log.removeFilter(caught)
+        compat.quiet_extra_handlers_warning()
+        compat.quiet_extra_handlers_warning()  # once is enough: no second filter
+        log.addFilter(caught)
+        JupyterHub(config=config).log.warning("another warning")
+        assert seen[-1] == "another warning" and len(log.filters) == 2
+        assert not [m for m in seen if m.startswith("JupyterHub.extra_handlers")]
+    finally:
+        for f in list(log.filters):
+            log.removeFilter(f)
+        for f in before:
+            log.addFilter(f)
+
+
 PROBES = {
     "jupyterhub.handlers.base.BaseHandler._jupyterhub_user": jupyterhub_user,
     "jupyterhub.handlers.base.BaseHandler._token_authenticated": token_authenticated,
@@ -298,6 +342,8 @@ PROBES = {
     "jupyterhub.orm.APIToken.find, .user_id, User.new_api_token": hub_tokens,
     "jupyterhub.user.User._delete_spawner, .spawners.pop": delete_spawner,
     "jupyterhub.orm.Share, .ShareCode (spawner_id, owner_id, user_id)": hub_shares,
+    "jupyterhub.app.JupyterHub.extra_handlers (public, deprecated since 3.1)":
+        extra_handlers,
 }
 ENTRIES = compat.PRIVATE_NAMES + compat.IMAGE_NAMES
 

@@ -197,7 +197,10 @@ def test_the_line_is_wired_into_the_hub(configured, tmp_path):
     assert c.JupyterHub.tornado_settings["gpulab-line"]["file"] == c.GpulabSpawner.line_file
     wired = [*servers_api.api_handlers(), *line_api.api_handlers(),
              *bookings_api.api_handlers()]
-    assert c.TokenAuthenticator.more_api_handlers[:len(wired)] == wired
+    # the hub serves them, not the authenticator (a lab's other authenticator keeps
+    # them); only the start API's wrapper must come before the hub's own routes
+    assert c.JupyterHub.extra_handlers[:len(wired)] == wired
+    assert c.TokenAuthenticator.more_api_handlers == servers_api.start_handlers()
     service = next(s for s in c.JupyterHub.services if s["name"] == "gpu-line")
     assert service["command"][1:3] == ["-m", "gpulab.line"]
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == "gpu-line")
@@ -231,8 +234,7 @@ def test_sharing_is_a_members_unless_the_lab_turns_it_off(tmp_path, monkeypatch)
     with configured_with(tmp_path, monkeypatch, environ, "  sharing: false\n") as c:
         user_role = next(r for r in c.JupyterHub.load_roles if r["name"] == "user")
         assert not set(shares.MEMBER_SCOPES) & set(user_role["scopes"])
-        assert ("/sharing", shares.SharingPageHandler) in \
-            c.TokenAuthenticator.more_api_handlers
+        assert ("/sharing", shares.SharingPageHandler) in c.JupyterHub.extra_handlers
 
 
 def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
@@ -255,7 +257,7 @@ def test_members_and_their_servers_tokens_may_ask_the_lab_assistant(configured):
     assert c.GpulabSpawner.server_token_scopes == [*default["server"], "servers!user",
                                                    "read:servers!user", ASSISTANT_SCOPE]
     assert user_role["scopes"] == [*default["user"], ASSISTANT_SCOPE, *shares.MEMBER_SCOPES]
-    assert all(h in c.TokenAuthenticator.more_api_handlers for h in gateway.api_handlers())
+    assert all(h in c.JupyterHub.extra_handlers for h in gateway.api_handlers())
     config = c.JupyterHub.tornado_settings["gpulab-assistant"]
     assert config["key_file"].endswith("/assistant-key")
     assert config["url"] == "http://assistant:8080"

@@ -275,9 +275,10 @@ class TokenAuthenticator(Authenticator):
     ).tag(config=True)
 
     more_api_handlers = List(
-        help="""More (route, handler) pairs for the hub to serve under /hub/, beside the
-        login page and the login-token and SSH-key APIs: gpulab.hubconfig puts the
-        line's REST API here (gpulab.line.api).""",
+        help="""More (route, handler) pairs for the hub to serve under /hub/, before
+        its own routes, beside the login page and the login-token and SSH-key APIs:
+        gpulab.hubconfig puts the start API's wrapper here (gpulab.spawn.servers_api);
+        its other routes are JupyterHub.extra_handlers.""",
     ).tag(config=True)
 
     on_access_ended = List(

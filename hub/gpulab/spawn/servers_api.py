@@ -77,6 +77,11 @@ class JobEndedAPIHandler(APIHandler):
 _TELLING: set[asyncio.Future] = set()  # e-mails on their way (a task needs a reference)
 
 
+def start_handlers() -> list[tuple[str, type]]:
+    """In place of JupyterHub's own start and stop API: these must come before the hub's
+    handlers, which only an authenticator's ``get_handlers`` can do."""
+    return [(r"/api/users/([^/]+)/servers/([^/]*)", ServersAPIHandler)]
+
+
 def api_handlers() -> list[tuple[str, type]]:
-    return [(r"/api/users/([^/]+)/servers/([^/]*)", ServersAPIHandler),
-            (r"/api/gpulab/jobs/([^/]+)/([^/]+)", JobEndedAPIHandler)]
+    return [(r"/api/gpulab/jobs/([^/]+)/([^/]+)", JobEndedAPIHandler)]
