@@ -50,20 +50,22 @@ else
 in config/gpulab.yaml first (docs/swarm.md); on one host, use make up."
 fi
 
-# spawn.home_size: Docker's local driver gives a volume a size only where its volumes
-# folder is on XFS mounted with project quotas, and says so when a volume is created. Try
-# it once here rather than let every new member's first spawn fail.
-home_size=$(gpulab config get "${last_good[@]}" spawn.home_size /srv/gpulab/config/gpulab.yaml) \
-  || die "$home_size"
-if [ "$home_size" != 0 ]; then
+# spawn.home_size and spawn.project_size: Docker's local driver gives a volume a size only
+# where its volumes folder is on XFS mounted with project quotas, and says so when a volume
+# is created. Try it once here rather than let every new member's first spawn fail.
+for sized in home_size:homes project_size:"project folders"; do
+  setting=spawn.${sized%%:*} what=${sized#*:}
+  size=$(gpulab config get "${last_good[@]}" "$setting" /srv/gpulab/config/gpulab.yaml) \
+    || die "$size"
+  [ "$size" != 0 ] || continue
   probe=gpulab-size-probe
-  made=$(docker volume create --opt size="$home_size" "$probe" 2>&1) \
-    || die "config/gpulab.yaml sets spawn.home_size, and this Docker engine cannot give a volume a \
+  made=$(docker volume create --opt size="$size" "$probe" 2>&1) \
+    || die "config/gpulab.yaml sets $setting, and this Docker engine cannot give a volume a \
 size: $made. Put Docker's volumes folder ($(docker info --format '{{.DockerRootDir}}')/volumes) on \
-XFS mounted with pquota, or remove spawn.home_size (docs/backups-and-upgrades.md, Home sizes)."
+XFS mounted with pquota, or remove $setting (docs/backups-and-upgrades.md, Home sizes)."
   docker volume rm "$probe" >/dev/null
-  say "members' new homes hold at most $home_size bytes (spawn.home_size)"
-fi
+  say "new $what hold at most $size bytes ($setting)"
+done
 
 # Containers that Docker says have exited while containerd still runs them (dockerd lost
 # track of them as it restarted): they could not start again.

@@ -465,6 +465,11 @@ SETTINGS: tuple[Setting, ...] = (
             "volumes folder on XFS mounted with project quotas (pquota); where they are "
             "not, make up refuses to start and spawns of new homes fail, saying so "
             "(docs/backups-and-upgrades.md, Home sizes). Not with hub.swarm. Example: 50g"),
+    Setting("spawn.project_size", _home_size, 0,
+            "Most each group project folder (gpus.yaml groups: NAME: {projects: [...]}) "
+            "may hold; 0 for no limit. Applied as spawn.home_size is, when the folder is "
+            "created (at the first start of a member who has it), with the same needs. "
+            "Not with hub.swarm. Example: 200g"),
     Setting("spawn.home_path", _abs_path, "/home/jovyan",
             "Where the home volume is mounted in the container."),
     Setting("spawn.datasets_volume", _optional_string, "gpulab-datasets",
@@ -752,10 +757,11 @@ def settings_from_yaml(doc: LocatedYaml) -> Settings:
             raise doc.error(path + e.where, str(e)) from None
         except ValueError as e:
             raise doc.error(path, str(e)) from None
-    if values["hub.swarm"] and values["spawn.home_size"]:
-        raise doc.error(("spawn", "home_size"),
-                        "spawn.home_size is not applied with hub.swarm yet (each machine "
-                        "creates its homes itself): remove it, or set it to 0")
+    for sized in ("home_size", "project_size"):
+        if values["hub.swarm"] and values[f"spawn.{sized}"]:
+            raise doc.error(("spawn", sized),
+                            f"spawn.{sized} is not applied with hub.swarm yet (each machine "
+                            f"creates its volumes itself): remove it, or set it to 0")
     if values["assistant.model"] and not values["assistant.endpoint"]:
         try:
             _model_file(values["assistant.model"])

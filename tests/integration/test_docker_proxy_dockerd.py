@@ -45,12 +45,14 @@ HOME_VOLUME = "gpulab-difftest-home"
 DATASETS_VOLUME = "gpulab-difftest-datasets"
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
 HOME_SIZE = str(16 * 1024**2)  # spawn.home_size of this module's settings, in bytes
+PROJECT_SIZE = str(32 * 1024**2)  # and spawn.project_size
+PROJECT_VOLUME = "gpulab-project-difftest"
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_DEFAULTS: dict[str, object] = {}  # what a plain container gets from this dockerd
 SETTINGS = (f"spawn:\n  image: {IMAGE}\n  network: {NETWORK}\n"
             f"  home_volume: '{HOME_VOLUME}-{{username}}'\n"
             f"  datasets_volume: {DATASETS_VOLUME}\n"
-            f"  home_size: {HOME_SIZE}\n")
+            f"  home_size: {HOME_SIZE}\n  project_size: {PROJECT_SIZE}\n")
 ENVIRONMENT_IMAGE = "gpulab-difftest/environment:1"  # a second tag of IMAGE
 
 
@@ -605,11 +607,11 @@ def test_per_container_calls_reach_only_gpulab_containers(proxy):
     assert dockerd("GET", f"/containers/{unmanaged_id}/json")[0] == 200
 
 
-def test_a_volume_is_created_only_as_a_home_of_the_labs_size(proxy):
-    """The one volume create the hub makes (spawn.home_size): hostile local-driver options
-    through the proxy create nothing; the body docker-py sends for the spawner reaches
-    dockerd, whose own answer comes back (on an engine without project quotas, such as
-    this machine's ext4, its refusal that the spawner tells the member)."""
+def test_a_volume_is_created_only_as_a_home_or_project_folder_of_the_labs_size(proxy):
+    """The volume creates the hub makes (spawn.home_size, spawn.project_size): hostile
+    local-driver options through the proxy create nothing; the bodies docker-py sends for
+    the spawner reach dockerd, whose own answer comes back (on an engine without project
+    quotas, such as this machine's ext4, its refusal that the spawner tells the member)."""
     import docker
 
     name = f"{HOME_VOLUME}-vol"
@@ -625,11 +627,17 @@ def test_a_volume_is_created_only_as_a_home_of_the_labs_size(proxy):
          "driverOpts": {"type": "tmpfs", "device": "tmpfs"}},
         {"Name": "gpulab-hub-data", "Driver": "local", "DriverOpts": {"size": HOME_SIZE}},
         {"Name": name, "Driver": "local", "DriverOpts": {"size": "1"}},
+        # a group's project folder: only its own size, and no other option either
+        {"Name": PROJECT_VOLUME, "Driver": "local", "DriverOpts": {"size": HOME_SIZE}},
+        {**bind_root, "Name": PROJECT_VOLUME},
+        {"Name": PROJECT_VOLUME, "Driver": "local",
+         "DriverOpts": {"size": PROJECT_SIZE, "type": "none", "o": "bind", "device": "/"}},
     ]
     for body in hostile:
         status, payload = proxy.send(_request("POST", "/v1.41/volumes/create", dump(body)))
         assert status in (400, 403), (body, status, payload)
         assert dockerd("GET", f"/volumes/{name}")[0] == 404, body
+        assert dockerd("GET", f"/volumes/{PROJECT_VOLUME}")[0] == 404, body
     # live: dockerd alone makes the root folder a volume that any container could mount
     status, out = dockerd("POST", "/v1.41/volumes/create", dump(bind_root))
     assert status == 201, out
@@ -639,14 +647,17 @@ def test_a_volume_is_created_only_as_a_home_of_the_labs_size(proxy):
     probe, _ = dockerd("POST", "/v1.41/volumes/create", json.dumps(
         {"Name": f"{HOME_VOLUME}-probe", "DriverOpts": {"size": HOME_SIZE}}).encode())
     dockerd("DELETE", f"/volumes/{HOME_VOLUME}-probe")
-    if probe == 201:  # a Docker whose volumes are on XFS with pquota
-        api.create_volume(name, driver="local", driver_opts={"size": HOME_SIZE})
-        assert api.inspect_volume(name)["Options"] == {"size": HOME_SIZE}
-    else:
-        with pytest.raises(docker.errors.APIError) as refused:
-            api.create_volume(name, driver="local", driver_opts={"size": HOME_SIZE})
-        assert "quota size requested but no quota support" in str(refused.value), refused.value
-        assert dockerd("GET", f"/volumes/{name}")[0] == 404
+    for volume, size in ((name, HOME_SIZE), (PROJECT_VOLUME, PROJECT_SIZE)):
+        if probe == 201:  # a Docker whose volumes are on XFS with pquota
+            api.create_volume(volume, driver="local", driver_opts={"size": size})
+            assert api.inspect_volume(volume)["Options"] == {"size": size}
+            dockerd("DELETE", f"/volumes/{volume}")
+        else:
+            with pytest.raises(docker.errors.APIError) as refused:
+                api.create_volume(volume, driver="local", driver_opts={"size": size})
+            assert "quota size requested but no quota support" in str(refused.value), \
+                refused.value
+            assert dockerd("GET", f"/volumes/{volume}")[0] == 404
 
 
 def test_the_calls_the_hub_makes_pass_through_docker_py(proxy):

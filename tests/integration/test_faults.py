@@ -111,26 +111,30 @@ def test_a_home_size_the_engine_cannot_apply_fails_new_homes_clearly_and_old_one
     assert docker("volume", "inspect", "-f", "{{.Options}}", old.home_volume) == "map[]"
 
 
-def test_make_up_refuses_a_home_size_the_engine_cannot_apply(tmp_path):
-    """make up's preflight (scripts/preflight.sh, its first step) with spawn.home_size in
-    the admin's gpulab.yaml tries a sized volume on the real engine."""
+@pytest.mark.parametrize("setting, what", [("home_size", "homes"),
+                                           ("project_size", "project folders")])
+def test_make_up_refuses_a_home_size_the_engine_cannot_apply(tmp_path, setting, what):
+    """make up's preflight (scripts/preflight.sh, its first step) with spawn.home_size (or
+    spawn.project_size) in the admin's gpulab.yaml tries a sized volume on the real
+    engine."""
     config = tmp_path / "config"
     shutil.copytree(REPO / "config", config)
     settings = config / "gpulab.yaml"
     text = settings.read_text()
     assert "\nspawn:\n" in text
-    settings.write_text(text.replace("\nspawn:\n", "\nspawn:\n  home_size: 50g\n", 1))
+    settings.write_text(text.replace("\nspawn:\n", f"\nspawn:\n  {setting}: 50g\n", 1))
     out = subprocess.run([str(REPO / "scripts" / "preflight.sh"), "single"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "GPULAB_CONFIG": str(config)})
     said = out.stdout + out.stderr
     assert docker("volume", "ls", "-q", "--filter", "name=gpulab-size-probe") == ""
     if "no quota support" not in said:  # a Docker whose volumes are on XFS with pquota
-        assert out.returncode == 0 and "new homes hold at most 53687091200 bytes" in said, said
+        assert out.returncode == 0, said
+        assert f"new {what} hold at most 53687091200 bytes (spawn.{setting})" in said, said
         return
     assert out.returncode == 1, said
-    assert "config/gpulab.yaml sets spawn.home_size, and this Docker engine cannot give a " \
+    assert f"config/gpulab.yaml sets spawn.{setting}, and this Docker engine cannot give a " \
            "volume a size" in said, said
-    assert "on XFS mounted with pquota, or remove spawn.home_size" in said, said
+    assert f"on XFS mounted with pquota, or remove spawn.{setting}" in said, said
 
 
 def test_server_that_exits_at_once_fails_with_its_log(hub, lab_user, spawn_settings, broken_images):

@@ -4,7 +4,11 @@ import pytest
 
 from gpulab.contract import LABEL_JOB, is_job, label_claims
 from gpulab.settings import Settings, defaults
-from gpulab.spawn.containers import container_options, home_volume_create
+from gpulab.spawn.containers import (
+    container_options,
+    home_volume_create,
+    project_volume_create,
+)
 from gpulab.spawn.jobs import ENV as JOB_ENV
 from gpulab.spawn.jobs import Job
 from gpulab.spawn.naming import volume_name
@@ -105,6 +109,14 @@ def test_a_home_is_created_apart_only_when_its_size_is_limited():
         "driver": "local",
         "driver_opts": {"size": str(10 * 1024**3)},
     }
+
+
+def test_a_project_folder_is_created_apart_only_when_its_size_is_limited():
+    assert project_volume_create(defaults(), "cars") is None
+    sized = Settings({**defaults(), "spawn.project_size": 200 * 1024**3})
+    assert project_volume_create(sized, "cars") == {
+        "name": "gpulab-project-cars", "driver": "local",
+        "driver_opts": {"size": str(200 * 1024**3)}}
 
 
 def test_jupyterlabs_assistant_is_on_only_while_the_labs_assistant_is():

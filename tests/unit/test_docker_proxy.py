@@ -563,10 +563,10 @@ def test_a_home_of_the_labs_size_may_be_created():
 @pytest.mark.parametrize("change, why", [
     # the local driver's other options mount a host folder, a device or a share
     ({"DriverOpts": {"size": "1", "type": "none", "o": "bind", "device": "/"}},
-     "only a home's size is set"),
+     "only a volume's size is set"),
     ({"DriverOpts": {"type": "nfs", "o": "addr=10.0.0.1", "device": ":/x"}}, "'size' is required"),
     ({"DriverOpts": {"Size": str(10 * 1024**3)}}, "did you mean 'size'"),
-    ({"Driver": "rexray"}, "homes use Docker's local driver"),
+    ({"Driver": "rexray"}, "use Docker's local driver"),
     ({"Name": "gpulab-hub-data"}, "only members' homes"),
     ({"Name": "gpulab-datasets"}, "only members' homes"),
     ({"Name": "gpulab-home-"}, "only members' homes"),
@@ -578,6 +578,32 @@ def test_a_home_of_the_labs_size_may_be_created():
 ])
 def test_any_other_volume_is_refused(change, why):
     assert why in refused_for(home(**change), VOLUMES, SIZED)
+
+
+PROJECTS_SIZED = Settings({**defaults(), "spawn.project_size": 2 * 1024**4})
+
+
+def project(**change) -> dict:
+    """What docker-py's create_volume sends for project_volume_create(.., "cars")."""
+    return {"Name": "gpulab-project-cars", "Driver": "local",
+            "DriverOpts": {"size": str(2 * 1024**4)}, **change}
+
+
+def test_a_project_folder_of_the_labs_size_may_be_created_and_nothing_else():
+    d = create(project(), VOLUMES, PROJECTS_SIZED)
+    assert d.allowed, d.reason
+    assert json.loads(d.body) == project()
+    # its own size, not a home's; homes not at all while only projects are sized
+    assert "project folders hold 2199023255552 bytes (spawn.project_size)" in refused_for(
+        project(DriverOpts={"size": str(10 * 1024**3)}), VOLUMES, PROJECTS_SIZED)
+    assert "spawn.home_size is not set" in refused_for(home(), VOLUMES, PROJECTS_SIZED)
+    assert "spawn.project_size is not set" in refused_for(project(), VOLUMES, SIZED)
+    for name in ("gpulab-project-", "gpulab-project-Cars", "gpulab-project--x",
+                 "gpulab-project-" + "a" * 41, "gpulab-projects-cars"):
+        assert "group project folders (gpulab-project-NAME)" in refused_for(
+            project(Name=name), VOLUMES, PROJECTS_SIZED), name
+    assert "is not a volume name" in refused_for(project(Name="gpulab-project-../x"),
+                                                 VOLUMES, PROJECTS_SIZED)
 
 
 def test_no_volume_is_created_while_homes_have_no_size():

@@ -65,6 +65,9 @@ def test_empty_file_gives_defaults():
         ("spawn:\n  home_size: plenty\n", "gpulab.yaml:2: spawn.home_size", "expected a size"),
         ("hub:\n  swarm: true\nspawn:\n  home_size: 10g\n", "gpulab.yaml:4: spawn.home_size",
          "not applied with hub.swarm"),
+        ("spawn:\n  project_size: -1g\n", "gpulab.yaml:2: spawn.project_size", "size"),
+        ("hub:\n  swarm: true\nspawn:\n  project_size: 1t\n",
+         "gpulab.yaml:4: spawn.project_size", "not applied with hub.swarm"),
         ("spawn:\n  home_path: home\n", "gpulab.yaml:2: spawn.home_path", "absolute path"),
         ("spawn:\n  start_timeout: soon\n", "gpulab.yaml:2: spawn.start_timeout", "duration"),
         ("spawn:\n  image: a\n  image: b\n", "gpulab.yaml:3", "duplicate key 'image' (first on line 2)"),
@@ -84,8 +87,9 @@ def test_bad_settings_name_file_line_and_key(text, where, words):
 @pytest.mark.parametrize("value, expected", [
     ("0", 0), (0, 0), ('""', 0), ("null", 0), ("50g", 50 * 1024**3), ("512m", 512 * 1024**2),
 ])
-def test_home_size_is_a_size_or_no_limit(value, expected):
+def test_home_and_project_sizes_are_a_size_or_no_limit(value, expected):
     assert load_text(f"spawn:\n  home_size: {value}\n")["spawn.home_size"] == expected
+    assert load_text(f"spawn:\n  project_size: {value}\n")["spawn.project_size"] == expected
 
 
 @pytest.mark.parametrize("size, text", [

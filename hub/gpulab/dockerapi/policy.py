@@ -55,6 +55,8 @@ from gpulab.contract import (
     INFRA_VOLUMES,
     LABEL_GPUS,
     LOG_DRIVER,
+    PROJECT_NAME,
+    PROJECT_VOLUME_PREFIX,
     USER_CONTAINER_PREFIX,
     log_options,
 )
@@ -206,15 +208,16 @@ CREATE_BODY = obj({
 
 
 
-# A volume create: only a member's home with the size spawn.home_size gives it. The local
-# driver's other options (type, device, o) would mount a host folder or device, or another
-# machine's share, into whatever mounts the volume.
+# A volume create: only a member's home with the size spawn.home_size gives it, or a group
+# project folder with spawn.project_size's. The local driver's other options (type,
+# device, o) would mount a host folder or device, or another machine's share, into
+# whatever mounts the volume.
 VOLUME_CREATE_BODY = obj({
     "Name": text(REF, "a volume name"),
-    "Driver": exactly("local", why="homes use Docker's local driver"),
+    "Driver": exactly("local", why="homes and project folders use Docker's local driver"),
     "DriverOpts": obj({"size": text(re.compile(r"[1-9][0-9]{0,18}"), "a size in bytes")},
                       required=("size",),
-                      unknown="only a home's size is set; the local driver's other options "
+                      unknown="only a volume's size is set; the local driver's other options "
                               "mount host folders, devices or shares"),
     "Labels": exactly(None, {}),
 }, required=("Name", "Driver", "DriverOpts"), unknown="gpulab's homes never need it")
@@ -236,19 +239,25 @@ def _body_verdict(body: bytes, what: str, schema, rules, path: str, query: str
 
 
 def _volume_rules(spec: dict[str, Any], settings: Mapping[str, Any]) -> list[str]:
-    """What :data:`VOLUME_CREATE_BODY` cannot say alone: a home's name and size."""
+    """What :data:`VOLUME_CREATE_BODY` cannot say alone: a home's or a group project
+    folder's name, and the size the lab gives it."""
     reasons = []
     name, template = spec["Name"], settings["spawn.home_volume"]
-    if name in INFRA_VOLUMES or name == settings["spawn.datasets_volume"] \
+    setting, kind = "spawn.home_size", "home"
+    if name.startswith(PROJECT_VOLUME_PREFIX) and PROJECT_NAME.fullmatch(
+            name[len(PROJECT_VOLUME_PREFIX):]):
+        setting, kind = "spawn.project_size", "project folder"
+    elif name in INFRA_VOLUMES or name == settings["spawn.datasets_volume"] \
             or not home_volume_pattern(template).fullmatch(name):
-        reasons.append(f"Name: only members' homes ({template}, spawn.home_volume) are "
-                       f"created, got {name!r}")
-    size, asked = settings["spawn.home_size"], spec["DriverOpts"]["size"]
+        reasons.append(f"Name: only members' homes ({template}, spawn.home_volume) and "
+                       f"group project folders ({PROJECT_VOLUME_PREFIX}NAME) are created, "
+                       f"got {name!r}")
+    size, asked = settings[setting], spec["DriverOpts"]["size"]
     if not size:
-        reasons.append("DriverOpts.size: spawn.home_size is not set, so no home is "
-                       "created apart from its container")
+        reasons.append(f"DriverOpts.size: {setting} is not set, so no {kind} is "
+                       f"created apart from its container")
     elif asked != str(size):
-        reasons.append(f"DriverOpts.size: homes hold {size} bytes (spawn.home_size), "
+        reasons.append(f"DriverOpts.size: {kind}s hold {size} bytes ({setting}), "
                        f"got {asked!r}")
     return reasons
 
@@ -356,7 +365,7 @@ ROUTES: tuple[Route, ...] = (
     _route("DELETE", "/containers/{ref}", v=_BOOL, force=_BOOL, link=_FALSE),
     _route("GET", f"/images/{_IMAGE_PATH}/json"),
     _route("GET", f"/volumes/{NAME}"),
-    _route("POST", "/volumes/create"),  # a member's home of spawn.home_size, below
+    _route("POST", "/volumes/create"),  # a home or project folder of its size, below
     # A Swarm manager: what a SwarmSpawner-style spawner calls (docker-py's create_service,
     # inspect_service, services, remove_service, tasks) and the nodes the hub places
     # servers on (their GPUs are in each node's engine label). No updates of services or

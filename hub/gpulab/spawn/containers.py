@@ -55,6 +55,17 @@ def home_volume_create(settings: Mapping[str, Any], username: str, servername: s
             "driver": "local", "driver_opts": {"size": str(size)}}
 
 
+def project_volume_create(settings: Mapping[str, Any], project: str
+                          ) -> dict[str, Any] | None:
+    """A group's project folder, as :func:`home_volume_create` makes a home: created
+    apart, with ``spawn.project_size``, or None when there is no limit."""
+    size = settings["spawn.project_size"]
+    if not size:
+        return None
+    return {"name": project_volume(project), "driver": "local",
+            "driver_opts": {"size": str(size)}}
+
+
 def project_mounts(projects: Sequence[str]) -> list[dict[str, Any]]:
     """Docker's mounts of the *projects* (at most MAX_PROJECTS, as gpus.yaml allows):
     each at /projects/NAME, and at its slot of the image's empty folders, where Docker

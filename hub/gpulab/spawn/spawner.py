@@ -42,6 +42,7 @@ from traitlets.config import Configurable
 
 from gpulab import compat, live_config, shares
 from gpulab.bookings.store import booking_store
+from gpulab.contract import PROJECTS_PATH
 from gpulab.environments import (
     Environment,
     EnvironmentRefused,
@@ -67,7 +68,11 @@ from gpulab.mail import enabled as mail_enabled
 from gpulab.settings import ConfigError, Settings, bytes_text
 from gpulab.spawn import admission
 from gpulab.spawn.admission import Admitted, Ask, JoinLine, Seen
-from gpulab.spawn.containers import container_options, home_volume_create
+from gpulab.spawn.containers import (
+    container_options,
+    home_volume_create,
+    project_volume_create,
+)
 from gpulab.spawn.form import SpawnForm, gpu_rows, render_spawn_form
 from gpulab.spawn.naming import container_name
 from gpulab.spawn.reused import still_choosable
@@ -503,10 +508,24 @@ class GpulabSpawner(DockerSpawner):
         """With ``spawn.home_size``: a new home is created with that size now (Docker
         creates a home without a size itself, with the container). A home made before
         keeps what it was made with."""
-        create = home_volume_create(settings, self.user.name, self.name)
+        await self._ensure_sized(home_volume_create(settings, self.user.name, self.name),
+                                 "spawn.home_size", settings, "Your home", "homes")
+
+    async def _ensure_projects(self, settings: Settings) -> None:
+        """Her groups' project folders, with ``spawn.project_size``, as homes are."""
+        for project in self._projects:
+            await self._ensure_sized(project_volume_create(settings, project),
+                                     "spawn.project_size", settings,
+                                     f"The project folder {PROJECTS_PATH}/{project}",
+                                     "project folders")
+
+    async def _ensure_sized(self, create: dict | None, setting: str, settings: Settings,
+                            what: str, kind: str) -> None:
+        """Create *create*'s volume of the size *setting* gives, unless it exists (it then
+        keeps the size it was made with); a 503 naming *what* where Docker cannot."""
         if create is None:
             return
-        name, size = create["name"], bytes_text(settings["spawn.home_size"])
+        name, size = create["name"], bytes_text(settings[setting])
         try:
             volume = await self.docker("inspect_volume", name)
         except docker.errors.NotFound:
@@ -516,22 +535,23 @@ class GpulabSpawner(DockerSpawner):
             if made != create["driver_opts"]["size"]:
                 was = f"with a size of {made} bytes" if made else "without a size"
                 _log_once(self.log.warning,
-                          f"{name} was made {was}: spawn.home_size ({size}) applies to "
-                          f"homes made after it was set (docs/backups-and-upgrades.md, Home sizes)")
+                          f"{name} was made {was}: {setting} ({size}) applies to "
+                          f"{kind} made after it was set (docs/backups-and-upgrades.md, "
+                          f"Home sizes)")
             return
         try:
             await self.docker("create_volume", **create)
         except docker.errors.APIError as e:
             said = policy_refusal(e) or str(getattr(e, "explanation", "") or e)
-            self.log.error("Could not create %s's home %s of %s: %s", self.log_name, name,
+            self.log.error("Could not create %s's volume %s of %s: %s", self.log_name, name,
                            size, said)
             raise _http_error(
-                503, f"Your home cannot be made: the lab limits homes to {size} "
-                     f"(spawn.home_size), and this host's Docker could not apply that "
+                503, f"{what} cannot be made: the lab limits {kind} to {size} "
+                     f"({setting}), and this host's Docker could not apply that "
                      f"limit ({said}). An admin must put Docker's volumes on XFS with "
-                     f"project quotas or remove spawn.home_size (docs/backups-and-upgrades.md, "
+                     f"project quotas or remove {setting} (docs/backups-and-upgrades.md, "
                      f"Home sizes).") from None
-        self.log.info("Created %s's home %s of %s", self.log_name, name, size)
+        self.log.info("Created %s's volume %s of %s", self.log_name, name, size)
 
     async def _image_id(self, settings: Settings, where: str) -> str:
         """``spawn.image``'s ID on the engine the hub talks to (*where*, in words), or a
@@ -582,6 +602,7 @@ class GpulabSpawner(DockerSpawner):
                     if self._booked_note:
                         self._report(16, self._booked_note)
                 self._resources = await self._within_the_machine(self._resources)
+                await self._ensure_projects(settings)
                 self.apply_settings(settings, self.gpu_uuids, self._gpu_share, self._resources)
                 if self._job is not None:
                     self._report(19, f"A job: it runs {self._job.command[:80]!r} and stops "
