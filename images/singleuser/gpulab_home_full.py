@@ -2,6 +2,9 @@
 file), instead of jupyter_server's "Unexpected error while saving file: ... [Errno 28] No
 space left on device": what is full, how full, that nothing was saved, and what to do.
 
+A project folder of her group's (``/projects/NAME``, reached from her home through a
+link) is told apart the same way: the message names it.
+
 A home is full when its filesystem is: a home of the lab's size (``spawn.home_size``,
 an XFS project quota, whose limit the home's statfs reports as its size), or the disk all
 homes share. Enabled by the image's jupyter_server_config.py (a ``.d`` JSON file sets
@@ -27,11 +30,19 @@ INSUFFICIENT_STORAGE = 507
 def is_full(error: BaseException | None) -> bool:
     """Did *error* come from a full disk: a write's ENOSPC (or EDQUOT), or SQLite's
     "database or disk is full" (a notebook's save signs it in ~/.local/share/jupyter's
-    nbsignatures.db first: seen as the first thing to fail)?"""
-    if isinstance(error, OSError):
-        return error.errno in FULL
-    return isinstance(error, sqlite3.Error) and \
-        getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    nbsignatures.db first: seen as the first thing to fail)? Or did it happen while
+    handling one: jupyter_server's atomic_writing, when writing a *new* file fails, then
+    puts back a backup that was never made, and its FileNotFoundError hides the ENOSPC
+    (seen with a 64 KiB file into a full folder, jupyter_server 2.x)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in FULL:
+            return True
+        if isinstance(error, sqlite3.Error) and \
+                getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return True
+        error, seen = error.__context__, seen + 1
+    return False
 
 
 def size_text(n: int) -> str:
@@ -44,10 +55,28 @@ def size_text(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def home_full_message(what: str, home: str, size: int, free: int) -> str:
-    """What a member reads in JupyterLab's "File Save Error" dialog."""
-    return (f"Your home ({home}) is full: {size_text(size - free)} of {size_text(size)} "
-            f"used, so {what} was not saved. Delete files you do not need (in a "
+PROJECTS = "/projects"  # gpulab.contract.PROJECTS_PATH: a group's folders, /projects/NAME
+
+
+def full_folder(folder: str, home: str) -> str:
+    """The filesystem a write into *folder* (a real path) went to: a group's project folder
+    (``spawn.project_size``, or the disk) when it is in one, else her home."""
+    inside = os.path.relpath(os.path.realpath(folder), PROJECTS)
+    if inside == "." or inside.startswith(".."):
+        return home
+    return os.path.join(PROJECTS, inside.split(os.sep)[0])
+
+
+def home_full_message(what: str, folder: str, size: int, free: int) -> str:
+    """What a member reads in JupyterLab's "File Save Error" dialog, when *folder* (her
+    home, or a project folder of her group's) is full."""
+    used = f"{size_text(size - free)} of {size_text(size)} used, so {what} was not saved"
+    if folder.startswith(PROJECTS + "/"):
+        return (f"The project folder {folder} is full: {used}. Delete files the group does "
+                f"not need (in a terminal, `du -sh {folder}/* | sort -h` lists the largest "
+                f"last) or ask the lab's admins for more room; your running kernels go on "
+                f"meanwhile.")
+    return (f"Your home ({folder}) is full: {used}. Delete files you do not need (in a "
             f"terminal, `du -sh ~/* ~/.[!.]* | sort -h` lists the largest last) or ask the "
             f"lab's admins for more room; your running kernels go on meanwhile.")
 
@@ -81,11 +110,13 @@ class HomeFullContentsManager(AsyncLargeFileManager):
             if not is_full(cause):
                 raise
             home = os.path.expanduser("~")
+            folder = full_folder(os.path.dirname(os.path.join(
+                self.root_dir, path.strip("/"))), home)
             try:
-                st = os.statvfs(home)
+                st = os.statvfs(folder)
                 size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
             except OSError:
                 size = free = 0
-            self.log.warning("Saving %s failed: the home is full (%s)", path, cause)
+            self.log.warning("Saving %s failed: %s is full (%s)", path, folder, cause)
             raise web.HTTPError(INSUFFICIENT_STORAGE, home_full_message(
-                path.strip("/") or "the file", home, size, free)) from cause
+                path.strip("/") or "the file", folder, size, free)) from cause

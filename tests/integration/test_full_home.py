@@ -39,9 +39,10 @@ FREE = ("import os\nfor name in ('~/filler.bin', '~/filler-small.bin'): "
 
 
 @contextmanager
-def home_on_a_small_filesystem(volume: str, folder):
-    """*volume* (a member's home, not made yet) as an ext4 filesystem of HOME_MIB MiB in a
-    loop file, owned by the container's user (1000:1000) as a new home's folder is."""
+def on_a_small_filesystem(volume: str, folder):
+    """*volume* (a member's home or a project folder, not made yet) as an ext4 filesystem
+    of HOME_MIB MiB in a loop file, owned by the container's user (1000:1000) as a new
+    home's folder is."""
     image = folder / "home.img"
     subprocess.run(["truncate", "-s", f"{HOME_MIB}M", str(image)], check=True)
     subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-E", "root_owner=1000:1000", str(image)],
@@ -68,7 +69,7 @@ def saved(user, path: str, text: str) -> int:
 def test_a_full_home_is_said_clearly_keeps_her_kernel_and_harms_no_one(
         hub, lab_user, new_page, ssh, tmp_path):  # noqa: F811  (ssh)
     full, roomy = lab_user("fullhome"), lab_user("roomy")
-    with home_on_a_small_filesystem(full.home_volume, tmp_path):
+    with on_a_small_filesystem(full.home_volume, tmp_path):
         full.start_server()
         assert saved(full, "before.txt", "written while there was room\n") == 201
         page = new_page()
@@ -93,6 +94,12 @@ def test_a_full_home_is_said_clearly_keeps_her_kernel_and_harms_no_one(
         r = full.api("PUT", "/contents/after.txt",
                      json={"type": "file", "format": "text", "content": "x"})
         assert r.status_code == 507 and "is full" in r.json()["message"], r.text
+        # a new file too big for what is left fails as it is written, not when synced:
+        # jupyter_server's own error about it then hides the full disk (gpulab_home_full)
+        r = full.api("PUT", "/contents/big.txt",
+                     json={"type": "file", "format": "text", "content": "x" * 65536})
+        assert r.status_code == 507, r.text
+        assert "Your home (/home/jovyan) is full:" in r.json()["message"], r.text
 
         # over SSH: an interactive shell says so at once
         with ssh.terminal(full.name, full.token) as master:
