@@ -1,8 +1,10 @@
 """A member's server shared with a colleague: JupyterHub's shares, switched on, and ended
 when what they rest on ends.
 
-JupyterHub (5 and later) lets a member grant another member, or a group, access to one of
-her servers (``POST /hub/api/shares/NAME/SERVER``). The colleague opens
+JupyterHub (5 and later) lets a member grant another member access to one of her servers
+(``POST /hub/api/shares/NAME/SERVER``). Not a group: in 6.1.1 a group's share reaches
+none of its members' tokens, so her server would refuse them (tests/unit/test_shares.py);
+members are not given what JupyterHub asks for one (``read:groups:name``). The colleague opens
 ``/user/NAME/SERVER/`` signed in as himself, with JupyterHub's default share scope,
 ``access:servers!server=NAME/SERVER``: that server, nothing else of hers (no tokens, no
 start or stop, no SSH: gpulab-ssh only ever asks for its member's own servers).
@@ -10,8 +12,8 @@ docs/members.md, "Share your server", says what a member does.
 
 gpulab adds:
 
-* the page ``/hub/sharing``, where she shares a running server by a colleague's or a
-  group's name, sees and ends her shares, and sees the servers shared with her;
+* the page ``/hub/sharing``, where she shares a running server by a colleague's name,
+  sees and ends her shares, and sees the servers shared with her;
 * the end of every share of a server when the server stops (JupyterHub keeps shares until
   the server is deleted): a share is for one sitting, not for whatever she runs next;
 * the end of every share to or from a member whose access ends
@@ -30,9 +32,11 @@ from tornado import web
 from gpulab import compat
 
 #: What a member's ``user`` role gains when hub.sharing is on: share her own servers, and
-#: look up a colleague's or a group's name (JupyterHub asks for that before it shares with
-#: them by name; it shows a name only, never who else exists: listing needs list:users).
-MEMBER_SCOPES = ("shares!user", "read:users:name", "read:groups:name")
+#: look up a colleague's name (JupyterHub asks for that before it shares with him by name;
+#: it shows a name only, never who else exists: listing needs list:users). Not
+#: read:groups:name: without it JupyterHub refuses a share with a group (a 403), which
+#: would open nothing anyway (above).
+MEMBER_SCOPES = ("shares!user", "read:users:name")
 
 
 def end_server_shares(db, orm_spawner) -> int:
