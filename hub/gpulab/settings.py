@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.contract import GPU_UUID, INFRA_VOLUMES
+from gpulab.contract import GPU_UUID, INFRA_VOLUMES, PROJECT_VOLUME_PREFIX
 from gpulab.email_address import is_address
 from gpulab.environments import EnvironmentError_, parse_environments
 from gpulab.sizes import bytes_text, parse_bytes
@@ -126,6 +126,15 @@ def _volume_template(value: Any) -> str:
             f"with {value!r} a user could get the volume {taken[0]} (gpulab's own) as "
             f"their home; give home volumes a prefix of their own, e.g. gpulab-home-{{username}}"
         )
+    # ... or of a group's project folder (gpulab-project-NAME), another group's files?
+    before = s.split("{username}", 1)[0]
+    rest = PROJECT_VOLUME_PREFIX[len(before):]
+    if before.startswith(PROJECT_VOLUME_PREFIX) or (
+            PROJECT_VOLUME_PREFIX.startswith(before) and re.match(r"[a-z0-9]", rest)):
+        raise ValueError(
+            f"with {value!r} a user could get a group's project folder "
+            f"({PROJECT_VOLUME_PREFIX}NAME) as their home; give home volumes a prefix of "
+            f"their own, e.g. gpulab-home-{{username}}")
     return s
 
 
