@@ -5,8 +5,9 @@ server on his own /hub/sharing page and works in its JupyterLab, signed in as hi
 Then everything a share must not give him is tried as he would try it (the hub's REST
 API with his own token, SSH), and each way a share ends is watched from his side, with a
 kernel websocket open in her server: she ends it on the page, his access ends, her server
-stops. A share with a whole group is refused (JupyterHub 6.1.1 would let none of its
-members in: tests/unit/test_shares.py). Then, with the lab's real-time collaboration on, two members
+stops; a share code (a link) is accepted in the browser and ends with the server too. A
+share with a whole group is refused (JupyterHub 6.1.1 would let none of its members in:
+tests/unit/test_shares.py). Then, with the lab's real-time collaboration on, two members
 co-edit one notebook in two browsers (that test edits gpulab.yaml: the disruptive lane).
 """
 
@@ -150,12 +151,23 @@ def test_she_shares_her_server_he_works_in_it_as_himself_and_every_end_cuts_him_
     ws.close()
     assert shares_of(her) == []
 
-    # 3. Her server stops: its shares end, not carried to her next server.
-    assert share(her, third).status_code == 200
+    # 3. A link instead of a name (JupyterHub's share code): the third member accepts it
+    # in his browser and is in her JupyterLab.
+    codes = f"{HUB_URL}/hub/api/share-codes/{her.name}/"
+    r = as_him(her, "POST", codes, json={})
+    assert r.status_code == 200, r.text
+    third_page = new_page()
+    submit_login(third_page, third.name, third.token, next_url="/hub/home")
+    third_page.goto(HUB_URL + r.json()["accept_url"])
+    third_page.get_by_role("button", name="Accept invitation").click()
+    into_her_lab(third_page, her)
+    assert shares_of(her) == [third.name]
     wait_for(lambda: as_him(third, "GET", status).status_code == 200, 30,
              what="her server to let the third member in")
+    # Her server stops: its shares and codes end, not carried to her next server.
     her.stop_server()
     wait_for(lambda: shares_of(her) == [], 30, what="her stopped server's shares to end")
+    assert as_him(her, "GET", codes).json()["items"] == []
     her.start_server()
     assert as_him(third, "GET", status).status_code == 403
 
