@@ -117,7 +117,10 @@ def test_a_job_past_its_time_or_cancelled_says_so(lab_config, gpus_yaml, lab_use
     wait_for(lambda: (s := status(lee, "cancel")) and s["state"] == "running", 120,
              interval=0.5, what="the job to run")
     lee.stop_server(server="cancel")  # what `gpulab job cancel` does
-    assert status(lee, "cancel")["state"] == "stopped"
+    # (on a loaded machine its server may still be starting: the hub then gives the
+    # start up, and the spawner stops its container just after, so wait for that)
+    wait_for(lambda: status(lee, "cancel")["state"] == "stopped", 60, interval=0.5,
+             what="her cancelled job to say it stopped")
 
 
 def test_bad_jobs_are_refused_and_start_nothing(lab_config, gpus_yaml, lab_user, hub):

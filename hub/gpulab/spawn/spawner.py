@@ -656,7 +656,14 @@ class GpulabSpawner(DockerSpawner):
         self.gpu_uuids = []
 
     async def _remove_leftover(self) -> None:
-        """Remove (force: kill first) the container of a start that was given up."""
+        """Stop, then remove, the container of a start that was given up: JupyterHub
+        gives a start up when it is stopped while still pending (a job cancelled before
+        its server answered, seen under load). The stop's SIGTERM lets a job's runner say
+        "stopped" in ~/jobs/ID/status; a removal alone (SIGKILL) left it "running"."""
+        try:
+            await self.docker("stop", self.object_name)
+        except docker.errors.APIError:
+            pass  # not made, or gone: the removal says what there is to say
         try:
             await self.docker("remove_container", self.object_name, force=True)
             self.log.info("Removed %s left by a start that was given up", self.object_name)
