@@ -64,6 +64,7 @@ dashboard's error pages take the status's standard reason).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -246,8 +247,6 @@ def quiet_extra_handlers_warning() -> None:
     """Drop JupyterHub's warning that ``extra_handlers`` is deprecated (logged by the
     hub's application logger when the config file sets it; checked against jupyterhub
     6.1.1, ``JupyterHub._extra_handlers_changed``), and nothing else it logs."""
-    import logging
-
     log = logging.getLogger("JupyterHub")
     if _not_the_extra_handlers_warning not in log.filters:
         log.addFilter(_not_the_extra_handlers_warning)

@@ -4,8 +4,8 @@ when what they rest on ends.
 JupyterHub (5 and later) lets a member grant another member access to one of her servers
 (``POST /hub/api/shares/NAME/SERVER``). Not a group: in 6.1.1 a group's share reaches
 none of its members' tokens, so her server would refuse them (tests/unit/test_shares.py);
-members are not given what JupyterHub asks for one (``read:groups:name``). The colleague opens
-``/user/NAME/SERVER/`` signed in as himself, with JupyterHub's default share scope,
+members are not given what JupyterHub asks for one (``read:groups:name``). The colleague
+opens ``/user/NAME/SERVER/`` signed in as himself, with JupyterHub's default share scope,
 ``access:servers!server=NAME/SERVER``: that server, nothing else of hers (no tokens, no
 start or stop, no SSH: gpulab-ssh only ever asks for its member's own servers).
 docs/members.md, "Share your server", says what a member does.

@@ -34,14 +34,13 @@ def is_full(error: BaseException | None) -> bool:
     handling one: jupyter_server's atomic_writing, when writing a *new* file fails, then
     puts back a backup that was never made, and its FileNotFoundError hides the ENOSPC
     (seen with a 64 KiB file into a full folder, jupyter_server 2.x)."""
-    seen = 0
-    while error is not None and seen < 8:
+    while error is not None:  # Python keeps the chain free of cycles
         if isinstance(error, OSError) and error.errno in FULL:
             return True
         if isinstance(error, sqlite3.Error) and \
                 getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
             return True
-        error, seen = error.__context__, seen + 1
+        error = error.__context__
     return False
 
 

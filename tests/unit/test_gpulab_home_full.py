@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.contract import PROJECTS_PATH
+
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "singleuser"
 
 
@@ -22,7 +24,7 @@ def _load():
     name = "jupyter_server.services.contents.largefilemanager"
     stand_in = types.ModuleType(name)
     stand_in.AsyncLargeFileManager = type("AsyncLargeFileManagerStandIn", (), {})
-    saved = {n: sys.modules.get(n) for n in (name,)}
+    saved = sys.modules.get(name)
     sys.modules[name] = stand_in
     try:
         spec = importlib.util.spec_from_file_location("gpulab_home_full",
@@ -31,11 +33,10 @@ def _load():
         spec.loader.exec_module(module)
         return module
     finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
+        if saved is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = saved
 
 
 home_full = _load()
@@ -72,6 +73,7 @@ def test_a_full_disk_is_seen_behind_the_error_that_hid_it():
     ("/projects", "/home/jovyan"), ("/projectsx/cars", "/home/jovyan"),
 ])
 def test_the_folder_named_is_the_project_written_into_or_her_home(folder, named):
+    assert home_full.PROJECTS == PROJECTS_PATH  # the image's copy of the hub's
     assert home_full.full_folder(folder, "/home/jovyan") == named
 
 

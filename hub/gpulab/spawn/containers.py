@@ -48,22 +48,21 @@ def home_volume_create(settings: Mapping[str, Any], username: str, servername: s
     limits it (docker-py's ``create_volume`` keywords: Docker's local driver takes the
     size only at creation, on XFS with project quotas), or None when there is no limit
     and Docker creates the home itself with the container."""
-    size = settings["spawn.home_size"]
-    if not size:
-        return None
-    return {"name": volume_name(settings["spawn.home_volume"], username, servername),
-            "driver": "local", "driver_opts": {"size": str(size)}}
+    return _sized_volume(volume_name(settings["spawn.home_volume"], username, servername),
+                         settings["spawn.home_size"])
 
 
 def project_volume_create(settings: Mapping[str, Any], project: str
                           ) -> dict[str, Any] | None:
     """A group's project folder, as :func:`home_volume_create` makes a home: created
     apart, with ``spawn.project_size``, or None when there is no limit."""
-    size = settings["spawn.project_size"]
+    return _sized_volume(project_volume(project), settings["spawn.project_size"])
+
+
+def _sized_volume(name: str, size: int) -> dict[str, Any] | None:
     if not size:
         return None
-    return {"name": project_volume(project), "driver": "local",
-            "driver_opts": {"size": str(size)}}
+    return {"name": name, "driver": "local", "driver_opts": {"size": str(size)}}
 
 
 def project_mounts(projects: Sequence[str]) -> list[dict[str, Any]]:
