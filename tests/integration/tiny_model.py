@@ -6,6 +6,12 @@ A llama-architecture model (2 layers, 64 wide, 4 heads) with a byte-level vocabu
 262 tokens and a ChatML chat template, all weights float32: 0.4 MiB. The layout is
 GGUF version 3 as llama.cpp's gguf-py writes it (docs: ggml's docs/gguf.md): header,
 key-value metadata, tensor infos, then each tensor's data aligned to 32 bytes.
+
+It never ends an answer itself, so that an answer's length is the lab's cap: every
+token's embedding holds 1.0 in its first dimension, which the small random layers barely
+move, and the output row of each control token (</s>, <|im_end|> ...) weighs that
+dimension at -8: a logit near -60 against the others' few tenths. (With plain random
+weights CI once saw <|im_end|> drawn as the fourth of four tokens.)
 """
 
 from __future__ import annotations
@@ -72,8 +78,14 @@ def write_tiny_model(path: Path, seed: int = 0) -> Path:
         tensors.append((name, (n,), array("f", [1.0] * n)))
 
     weights("token_embd.weight", len(tokens), embd)
+    _, _, embeddings = tensors[-1]
+    for t in range(len(tokens)):
+        embeddings[t * embd] = 1.0  # the first dimension: the same for every token
     ones("output_norm.weight", embd)
     weights("output.weight", len(tokens), embd)
+    _, _, output = tensors[-1]
+    for t in range(len(tokens)):
+        output[t * embd] = -8.0 if types[t] in (2, 3) else 0.0  # unknown, control
     for i in range(layers):
         ones(f"blk.{i}.attn_norm.weight", embd)
         ones(f"blk.{i}.ffn_norm.weight", embd)
