@@ -18,7 +18,7 @@ import requests
 
 from gpulab.contract import LOG_MAX_FILES, LOG_MAX_SIZE
 
-from .stack import HUB_URL, container_logs, docker
+from .stack import HUB_URL, container_logs, docker, wait_for
 
 LIMIT = LOG_MAX_FILES * int(LOG_MAX_SIZE.rstrip("m")) * 1024**2
 # her code writes this much to her server's log, past the limit
@@ -66,11 +66,18 @@ def test_the_hubs_request_log_says_who_what_and_how_without_the_token(hub, lab_u
     r = requests.get(f"{HUB_URL}/hub/api/users/{user.name}?marker={marker}&token={user.token}",
                      timeout=30)
     assert r.status_code == 403, r.text  # tokens never travel in URLs
-    logs = container_logs("gpulab-hub", 200)
+
+    # JupyterHub's request log; tornado's warning about the 403 is scrubbed too. (The hub
+    # logs a request after its answer has gone, and Docker's log reaches `docker logs` a
+    # moment later: once the 403's line was not there yet.)
+    def request_lines():
+        logs = container_logs("gpulab-hub", 200)
+        return logs, [ln for ln in logs.splitlines() if marker in ln and ln.endswith("ms")]
+
+    wait_for(lambda: len(request_lines()[1]) == 2, 30,
+             what=lambda: f"both requests in the hub's log: {request_lines()[1]}")
+    logs, lines = request_lines()
     assert user.token not in logs
-    # JupyterHub's request log; tornado's warning about the 403 is scrubbed too
-    lines = [ln for ln in logs.splitlines() if marker in ln and ln.endswith("ms")]
-    assert len(lines) == 2, lines
     warned = [ln for ln in logs.splitlines() if marker in ln and "Missing or invalid" in ln]
     assert len(warned) == 1 and "&token=[secret] (" in warned[0], warned
     assert re.search(rf"\b200 GET /hub/api/users/{user.name}\?marker={marker} "
